@@ -1,0 +1,126 @@
+"""The fast PyTorch path: the same function as ``reference`` (MEMORY.md §4–§5), a chunk at a time.
+
+Inside a chunk every gradient is taken at the same point W̃, so for the n chunk tokens and the
+c−1 window tokens before them all per-token gradients G_i = ∇ℓ_i(W̃) are formed at once — for the
+built-in memories analytically as rank-1 factors G_i = δ_i u_iᵀ per weight matrix. Then
+
+    g_t = Σ_i Γ[t, i] G_i                      Γ: banded [n, n+c−1] matrix of window weights γ_i
+    W_t = a_t W_0 + m_t S_0 + Σ_i C[t, i] G_i  C = Cw Γ, Cw from the optimiser's closed form
+
+for gd and momentum, and the read-out y_t = M_{W_t}(φ(q_t)) is computed in dual form, layer by layer,
+without building any W_t: u ↦ a_t u W_0ᵀ + m_t u S_0ᵀ + (C ⊙ (u Uᵀ)) Δ for every weight matrix.
+For muon the per-token momenta S_t are materialised, Newton–Schulz runs on all of them in one
+batched call, and the per-token weights W_t are formed with one matrix product. Custom nn.Module
+memories take the generic route: torch.func gradients and materialised per-token weights.
+"""
+from __future__ import annotations
+
+import torch
+from torch.func import grad, vmap
+
+from .memories import ModuleMemory, loss, token_function
+from .optimizers import chunk_coefficients, orthogonalize
+
+
+def window_band(gamma, n: int, first: int, window):
+    """Γ [N, n, L]: Γ[t, i] = γ_i for window token i of chunk token t (at index first + t), else 0.
+
+    gamma: [N, L] window weights of the L tokens (cache, then chunk); window c or None (global).
+    """
+    L = gamma.shape[-1]
+    t = torch.arange(n, device=gamma.device).unsqueeze(-1) + first
+    i = torch.arange(L, device=gamma.device)
+    inside = i <= t
+    if window is not None:
+        inside = inside & (i > t - window)
+    return torch.where(inside, gamma.unsqueeze(-2), 0.0)
+
+
+def combine(C, G):
+    """Σ_i C[t, i] G_i for every t. C: [N, n, L]; G: factors (δ [N, L, out], u [N, L, in]) or a tensor [N, L, *shape].
+
+    Returns [N, n, *shape].
+    """
+    if isinstance(G, tuple):
+        delta, u = G
+        return (C.unsqueeze(-1) * delta.unsqueeze(1)).mT @ u.unsqueeze(1)
+    return (C @ G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
+
+
+def _bc(x, like):
+    """Broadcast [N, n] coefficients against [N, n, *shape]."""
+    return x.reshape(x.shape + (1,) * (like.dim() - x.dim()))
+
+
+def _materialized_read(mem, W_t, phi_q, q):
+    """y_t = M_{W_t}(φ(q_t)) with per-token weights W_t {name: [N, n, *shape]}."""
+    if isinstance(mem, ModuleMemory):
+        return vmap(vmap(token_function(mem)))(W_t, phi_q, q)
+    return mem.forward(lambda n, u: (W_t[n] @ u.unsqueeze(-1)).squeeze(-1), phi_q, q)
+
+
+def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficients):
+    """One chunk: read-outs y [N, n, d_v] and the state (W, S) after its last token."""
+    a = co["a"]
+    if optimizer == "muon":
+        S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
+        O = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients) for n in W}
+        W_t = {n: _bc(a, O[n]) * W[n].unsqueeze(1) + combine(co["Cw"], O[n]) for n in W}
+        return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1] for n, w in W_t.items()}, \
+            {n: s[:, -1] for n, s in S_t.items()}
+
+    def state_after(n):
+        w = _bc(a[:, -1], W[n]) * W[n] + combine(C[:, -1:], G[n])[:, 0]
+        return w + _bc(co["m"][:, -1], S[n]) * S[n] if optimizer == "momentum" else w
+
+    W_new = {n: state_after(n) for n in W}
+    S_new = None
+    if optimizer == "momentum":
+        S_new = {n: _bc(co["s"][:, -1], S[n]) * S[n] + combine(Cs[:, -1:], G[n])[:, 0] for n in W}
+
+    if isinstance(mem, ModuleMemory):
+        W_t = {n: _bc(a, G[n]) * W[n].unsqueeze(1) + combine(C, G[n]) for n in W}
+        if optimizer == "momentum":
+            W_t = {n: W_t[n] + _bc(co["m"], W_t[n]) * S[n].unsqueeze(1) for n in W}
+        return _materialized_read(mem, W_t, phi_q, q), W_new, S_new
+
+    def dual_apply(n, u):  # u [N, n, in] -> u @ W_tᵀ for every token t, W_t never built
+        delta, x = G[n]
+        out = a.unsqueeze(-1) * (u @ W[n].mT) + (C * (u @ x.mT)) @ delta
+        if optimizer == "momentum":
+            out = out + co["m"].unsqueeze(-1) * (u @ S[n].mT)
+        return out
+
+    return mem.forward(dual_apply, phi_q, q), W_new, S_new
+
+
+def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
+                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients):
+    """Same arguments and results as ``reference.memorize_reference``."""
+    N, T = q.shape[:2]
+    m0 = k_all.shape[1] - T
+    phi_q, phi_k = phi(q), phi(k_all)
+    if isinstance(mem, ModuleMemory):
+        f = token_function(mem)
+        module_grads = vmap(vmap(grad(lambda W, p, k, v: loss(objective, f(W, p, k), v)), in_dims=(None, 0, 0, 0)))
+    ys, t = [], 0
+    while t < T:
+        n = min(T - t, chunk_size - offset)
+        if offset == 0:
+            W_eval = W
+        first = m0 + t  # index of the chunk's first token in the cache+new sequence
+        lo = 0 if window is None else max(0, first - window + 1)
+        hi = first + n
+        if isinstance(mem, ModuleMemory):
+            G = module_grads(W_eval, phi_k[:, lo:hi], k_all[:, lo:hi], v_all[:, lo:hi])
+        else:
+            G = mem.gradient_factors(W_eval, phi_k[:, lo:hi], k_all[:, lo:hi], v_all[:, lo:hi], objective)
+        band = window_band(gamma_all[:, lo:hi], n, first - lo, window)
+        co = chunk_coefficients(optimizer, alpha[:, t:hi - m0], eta[:, t:hi - m0], theta[:, t:hi - m0])
+        C = co["Cw"] @ band if optimizer != "muon" else None
+        Cs = co["Cs"] @ band if optimizer != "gd" else None
+        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q[:, t:t + n], q[:, t:t + n], ns_steps, ns_coefficients)
+        ys.append(y)
+        t += n
+        offset = (offset + n) % chunk_size
+    return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset

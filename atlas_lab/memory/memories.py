@@ -1,0 +1,215 @@
+"""Memory architectures M_W: R^D -> R^{d_v} and attentional biases (MEMORY.md §3).
+
+A memory is a function of weights W (a dict of matrices [out, in]) written once, in terms of
+``apply(name, u) = u @ W[name]ᵀ``. The same ``forward`` then serves every place it is needed:
+evaluated at fixed weights, at per-token weights materialised by the optimiser, or in the chunked
+"dual form" where W_t = a_t W_0 + Σ_i C[t, i] δ_i u_iᵀ is never built.
+
+Built-in memories also give their per-token loss gradients analytically as rank-1 factors,
+∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``). Any ``torch.nn.Module`` mapping φ(k) [D] to
+[d_v] is a custom memory (``ModuleMemory``); its gradients come from torch.func.
+
+    linear:     M(k) = W φ(k)
+    mlp:        M(k) = r(k) + W_L σ(… σ(W_1 φ(k)))          hidden width E·d_v
+    gated_mlp:  M(k) = r(k) + W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k))  (Atlas++)
+    r(k) = k (the raw key, before φ) when residual and d_k = d_v, else 0.
+
+Objectives (attentional bias), with their gradient in the output y = M(φ(k)):
+    l2:  ℓ = ½‖y − v‖²,  ∂ℓ/∂y = y − v
+    dot: ℓ = −⟨y, v⟩,    ∂ℓ/∂y = −v
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+MEMORIES = ("linear", "mlp", "gated_mlp")
+OBJECTIVES = ("l2", "dot")
+
+
+def _gelu_grad(z):
+    return 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+def _silu_grad(z):
+    s = torch.sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+# name -> (σ, σ')
+ACTIVATIONS = {
+    "gelu": (F.gelu, _gelu_grad),
+    "silu": (F.silu, _silu_grad),
+    "relu": (F.relu, lambda z: (z > 0).to(z.dtype)),
+    "tanh": (torch.tanh, lambda z: 1.0 - torch.tanh(z) ** 2),
+}
+
+
+def loss(objective: str, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """ℓ(y, v) summed over the last dim."""
+    if objective == "l2":
+        return 0.5 * ((y - v) ** 2).sum(-1)
+    if objective == "dot":
+        return -(y * v).sum(-1)
+    raise ValueError(f"unknown objective {objective!r}; valid choices: {', '.join(OBJECTIVES)}")
+
+
+def loss_grad(objective: str, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """∂ℓ/∂y."""
+    if objective == "l2":
+        return y - v
+    if objective == "dot":
+        return -v
+    raise ValueError(f"unknown objective {objective!r}; valid choices: {', '.join(OBJECTIVES)}")
+
+
+def fixed_apply(W):
+    """apply(name, u) = u @ W[name]ᵀ; works for u [in] with W [out, in] and for batched u [N, L, in] with W [N, out, in]."""
+    return lambda n, u: u @ W[n].mT
+
+
+class LinearMemory:
+    """M(k) = W φ(k); W: [d_v, D], zeros at start unless given."""
+
+    name = "linear"
+
+    def shapes(self, D: int, d_k: int, d_v: int) -> dict:
+        return {"W": (d_v, D)}
+
+    def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
+        return {"W": torch.zeros(H, d_v, D, dtype=dtype, device=device)}
+
+    def forward(self, apply, phi, x):
+        return apply("W", phi)
+
+    def gradient_factors(self, W, phi, x, v, objective):
+        """Rank-1 factors of ∇ℓ_i at W for a batch of tokens: {name: (δ [N, L, out], u [N, L, in])}."""
+        return {"W": (loss_grad(objective, phi @ W["W"].mT, v), phi)}
+
+
+def _normal_init(H, shapes, generator, dtype, device):
+    out = {}
+    for n, (o, i) in shapes.items():
+        w = torch.randn(H, o, i, generator=generator, dtype=torch.float64) / math.sqrt(i)
+        out[n] = w.to(dtype=dtype, device=device)
+    return out
+
+
+class MLPMemory:
+    """M(k) = r(k) + W_L σ(… σ(W_1 φ(k))); W_1: [E·d_v, D], W_l: [E·d_v, E·d_v], W_L: [d_v, E·d_v]."""
+
+    name = "mlp"
+
+    def __init__(self, depth: int = 2, expansion: int = 4, activation: str = "gelu", residual: bool = True):
+        if depth < 1:
+            raise ValueError(f"mlp memory depth must be >= 1, got {depth}")
+        if expansion < 1:
+            raise ValueError(f"mlp memory expansion must be >= 1, got {expansion}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}")
+        self.depth, self.expansion, self.activation, self.residual = depth, expansion, activation, residual
+
+    def shapes(self, D, d_k, d_v):
+        h = self.expansion * d_v
+        dims = [D] + [h] * (self.depth - 1) + [d_v]
+        return {f"W{l + 1}": (dims[l + 1], dims[l]) for l in range(self.depth)}
+
+    def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
+        return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
+
+    def _residual(self, x, y):
+        return y + x if self.residual and x.shape[-1] == y.shape[-1] else y
+
+    def forward(self, apply, phi, x):
+        act = ACTIVATIONS[self.activation][0]
+        h = phi
+        for l in range(1, self.depth):
+            h = act(apply(f"W{l}", h))
+        return self._residual(x, apply(f"W{self.depth}", h))
+
+    def gradient_factors(self, W, phi, x, v, objective):
+        act, dact = ACTIVATIONS[self.activation]
+        hs, zs = [phi], []
+        for l in range(1, self.depth):
+            zs.append(hs[-1] @ W[f"W{l}"].mT)
+            hs.append(act(zs[-1]))
+        y = self._residual(x, hs[-1] @ W[f"W{self.depth}"].mT)
+        delta = loss_grad(objective, y, v)
+        factors = {}
+        for l in range(self.depth, 0, -1):
+            factors[f"W{l}"] = (delta, hs[l - 1])
+            if l > 1:
+                delta = (delta @ W[f"W{l}"]) * dact(zs[l - 2])
+        return factors
+
+
+class GatedMLPMemory(MLPMemory):
+    """Atlas++: M(k) = r(k) + W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k)); W_1: [d_v, E·d_v], W_2, W_3: [E·d_v, D]."""
+
+    name = "gated_mlp"
+
+    def __init__(self, expansion: int = 4, activation: str = "gelu", residual: bool = True):
+        super().__init__(depth=2, expansion=expansion, activation=activation, residual=residual)
+
+    def shapes(self, D, d_k, d_v):
+        h = self.expansion * d_v
+        return {"W1": (d_v, h), "W2": (h, D), "W3": (h, D)}
+
+    def forward(self, apply, phi, x):
+        act = ACTIVATIONS[self.activation][0]
+        return self._residual(x, apply("W1", act(apply("W2", phi)) * apply("W3", phi)))
+
+    def gradient_factors(self, W, phi, x, v, objective):
+        act, dact = ACTIVATIONS[self.activation]
+        z2, z3 = phi @ W["W2"].mT, phi @ W["W3"].mT
+        u = act(z2) * z3
+        dy = loss_grad(objective, self._residual(x, u @ W["W1"].mT), v)
+        du = dy @ W["W1"]
+        return {"W1": (dy, u), "W2": (du * z3 * dact(z2), phi), "W3": (du * act(z2), phi)}
+
+
+class ModuleMemory:
+    """A custom memory: any nn.Module mapping φ(k) [D] -> [d_v], used functionally through torch.func.
+
+    Its parameters define the weight shapes and the default initial weights W_0 (shared by all heads).
+    Gradients of ℓ come from torch.func.grad (the generic path, slower than the analytic built-ins).
+    """
+
+    name = "module"
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def shapes(self, D, d_k, d_v):
+        return {n: tuple(p.shape) for n, p in self.module.named_parameters()}
+
+    def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
+        return {n: p.detach().to(dtype=dtype, device=device).expand(H, *p.shape).clone() for n, p in self.module.named_parameters()}
+
+    def forward_weights(self, W, phi, x):
+        """y = M_W(φ) for one token (used under torch.func.vmap)."""
+        return torch.func.functional_call(self.module, W, (phi,))
+
+
+def build_memory(memory, depth=2, expansion=4, activation="gelu", residual=True):
+    """A memory object from its name (or a custom nn.Module, or an already built memory)."""
+    if isinstance(memory, torch.nn.Module):
+        return ModuleMemory(memory)
+    if isinstance(memory, (LinearMemory, MLPMemory, ModuleMemory)):
+        return memory
+    if memory == "linear":
+        return LinearMemory()
+    if memory == "mlp":
+        return MLPMemory(depth, expansion, activation, residual)
+    if memory == "gated_mlp":
+        return GatedMLPMemory(expansion, activation, residual)
+    raise ValueError(f"unknown memory {memory!r}; valid choices: {', '.join(MEMORIES)}, or an nn.Module")
+
+
+def token_function(mem):
+    """f(W, φ, x) -> y for one token (unbatched), for torch.func."""
+    if isinstance(mem, ModuleMemory):
+        return mem.forward_weights
+    return lambda W, phi, x: mem.forward(fixed_apply(W), phi, x)

@@ -1,0 +1,170 @@
+"""``memorize``: the public entry point of the memory engine."""
+from __future__ import annotations
+
+import torch
+
+from .chunked import memorize_chunked
+from .feature_maps import FEATURE_MAPS, apply_feature_map, feature_dim
+from .memories import MEMORIES, OBJECTIVES, LinearMemory, build_memory
+from .optimizers import NS_COEFFICIENTS, OPTIMIZERS
+from .reference import memorize_reference
+from .state import MemoryState
+
+IMPLS = {"reference": memorize_reference, "chunked": memorize_chunked}
+GATE_DEFAULTS = {"alpha": 1.0, "eta": 1.0, "theta": 0.0, "gamma": 1.0}
+
+
+def _choice(key, value, choices):
+    if value not in choices:
+        raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
+
+
+def _gate(name, value, B, T, H, like):
+    """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the default)."""
+    if value is None:
+        value = GATE_DEFAULTS[name]
+    if isinstance(value, (int, float)):
+        return torch.full((B * H, T), float(value), dtype=like.dtype, device=like.device)
+    if not isinstance(value, torch.Tensor) or value.shape != (B, T, H):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"memorize: gate {name} must be a [B, T, H] = [{B}, {T}, {H}] tensor, a number or None; got {got}")
+    return value.to(like.dtype).permute(0, 2, 1).reshape(B * H, T)
+
+
+def _heads_first(x):
+    """[B, T, H, d] -> [B·H, T, d]."""
+    B, T, H, d = x.shape
+    return x.permute(0, 2, 1, 3).reshape(B * H, T, d)
+
+
+def _broadcast_weights(weights, shapes, B, H, what):
+    """Weights given as [*shape], [H, *shape] or [B, H, *shape] -> [B·H, *shape]."""
+    if set(weights) != set(shapes):
+        raise ValueError(f"memorize: {what} has weights {sorted(weights)}, the memory expects {sorted(shapes)}")
+    out = {}
+    for n, shape in shapes.items():
+        w = weights[n]
+        if tuple(w.shape[-len(shape):]) != tuple(shape) or w.dim() - len(shape) > 2:
+            raise ValueError(f"memorize: {what}[{n!r}] must have shape [*, {', '.join(map(str, shape))}] "
+                             f"with at most two leading dims (B, H); got {tuple(w.shape)}")
+        while w.dim() < len(shape) + 2:
+            w = w.unsqueeze(0)
+        out[n] = w.expand(B, H, *shape).reshape(B * H, *shape)
+    return out
+
+
+def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
+             alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
+             degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
+             ns_steps=5, ns_coefficients="quintic", normalize=False):
+    """Read a sequence with a memory that is trained while it reads (MEMORY.md).
+
+    q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
+
+    memory:       "linear" | "mlp" | "gated_mlp" | an nn.Module mapping φ(k) [D] -> [d_v] (custom memory)
+    feature_map:  "identity" | "polynomial" | "taylor"   (degree=p; coefficients=a_i ≥ 0, shape [p+1],
+                  for "polynomial", default 1/i!)
+    objective:    "l2" (½‖M(φ(k)) − v‖²) | "dot" (−⟨M(φ(k)), v⟩)
+    window:       c ≥ 1 (Omega window; 1 = online), or None (every past token: global)
+    optimizer:    "gd" | "momentum" | "muon" (ns_steps=k, ns_coefficients="quintic" | "cubic")
+    alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a
+                  [B, T, H] tensor, a number, or None (alpha = 1, eta = 1, theta = 0, gamma = 1).
+    chunk_size:   b; gradients of a chunk are taken at the state before it (part of the model's definition).
+    initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
+                  their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
+                  weights, or the MemoryState of a previous call to continue the sequence.
+    depth, expansion, activation, residual: options of the MLP memories.
+    normalize:    linear memory + dot objective (gd or momentum): divide the read-out by z_tᵀφ(q_t), z
+                  updated by the same rule on the constant value 1 (normalised linear attention).
+    impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton".
+    """
+    _choice("impl", impl, (*IMPLS, "triton"))
+    if impl == "triton":
+        raise NotImplementedError("memorize: impl='triton' is not available yet (the Triton kernels are not built); "
+                                  "use impl='chunked'")
+    if isinstance(memory, str):
+        _choice("memory", memory, MEMORIES)
+    _choice("feature_map", feature_map, FEATURE_MAPS)
+    _choice("objective", objective, OBJECTIVES)
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("ns_coefficients", ns_coefficients, tuple(NS_COEFFICIENTS))
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"memorize: window must be an int >= 1 or None (global); got {window!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"memorize: chunk_size must be an int >= 1; got {chunk_size!r}")
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"memorize: expected q, k [B, T, H, d_k] and v [B, T, H, d_v]; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, T, H, d_k = q.shape
+    d_v = v.shape[-1]
+    mem = build_memory(memory, depth, expansion, activation, residual)
+    if normalize and not (isinstance(mem, LinearMemory) and objective == "dot" and optimizer in ("gd", "momentum")):
+        raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or 'momentum'")
+    D = feature_dim(feature_map, d_k, degree)
+    d_out = d_v + int(normalize)
+    shapes = mem.shapes(D, d_k, d_out)
+
+    def phi(x):
+        return apply_feature_map(x, feature_map, degree, coefficients)
+
+    q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
+    if normalize:  # z_t is one more row of W, learnt on the constant value 1
+        v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
+    gates = {g: _gate(g, val, B, T, H, q) for g, val in
+             (("alpha", alpha), ("eta", eta), ("theta", theta), ("gamma", gamma))}
+
+    offset, W_eval, S = 0, None, None
+    cache_k = q_.new_zeros(B * H, 0, d_k)
+    cache_v = q_.new_zeros(B * H, 0, d_out)
+    cache_g = q_.new_zeros(B * H, 0)
+    if isinstance(initial_state, MemoryState):
+        st = initial_state
+        if not 0 <= st.offset < chunk_size:
+            raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}")
+        W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights")
+        if st.momentum is not None:
+            S = _broadcast_weights(st.momentum, shapes, B, H, "initial_state.momentum")
+        if st.eval_weights is not None:
+            W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights")
+        offset = st.offset
+        cache_k, cache_v = st.keys.reshape(B * H, -1, d_k), st.values.reshape(B * H, -1, d_out)
+        cache_g = st.gamma.reshape(B * H, -1)
+    elif isinstance(initial_state, dict):
+        weights = dict(initial_state)
+        if normalize and weights.get("W") is not None and weights["W"].shape[-2] == d_v:
+            weights["W"] = torch.cat([weights["W"], weights["W"].new_zeros(*weights["W"].shape[:-2], 1, D)], -2)
+        W = _broadcast_weights(weights, shapes, B, H, "initial_state")
+    elif initial_state is None:
+        init = mem.init_weights(H, D, d_k, d_out, generator=torch.Generator().manual_seed(0), dtype=q.dtype,
+                                device=q.device)
+        W = _broadcast_weights(init, shapes, B, H, "initial weights")
+    else:
+        raise ValueError(f"memorize: initial_state must be None, a dict of weights or a MemoryState; "
+                         f"got {type(initial_state).__name__}")
+    if optimizer != "gd" and S is None:
+        S = {n: torch.zeros_like(w) for n, w in W.items()}
+    if offset and W_eval is None:
+        raise ValueError("memorize: initial_state has offset > 0 but no eval_weights")
+
+    k_all = torch.cat([cache_k, k_], 1)
+    v_all = torch.cat([cache_v, v_], 1)
+    g_all = torch.cat([cache_g, gates["gamma"]], 1)
+    y, W, S, W_eval, offset = IMPLS[impl](
+        q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi, objective=objective,
+        window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval, offset=offset,
+        ns_steps=ns_steps, ns_coefficients=ns_coefficients)
+
+    if normalize:
+        y = y[..., :d_v] / y[..., d_v:]
+    o = y.reshape(B, H, T, d_v).permute(0, 2, 1, 3)
+    keep = k_all.shape[1] if window is None else min(window - 1, k_all.shape[1])
+    start = k_all.shape[1] - keep
+
+    def unflat(x):
+        return None if x is None else {n: w.reshape(B, H, *w.shape[1:]) for n, w in x.items()}
+
+    state = MemoryState(
+        weights=unflat(W), momentum=unflat(S), eval_weights=unflat(W_eval),
+        keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
+        gamma=g_all[:, start:].reshape(B, H, keep), offset=offset)
+    return o, state

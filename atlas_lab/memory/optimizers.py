@@ -1,0 +1,108 @@
+"""Memory optimisers: the rule that turns the window gradient g_t into new memory weights (MEMORY.md §3).
+
+    gd:        W_t = α_t W_{t-1} − η_t g_t
+    momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)
+    muon:      S_t = θ_t S_{t-1} + g_t,       W_t = α_t W_{t-1} − η_t NS_k(S_t)  (Atlas eq. 32)
+
+``step`` is the literal one-token rule used by the reference loop; ``chunk_coefficients`` solves the
+same recurrences inside a chunk in closed form (cumulative products as [n, n] decay matrices).
+"""
+from __future__ import annotations
+
+import torch
+
+OPTIMIZERS = ("gd", "momentum", "muon")
+NS_COEFFICIENTS = {
+    "quintic": (3.4445, -4.7750, 2.0315),  # Muon's: fast, singular values end up in ~[0.5, 1.5]
+    "cubic": (1.5, -0.5, 0.0),  # converges to the polar factor U Vᵀ as the number of steps grows
+}
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
+    """NS_k(G) for a batch of matrices G [..., m, n] (each matrix separately).
+
+    X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
+    """
+    if coefficients not in NS_COEFFICIENTS:
+        raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
+    a, b, c = NS_COEFFICIENTS[coefficients]
+    transpose = G.shape[-2] > G.shape[-1]
+    X = G.mT if transpose else G
+    batch = X.shape[:-2]
+    X = X.reshape(-1, *X.shape[-2:])
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if c != 0.0 else b * A  # b A + c A²
+        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
+    X = X.reshape(*batch, *X.shape[-2:])
+    return X.mT if transpose else X
+
+
+def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str) -> torch.Tensor:
+    """NS_k on 2-D weights (the trailing ``ndim`` dims of S); a 1-D parameter passes through (plain momentum)."""
+    return newton_schulz(S, steps, coefficients) if ndim == 2 else S
+
+
+def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="quintic"):
+    """One token of the optimiser, literally. W, S, g: dicts name -> [N, *shape]; gates: [N].
+
+    Returns (W_t, S_t); S is None for gd.
+    """
+    def bc(x, like):
+        return x.reshape(x.shape + (1,) * (like.dim() - 1))
+
+    W_new, S_new = {}, {}
+    for n, w in W.items():
+        a, e = bc(alpha, w), bc(eta, w)
+        if optimizer == "gd":
+            W_new[n] = a * w - e * g[n]
+        elif optimizer == "momentum":
+            S_new[n] = bc(theta, w) * S[n] - e * g[n]
+            W_new[n] = a * w + S_new[n]
+        elif optimizer == "muon":
+            S_new[n] = bc(theta, w) * S[n] + g[n]
+            W_new[n] = a * w - e * orthogonalize(S_new[n], w.dim() - 1, ns_steps, ns_coefficients)
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+    return W_new, (S_new if optimizer != "gd" else None)
+
+
+def decay_matrix(x: torch.Tensor) -> torch.Tensor:
+    """P[t, j] = ∏_{l=j+1..t} x_l for j ≤ t, 0 above the diagonal. x: [N, n] in [0, 1] -> [N, n, n].
+
+    Computed in log space as a masked cumulative sum (no division by small products).
+    """
+    n = x.shape[-1]
+    logx = torch.log(x.clamp_min(torch.finfo(x.dtype).tiny))
+    rep = logx.unsqueeze(-1).expand(*x.shape, n)  # rep[l, j] = log x_l
+    below = torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-1)  # j < l
+    seg = torch.where(below, rep, 0.0).cumsum(-2)  # seg[t, j] = Σ_{j<l≤t} log x_l
+    return torch.where(below | torch.eye(n, dtype=torch.bool, device=x.device), seg.exp(), 0.0)
+
+
+def chunk_coefficients(optimizer, alpha, eta, theta):
+    """Closed forms of the optimiser over one chunk of n tokens, started from (W_0, S_0). Gates: [N, n].
+
+    Returns a dict of tensors with
+      W_t = a[t] W_0 + m[t] S_0 + Σ_j Cw[t, j] g_j                      (gd, momentum)
+      S_t = s[t] S_0 + Σ_j Cs[t, j] g_j                                 (momentum, muon)
+      muon: W_t = a[t] W_0 + Σ_j Cw[t, j] NS(S_j)
+    a, m, s: [N, n]; Cw, Cs: [N, n, n] lower triangular.
+    """
+    A = decay_matrix(alpha)  # ∏ α over (j, t]
+    a = A[..., 0] * alpha[..., :1]  # ∏ α over [0, t]
+    out = {"a": a}
+    if optimizer == "gd":
+        out["Cw"] = -A * eta.unsqueeze(-2)
+    elif optimizer == "momentum":
+        Th = decay_matrix(theta)
+        s = Th[..., 0] * theta[..., :1]
+        AT = A @ Th  # Σ_{m=j..t} A[t,m] Θ[m,j]
+        out.update(m=(A @ s.unsqueeze(-1)).squeeze(-1), s=s, Cw=-AT * eta.unsqueeze(-2), Cs=-Th * eta.unsqueeze(-2))
+    elif optimizer == "muon":
+        Th = decay_matrix(theta)
+        out.update(s=Th[..., 0] * theta[..., :1], Cs=Th, Cw=-A * eta.unsqueeze(-2))
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+    return out

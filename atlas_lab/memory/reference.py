@@ -1,0 +1,44 @@
+"""The oracle: MEMORY.md §2–§4 followed literally, one token at a time, gradients by torch.func.
+
+For t = 1..T (chunks of b tokens; W̃ = the weights at the end of the previous chunk):
+    g_t = Σ_{i = t−c+1..t} γ_i ∇ℓ_i(W̃)        ℓ_i(W) = loss(M_W(φ(k_i)), v_i)
+    (W_t, S_t) = optimizer step(W_{t−1}, S_{t−1}, g_t; α_t, η_t, θ_t)
+    y_t = M_{W_t}(φ(q_t))
+Slow and obviously right; every fast path is tested against it.
+"""
+from __future__ import annotations
+
+import torch
+from torch.func import grad, vmap
+
+from .memories import loss, token_function
+from .optimizers import step
+
+
+def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
+                       chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients):
+    """Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T new
+    tokens ([N, m0+T, ·]); gates [N, T]. Returns (y [N, T, d_v], W, S, W̃ or None, offset)."""
+    N, T = q.shape[:2]
+    m0 = k_all.shape[1] - T
+    f = token_function(mem)
+
+    def token_loss(W, phi_k, k, v):
+        return loss(objective, f(W, phi_k, k), v)
+
+    grads = vmap(vmap(grad(token_loss), in_dims=(None, 0, 0, 0)))  # over heads×batch, then window tokens
+    read = vmap(f)
+    phi_q, phi_k = phi(q), phi(k_all)
+    ys = []
+    for t in range(T):
+        if offset == 0:
+            W_eval = W
+        j = m0 + t
+        lo = 0 if window is None else max(0, j - window + 1)
+        G = grads(W_eval, phi_k[:, lo:j + 1], k_all[:, lo:j + 1], v_all[:, lo:j + 1])
+        gam = gamma_all[:, lo:j + 1]
+        g = {n: (gam.reshape(gam.shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
+        W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t], ns_steps, ns_coefficients)
+        ys.append(read(W, phi_q[:, t], q[:, t]))
+        offset = (offset + 1) % chunk_size
+    return torch.stack(ys, 1), W, S, (W_eval if offset else None), offset

@@ -1,0 +1,40 @@
+"""The recurrent state that ``memorize`` returns and accepts back as ``initial_state``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MemoryState:
+    """Everything needed to continue a sequence exactly where a previous call stopped.
+
+    weights:      W_t, the memory weights after the last token: {name: [B, H, *shape]}.
+    momentum:     S_t for ``momentum`` / ``muon`` ({name: [B, H, *shape]}), None for ``gd``.
+    eval_weights: W̃, the weights at which gradients of the chunk in progress are taken (the state at
+                  the end of the previous chunk); None when ``offset == 0`` (a chunk boundary).
+    keys, values, gamma: the last min(c−1, seen) raw keys [B, H, m, d_k], values [B, H, m, d_v] and
+                  window weights [B, H, m] (every past token for ``window=None``): the tokens of
+                  earlier calls that still lie in the Omega window.
+    offset:       tokens of the chunk in progress already consumed, 0 ≤ offset < chunk_size.
+
+    With ``normalize=True`` the last row of the linear memory's W (and of S, and the last column of
+    ``values``, a constant 1) is the running normaliser z.
+    """
+
+    weights: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor] | None
+    eval_weights: dict[str, torch.Tensor] | None
+    keys: torch.Tensor
+    values: torch.Tensor
+    gamma: torch.Tensor
+    offset: int = 0
+
+    def detach(self) -> "MemoryState":
+        """A copy cut from the autograd graph (for truncated backpropagation through long streams)."""
+        def d(x):
+            return None if x is None else {n: w.detach() for n, w in x.items()}
+
+        return MemoryState(d(self.weights), d(self.momentum), d(self.eval_weights), self.keys.detach(),
+                           self.values.detach(), self.gamma.detach(), self.offset)

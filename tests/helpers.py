@@ -1,0 +1,59 @@
+"""Shared test utilities: random memorize problems and relative-error comparisons."""
+import torch
+
+from atlas_lab.memory import feature_dim, memorize
+
+GATES = ("alpha", "eta", "theta", "gamma")
+
+
+def rel_err(a, b):
+    """‖a − b‖ / ‖b‖ (absolute when b is zero)."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memory="linear", feature_map="identity",
+                 degree=2, **kw):
+    """Random leaf tensors for memorize: q, k, v, gates in a stable range, learnable W_0 and φ coefficients."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):  # drawn in float64 and cast, so that every dtype sees the same numbers
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    def uni(lo, hi, *shape):
+        return (lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+    k = torch.nn.functional.normalize(rnd(B, T, H, d_k), dim=-1)
+    p = dict(q=rnd(B, T, H, d_k), k=k, v=rnd(B, T, H, d_v) * 0.5,
+             alpha=uni(0.8, 1.0, B, T, H), eta=uni(0.05, 0.5, B, T, H), theta=uni(0.3, 0.9, B, T, H),
+             gamma=uni(0.2, 1.0, B, T, H))
+    D = feature_dim(feature_map, d_k, degree)
+    from atlas_lab.memory import build_memory
+    mem = build_memory(memory, **{o: kw[o] for o in ("depth", "expansion", "activation", "residual") if o in kw})
+    W0 = mem.init_weights(H, D, d_k, d_v, generator=g, dtype=torch.float64)
+    if memory == "linear":  # start from a small non-zero state
+        W0 = {n: rnd(*w.shape) * 0.1 for n, w in W0.items()}
+    p["initial_state"] = {n: w.to(dtype) for n, w in W0.items()}
+    if feature_map == "polynomial":
+        p["coefficients"] = uni(0.3, 1.0, degree + 1)
+    for t in p.values():
+        if isinstance(t, torch.Tensor):
+            t.requires_grad_(True)
+    for w in p["initial_state"].values():
+        w.requires_grad_(True)
+    return p
+
+
+def run(problem, impl, **options):
+    """memorize on a problem; returns (output, state, {input name: gradient})."""
+    o, state = memorize(problem["q"], problem["k"], problem["v"], impl=impl,
+                        **{n: problem[n] for n in GATES}, initial_state=problem["initial_state"],
+                        **({"coefficients": problem["coefficients"]} if "coefficients" in problem else {}), **options)
+    leaves = {n: t for n, t in problem.items() if isinstance(t, torch.Tensor)}
+    leaves.update({f"W0.{n}": w for n, w in problem["initial_state"].items()})
+    # a loss that touches the output and every part of the final state
+    total = (o * torch.linspace(-1, 1, o.shape[-1], dtype=o.dtype)).sum()
+    for x in (state.weights, state.momentum or {}):
+        total = total + sum((w ** 2).sum() * 0.1 for w in x.values())
+    grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+    return o, state, {n: gr for n, gr in zip(leaves, grads)}

@@ -1,0 +1,159 @@
+"""chunked == reference (MEMORY.md §5): outputs, final state and gradients, for every combination of
+memory × feature map × objective × window × optimiser, in float64 and float32, with T not a multiple of
+the chunk, chunk 1, and a sequence split into calls that pass the state on."""
+import itertools
+
+import pytest
+import torch
+
+from atlas_lab.memory import memorize
+from helpers import make_problem, rel_err, run
+
+MEMORIES = ["linear", "mlp", "gated_mlp"]
+FEATURE_MAPS = ["identity", "polynomial", "taylor"]
+OBJECTIVES = ["l2", "dot"]
+WINDOWS = [1, 3, None]
+OPTIMIZERS = ["gd", "momentum", "muon"]
+TOL = {torch.float64: 1e-5, torch.float32: 1e-4}
+
+
+def compare(a, b, tol, what):
+    """Every output, state tensor and gradient of run ``a`` against run ``b``; a gradient missing on one side fails."""
+    (oa, sa, ga), (ob, sb, gb) = a, b
+    errors = {"output": rel_err(oa, ob)}
+    for part in ("weights", "momentum"):
+        xa, xb = getattr(sa, part), getattr(sb, part)
+        assert (xa is None) == (xb is None), f"{what}: state.{part} present on one side only"
+        for n in xb or {}:
+            errors[f"state.{part}.{n}"] = rel_err(xa[n], xb[n])
+    assert sa.offset == sb.offset
+    for n in gb:
+        assert (ga[n] is None) == (gb[n] is None), f"{what}: gradient of {n} missing on one side"
+        if gb[n] is not None:
+            assert torch.isfinite(ga[n]).all(), f"{what}: non-finite gradient of {n}"
+            errors[f"grad.{n}"] = rel_err(ga[n], gb[n])
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{what}: relative errors above {tol:g}: {bad}"
+
+
+@pytest.mark.parametrize("memory,feature_map,objective,window,optimizer",
+                         list(itertools.product(MEMORIES, FEATURE_MAPS, OBJECTIVES, WINDOWS, OPTIMIZERS)))
+def test_chunked_equals_reference_float64(memory, feature_map, objective, window, optimizer):
+    options = dict(memory=memory, feature_map=feature_map, objective=objective, window=window, optimizer=optimizer,
+                   chunk_size=3)  # T = 7: two full chunks and a partial one
+    p = make_problem(memory=memory, feature_map=feature_map, dtype=torch.float64)
+    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[torch.float64], str(options))
+
+
+@pytest.mark.parametrize("memory,feature_map,objective,window,optimizer",
+                         list(itertools.product(MEMORIES, FEATURE_MAPS, OBJECTIVES, WINDOWS, OPTIMIZERS)))
+def test_chunked_equals_reference_float32(memory, feature_map, objective, window, optimizer):
+    options = dict(memory=memory, feature_map=feature_map, objective=objective, window=window, optimizer=optimizer,
+                   chunk_size=3)
+    p = make_problem(memory=memory, feature_map=feature_map, dtype=torch.float32)
+    if optimizer == "muon":
+        # Quintic Newton–Schulz multiplies rounding errors by up to a^k = 3.4445^5 ≈ 480 near small singular
+        # values: two float32 evaluations of the same function differ by ~1e-4..1e-3 in the gradients whatever
+        # the order of operations (the float32 reference is that far from the float64 one too). Outputs and
+        # state are compared with quintic; everything with cubic coefficients (amplification 1.5^5 ≈ 8).
+        # Quintic gradients are checked in float64 above.
+        (oc, sc, _), (orf, sr, _) = run(p, "chunked", **options), run(p, "reference", **options)
+        assert rel_err(oc, orf) <= TOL[torch.float32]
+        for n in sr.weights:
+            assert rel_err(sc.weights[n], sr.weights[n]) <= TOL[torch.float32]
+        options["ns_coefficients"] = "cubic"
+    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[torch.float32], str(options))
+
+
+@pytest.mark.parametrize("memory,optimizer", list(itertools.product(MEMORIES, OPTIMIZERS)))
+@pytest.mark.parametrize("window", [1, 2, None])
+def test_chunk_size_one_is_the_online_rule(memory, optimizer, window):
+    options = dict(memory=memory, feature_map="polynomial", objective="l2", window=window, optimizer=optimizer,
+                   chunk_size=1)
+    p = make_problem(memory=memory, feature_map="polynomial", T=5)
+    compare(run(p, "chunked", **options), run(p, "reference", **options), 1e-5, str(options))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+@pytest.mark.parametrize("memory,optimizer", list(itertools.product(MEMORIES, OPTIMIZERS)))
+@pytest.mark.parametrize("window", [1, 3, None])
+def test_split_into_calls_passes_the_state(impl, memory, optimizer, window):
+    """One call on T = 11 equals calls on 4 + 1 + 6 tokens (splits inside a chunk of 3) that pass the state on."""
+    options = dict(memory=memory, feature_map="taylor", objective="l2", window=window, optimizer=optimizer,
+                   chunk_size=3)
+    p = make_problem(memory=memory, feature_map="taylor", T=11)
+    gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
+    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], impl=impl, **gates, **options)
+    state, pieces = p["initial_state"], []
+    for lo, hi in [(0, 4), (4, 5), (5, 11)]:
+        o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
+                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+        pieces.append(o)
+    o_split = torch.cat(pieces, 1)
+    assert rel_err(o_split, o_full) <= 1e-10
+    assert state.offset == s_full.offset == 11 % 3
+    for n in s_full.weights:
+        assert rel_err(state.weights[n], s_full.weights[n]) <= 1e-10
+    # gradients flow through the carried state to the first piece's inputs and the initial weights
+    leaves = [p["q"], p["k"], p["v"], *p["initial_state"].values()]
+    g_full = torch.autograd.grad(o_full.square().sum(), leaves)
+    g_split = torch.autograd.grad(o_split.square().sum(), leaves)
+    for a, b in zip(g_split, g_full):
+        assert rel_err(a, b) <= 1e-10
+
+
+class TwoLayerMLP(torch.nn.Module):
+    """A custom memory: the built-in mlp memory (depth 2, gelu, no residual) written as an nn.Module."""
+
+    def __init__(self, d_in, d_hidden, d_out):
+        super().__init__()
+        self.W1 = torch.nn.Parameter(torch.randn(d_hidden, d_in, dtype=torch.float64) / d_in ** 0.5)
+        self.W2 = torch.nn.Parameter(torch.randn(d_out, d_hidden, dtype=torch.float64) / d_hidden ** 0.5)
+
+    def forward(self, x):
+        return self.W2 @ torch.nn.functional.gelu(self.W1 @ x)
+
+
+class BiasMemory(torch.nn.Module):
+    """A custom memory with a 1-D parameter (takes the plain momentum step under muon)."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = torch.nn.Linear(d_in, d_out, dtype=torch.float64)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("window", [1, 3, None])
+def test_custom_module_memory(optimizer, window):
+    """The generic torch.func path: chunked == reference, and a module equal to the built-in mlp gives its results."""
+    torch.manual_seed(0)
+    module = TwoLayerMLP(4, 16, 4)
+    p = make_problem(memory="mlp", T=7, residual=False)
+    p["initial_state"] = {n: w.detach().clone().unsqueeze(0).repeat(2, 1, 1).requires_grad_()
+                          for n, w in module.named_parameters()}
+    options = dict(objective="l2", window=window, optimizer=optimizer, chunk_size=3)
+    custom = run(p, "chunked", memory=module, **options)
+    compare(custom, run(p, "reference", memory=module, **options), 1e-5, f"module {options}")
+    compare(custom, run(p, "chunked", memory="mlp", depth=2, expansion=4, residual=False, **options), 1e-5,
+            f"module vs built-in {options}")
+    bias_memory = BiasMemory(4, 4)
+    p2 = make_problem(memory="mlp", T=7)
+    p2["initial_state"] = {n: w.detach().clone().requires_grad_() for n, w in bias_memory.named_parameters()}
+    compare(run(p2, "chunked", memory=bias_memory, **options), run(p2, "reference", memory=bias_memory, **options),
+            1e-5, f"bias module {options}")
+
+
+def test_default_gates_and_state():
+    """None gates mean α = 1, η = 1, θ = 0, γ = 1; initial_state=None means zeros for linear memory."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 5, 2, 3, dtype=torch.float64), torch.randn(1, 5, 2, 3, dtype=torch.float64), \
+        torch.randn(1, 5, 2, 3, dtype=torch.float64)
+    o1, s1 = memorize(q, k, v, optimizer="momentum", chunk_size=2)
+    ones = torch.ones(1, 5, 2, dtype=torch.float64)
+    o2, s2 = memorize(q, k, v, optimizer="momentum", chunk_size=2, alpha=ones, eta=1.0, theta=0 * ones, gamma=ones,
+                      initial_state={"W": torch.zeros(3, 3, dtype=torch.float64)})
+    assert rel_err(o1, o2) < 1e-12
+    assert s1.weights["W"].shape == (1, 2, 3, 3) and s1.momentum["W"].shape == (1, 2, 3, 3)
