@@ -1,0 +1,210 @@
+"""Known models and mathematical identities (MEMORY.md §3, §6), each against an independent computation."""
+import math
+
+import pytest
+import torch
+
+from atlas_lab.memory import apply_feature_map, feature_dim, memorize, newton_schulz, polynomial
+from helpers import rel_err
+
+IMPLS = ["chunked", "reference"]
+
+
+def randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("d,p", [(1, 3), (3, 2), (5, 3), (4, 4), (16, 2)])
+def test_polynomial_kernel_identity(d, p, dtype, tol):
+    """φ(q)·φ(k) = Σ_i a_i (q·k)^i exactly, with D = C(d+p, p)."""
+    q, k = randn(50, d, seed=1, dtype=dtype), randn(50, d, seed=2, dtype=dtype)
+    a = torch.rand(p + 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    fq, fk = polynomial(q, a), polynomial(k, a)
+    assert fq.shape == (50, math.comb(d + p, p)) == (50, feature_dim("polynomial", d, p))
+    dot = (q * k).sum(-1).double()
+    kernel = sum(a[i] * dot ** i for i in range(p + 1))
+    assert rel_err((fq * fk).sum(-1), kernel) < tol
+
+
+def test_taylor_kernel_converges_to_exp():
+    q, k = randn(100, 4, seed=1) * 0.5, randn(100, 4, seed=2) * 0.5
+    exact = torch.exp((q * k).sum(-1))
+    errors = []
+    for p in range(1, 9):
+        kernel = (apply_feature_map(q, "taylor", p) * apply_feature_map(k, "taylor", p)).sum(-1)
+        errors.append(rel_err(kernel, exact))
+    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] < 1e-4
+
+
+def test_polynomial_default_coefficients_are_taylor():
+    x = randn(10, 3)
+    assert torch.equal(apply_feature_map(x, "polynomial", 3), apply_feature_map(x, "taylor", 3))
+
+
+def qkv(B=2, T=13, H=3, d_k=5, d_v=4, dtype=torch.float64, normalize_k=True):
+    q, k, v = randn(B, T, H, d_k, seed=1, dtype=dtype), randn(B, T, H, d_k, seed=2, dtype=dtype), \
+        randn(B, T, H, d_v, seed=3, dtype=dtype)
+    if normalize_k:
+        k = torch.nn.functional.normalize(k, dim=-1)
+    return q, k, v
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_linear_attention(impl, chunk_size):
+    """linear memory, identity, dot, window 1, gd, α = η = 1: y_t = Σ_{i≤t} v_i (k_i·q_t)."""
+    q, k, v = qkv()
+    o, _ = memorize(q, k, v, memory="linear", objective="dot", optimizer="gd", chunk_size=chunk_size, impl=impl)
+    scores = torch.einsum("bthd,bshd->bhts", q, k).tril()
+    direct = torch.einsum("bhts,bshd->bthd", scores, v)
+    assert rel_err(o, direct) < 1e-12
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gated_linear_attention(impl):
+    """GLA-like scalar gate: y_t = Σ_{i≤t} (∏_{l=i+1..t} α_l) v_i (k_i·q_t)."""
+    q, k, v = qkv()
+    alpha = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 0.5 + 0.5
+    o, _ = memorize(q, k, v, memory="linear", objective="dot", optimizer="gd", alpha=alpha, chunk_size=4, impl=impl)
+    logc = alpha.log().cumsum(1)  # [B, T, H]
+    decay = (logc.unsqueeze(2) - logc.unsqueeze(1)).exp()  # [B, t, s, H] = ∏_{s<l≤t} α_l
+    causal = torch.ones(13, 13, dtype=torch.bool).tril()[None, :, None, :]  # [1, t, 1, s]
+    scores = torch.einsum("bthd,bshd->bths", q, k) * decay.permute(0, 1, 3, 2) * causal
+    direct = torch.einsum("bths,bshd->bthd", scores, v)
+    assert rel_err(o, direct) < 1e-10
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_deltanet_matches_flash_linear_attention(impl):
+    """DeltaNet = linear, identity, l2, window 1, gd, α = 1, η_t = β_t, against fla's pure-PyTorch recurrence.
+
+    fla's state S [d_k, d_v] is our Wᵀ and it scales q by d_k^-1/2.
+    """
+    naive = pytest.importorskip("fla.ops.delta_rule.naive")
+    q, k, v = qkv(dtype=torch.float32)
+    beta = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(5)).sigmoid()
+    o, state = memorize(q * q.shape[-1] ** -0.5, k, v, memory="linear", objective="l2", optimizer="gd", eta=beta,
+                        chunk_size=1, impl=impl)  # the exact online delta rule
+    o_ref, S_ref = naive.delta_rule_recurrence(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               beta.transpose(1, 2))
+    assert rel_err(o, o_ref.transpose(1, 2)) < 1e-5
+    assert rel_err(state.weights["W"], S_ref.mT) < 1e-5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gated_deltanet_titans_form(impl):
+    """Gated DeltaNet with the gradient at W_{t−1}: W_t = α_t W_{t−1} − η_t (W_{t−1} k_t − v_t) k_tᵀ."""
+    q, k, v = qkv()
+    g = torch.Generator().manual_seed(6)
+    alpha = torch.rand(2, 13, 3, generator=g, dtype=torch.float64) * 0.2 + 0.8
+    eta = torch.rand(2, 13, 3, generator=g, dtype=torch.float64)
+    o, _ = memorize(q, k, v, memory="linear", objective="l2", optimizer="gd", alpha=alpha, eta=eta, chunk_size=1,
+                    impl=impl)
+    W = torch.zeros(2, 3, 4, 5, dtype=torch.float64)
+    out = []
+    for t in range(13):
+        kt, vt, a, e = k[:, t], v[:, t], alpha[:, t, :, None, None], eta[:, t, :, None, None]
+        err = torch.einsum("bhvk,bhk->bhv", W, kt) - vt
+        W = a * W - e * torch.einsum("bhv,bhk->bhvk", err, kt)
+        out.append(torch.einsum("bhvk,bhk->bhv", W, q[:, t]))
+    assert rel_err(o, torch.stack(out, 1)) < 1e-12
+
+
+def test_titans_momentum_recurrence_by_hand():
+    """Titans form with linear memory, by hand: S_t = θ S − η ∇, W_t = α W + S (gradient at W_{t−1})."""
+    q, k, v = qkv()
+    g = torch.Generator().manual_seed(7)
+    alpha, eta, theta = (torch.rand(2, 13, 3, generator=g, dtype=torch.float64) * 0.5 + 0.5 for _ in range(3))
+    o, state = memorize(q, k, v, memory="linear", optimizer="momentum", alpha=alpha, eta=eta, theta=theta,
+                        chunk_size=1)
+    W = torch.zeros(2, 3, 4, 5, dtype=torch.float64)
+    S = torch.zeros_like(W)
+    out = []
+    for t in range(13):
+        grad = torch.einsum("bhv,bhk->bhvk", torch.einsum("bhvk,bhk->bhv", W, k[:, t]) - v[:, t], k[:, t])
+        S = theta[:, t, :, None, None] * S - eta[:, t, :, None, None] * grad
+        W = alpha[:, t, :, None, None] * W + S
+        out.append(torch.einsum("bhvk,bhk->bhv", W, q[:, t]))
+    assert rel_err(o, torch.stack(out, 1)) < 1e-12
+    assert rel_err(state.momentum["W"], S) < 1e-12
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_taylor_normalized_linear_memory_converges_to_softmax_attention(impl):
+    """linear memory + taylor(p) + dot + normalize → causal softmax attention as p grows."""
+    q, k, v = qkv(T=9, d_k=3)
+    q = torch.nn.functional.normalize(q, dim=-1)
+    scores = torch.einsum("bthd,bshd->bhts", q, k)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    softmax = torch.einsum("bhts,bshd->bthd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
+    errors = []
+    for p in range(1, 8):
+        o, _ = memorize(q, k, v, memory="linear", feature_map="taylor", degree=p, objective="dot", normalize=True,
+                        chunk_size=4, impl=impl)
+        errors.append(rel_err(o, softmax))
+    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] < 1e-4, errors
+
+
+def test_normalized_linear_attention_state_carries_normaliser():
+    """normalize=True across two calls equals one call (z is carried in the state)."""
+    q, k, v = qkv(T=10)
+    opts = dict(memory="linear", feature_map="taylor", degree=2, objective="dot", normalize=True, chunk_size=3)
+    o, _ = memorize(q, k, v, **opts)
+    o1, s = memorize(q[:, :4], k[:, :4], v[:, :4], **opts)
+    o2, _ = memorize(q[:, 4:], k[:, 4:], v[:, 4:], initial_state=s, **opts)
+    assert rel_err(torch.cat([o1, o2], 1), o) < 1e-12
+
+
+def test_cubic_newton_schulz_converges_to_polar_factor():
+    """NS_k with cubic coefficients → U Vᵀ of the SVD as k grows; quintic stays near but not at it."""
+    g = torch.Generator().manual_seed(8)
+    U = torch.linalg.qr(torch.randn(6, 8, 8, generator=g, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(6, 13, 8, generator=g, dtype=torch.float64))[0]
+    G = U @ torch.diag(torch.logspace(-2, 0, 8, dtype=torch.float64)) @ V.mT  # singular values 0.01 .. 1
+    polar = U @ V.mT
+    errors = [rel_err(newton_schulz(G, steps, "cubic"), polar) for steps in (5, 10, 15, 20)]
+    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+    assert errors[0] > 0.1 and errors[-1] < 1e-8, errors
+    assert rel_err(newton_schulz(G.mT, 80, "cubic"), polar.mT) < 1e-8  # tall input: works on the transpose
+    sv = torch.linalg.svdvals(newton_schulz(G, 50, "quintic"))
+    assert sv.min() > 0.5 and sv.max() < 1.5 and (sv - 1).abs().max() > 1e-3
+
+
+def test_momentum_with_zero_decay_is_gd():
+    q, k, v = qkv()
+    eta = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    o1, _ = memorize(q, k, v, memory="mlp", optimizer="gd", eta=eta, window=3, chunk_size=4)
+    o2, _ = memorize(q, k, v, memory="mlp", optimizer="momentum", eta=eta, theta=0.0, window=3, chunk_size=4)
+    assert rel_err(o2, o1) < 1e-12
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(memory="deep"), "valid choices: linear, mlp, gated_mlp"),
+    (dict(feature_map="exp"), "valid choices: identity, polynomial, taylor"),
+    (dict(objective="l1"), "valid choices: l2, dot"),
+    (dict(optimizer="adam"), "valid choices: gd, momentum, muon"),
+    (dict(optimizer="muon", ns_coefficients="septic"), "valid choices: quintic, cubic"),
+    (dict(window=0), "window must be an int >= 1 or None"),
+    (dict(chunk_size=0), "chunk_size must be an int >= 1"),
+    (dict(impl="cuda"), "valid choices: reference, chunked, triton"),
+    (dict(alpha=torch.ones(2, 3)), "gate alpha must be a [B, T, H]"),
+    (dict(normalize=True), "normalize=True needs memory='linear', objective='dot'"),
+    (dict(initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
+    (dict(initial_state={"V": torch.zeros(4, 5)}), "the memory expects ['W']"),
+    (dict(memory="mlp", depth=0), "depth must be >= 1"),
+    (dict(memory="mlp", activation="swish"), "valid choices: gelu, silu, relu, tanh"),
+    (dict(feature_map="polynomial", degree=2, coefficients=torch.ones(2)), "coefficients must have shape"),
+])
+def test_bad_arguments_say_what_is_valid(kwargs, message):
+    q, k, v = qkv(T=4)
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        memorize(q, k, v, **kwargs)
+
+
+def test_triton_is_not_available_yet():
+    q, k, v = qkv(T=4)
+    with pytest.raises(NotImplementedError, match="impl='triton'"):
+        memorize(q, k, v, impl="triton")
