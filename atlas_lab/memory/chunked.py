@@ -86,10 +86,10 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
 
     def dual_apply(n, u):  # u [N, n, in] -> u @ W_tᵀ for every token t, W_t never built
         delta, x = G[n]
-        out = a.unsqueeze(-1) * (u @ W[n].mT) + (C * (u @ x.mT)) @ delta
+        out = a.unsqueeze(-1) * (u @ W[n].mT)
         if optimizer == "momentum":
             out = out + co["m"].unsqueeze(-1) * (u @ S[n].mT)
-        return out
+        return torch.baddbmm(out, C * (u @ x.mT), delta)
 
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
@@ -103,9 +103,13 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     if isinstance(mem, ModuleMemory):
         f = token_function(mem)
         module_grads = vmap(vmap(grad(lambda W, p, k, v: loss(objective, f(W, p, k), v)), in_dims=(None, 0, 0, 0)))
+    sizes = [min(T, chunk_size - offset)] if offset else []
+    sizes += [chunk_size] * ((T - sum(sizes)) // chunk_size)
+    sizes += [T - sum(sizes)] if T > sum(sizes) else []
+    # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
+    pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
     ys, t = [], 0
-    while t < T:
-        n = min(T - t, chunk_size - offset)
+    for n, (q_c, phi_q_c, alpha_c, eta_c, theta_c) in zip(sizes, pieces):
         if offset == 0:
             W_eval = W
         first = m0 + t  # index of the chunk's first token in the cache+new sequence
@@ -116,10 +120,10 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
         else:
             G = mem.gradient_factors(W_eval, phi_k[:, lo:hi], k_all[:, lo:hi], v_all[:, lo:hi], objective)
         band = window_band(gamma_all[:, lo:hi], n, first - lo, window)
-        co = chunk_coefficients(optimizer, alpha[:, t:hi - m0], eta[:, t:hi - m0], theta[:, t:hi - m0])
+        co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
         C = co["Cw"] @ band if optimizer != "muon" else None
         Cs = co["Cs"] @ band if optimizer != "gd" else None
-        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q[:, t:t + n], q[:, t:t + n], ns_steps, ns_coefficients)
+        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients)
         ys.append(y)
         t += n
         offset = (offset + n) % chunk_size

@@ -1,0 +1,114 @@
+"""Forward+backward time of ``memorize``: chunked vs reference, side by side in one process.
+
+    python benchmarks/memory_ops.py [--T 1024] [--repeats 3] [--threads N]
+
+Settings (MEMORY.md §5; the engine issue's speed table):
+  titans: B=2, T, H=4, d_k=d_v=64, mlp depth 2 expansion 4, l2, window 1, momentum, chunk 64
+  atlas:  B=2, T, H=4, d_k=d_v=16, polynomial degree 2 (D=153), mlp depth 2 expansion 4, l2, window 8,
+          muon (quintic, 5 steps), chunk 16
+All gates are data-dependent [B, T, H] tensors that require gradients. Correctness is checked first
+(chunked vs reference at T=2·chunk+5, float64). Prints a table and writes runs/bench/memory_ops.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from atlas_lab.memory import memorize
+
+SETTINGS = {
+    "titans": dict(d=64, memory="mlp", depth=2, expansion=4, feature_map="identity", objective="l2", window=1,
+                   optimizer="momentum", chunk_size=64),
+    "atlas": dict(d=16, memory="mlp", depth=2, expansion=4, feature_map="polynomial", degree=2, objective="l2",
+                  window=8, optimizer="muon", ns_steps=5, chunk_size=16),
+}
+
+
+def inputs(B, T, H, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
+    x = dict(q=r(B, T, H, d), k=torch.nn.functional.normalize(r(B, T, H, d), dim=-1), v=r(B, T, H, d),
+             alpha=torch.sigmoid(r(B, T, H) + 5), eta=0.1 * torch.sigmoid(r(B, T, H)), theta=torch.sigmoid(r(B, T, H) + 2),
+             gamma=torch.sigmoid(r(B, T, H)))
+    return {n: t.requires_grad_() for n, t in x.items()}
+
+
+def fwd_bwd(x, impl, options):
+    o, state = memorize(x["q"], x["k"], x["v"], alpha=x["alpha"], eta=x["eta"], theta=x["theta"], gamma=x["gamma"],
+                        impl=impl, **options)
+    o.square().mean().backward()
+    return o
+
+
+def timed(x, impl, options, repeats):
+    fwd_bwd(x, impl, options)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fwd_bwd(x, impl, options)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def check(options, d):
+    """chunked == reference (outputs and the gradient of q) before anything is timed."""
+    x = inputs(1, 2 * options["chunk_size"] + 5, 2, d, torch.float64, seed=1)
+    o1 = fwd_bwd(x, "chunked", options)
+    g1 = x["q"].grad.clone()
+    x["q"].grad = None
+    o2 = fwd_bwd(x, "reference", options)
+    err = max(((o1 - o2).norm() / o2.norm()).item(), ((g1 - x["q"].grad).norm() / x["q"].grad.norm()).item())
+    return err
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--T", type=int, default=1024)
+    ap.add_argument("--B", type=int, default=2)
+    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats of the chunked path (median)")
+    ap.add_argument("--reference-repeats", type=int, default=1)
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="runs/bench/memory_ops.json")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    console = Console()
+    table = Table(title=f"memorize forward+backward, float32, B={args.B} T={args.T} H={args.H}, "
+                        f"{torch.get_num_threads()} threads")
+    for col in ("setting", "check (rel err)", "chunked (s)", "reference (s)", "reference / chunked"):
+        table.add_column(col, justify="right" if col != "setting" else "left")
+    rows = []
+    for name in args.settings:
+        options = dict(SETTINGS[name])
+        d = options.pop("d")
+        err = check(options, d)
+        if not err < 1e-8:
+            raise SystemExit(f"{name}: chunked and reference disagree (relative error {err:.2e}); not timing")
+        x = inputs(args.B, args.T, args.H, d, torch.float32)
+        chunked = timed(x, "chunked", options, args.repeats)
+        reference = timed(x, "reference", options, args.reference_repeats)
+        rows.append(dict(setting=name, options=options, d=d, T=args.T, B=args.B, H=args.H, check_rel_err=err,
+                         chunked_s=chunked, reference_s=reference, ratio=reference / chunked))
+        table.add_row(name, f"{err:.1e}", f"{chunked:.3f}", f"{reference:.3f}", f"{reference / chunked:.1f}×")
+    console.print(table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(threads=torch.get_num_threads(), torch=torch.__version__, rows=rows), indent=2))
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
