@@ -1,0 +1,36 @@
+"""Hybrids of a memory and sliding-window attention (Titans / Atlas §5).
+
+MAG (memory as a gate): both branches read the same input; o = RMSNorm(SWA(x)) ⊙ σ(RMSNorm(M(x))).
+MAL (memory as a layer) is a layer pattern — a memory layer followed by an SWA layer — built by the model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .memory_mixer import MemoryConfig, MemoryMixer
+
+
+class MAG(nn.Module):
+    """Memory-as-gate mixer. x: [B, T, d] -> [B, T, d]; the streaming cache holds both branches' caches."""
+
+    def __init__(self, d_model: int, n_heads: int, config: MemoryConfig, swa_window: int):
+        super().__init__()
+        self.memory = MemoryMixer(d_model, n_heads, config)
+        self.swa = Attention(d_model, n_heads, window=swa_window)
+        self.memory_norm, self.swa_norm = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: dict | None = None):
+        cache = cache or {}
+        m, cm = self.memory(x, cache.get("memory"))
+        a, ca = self.swa(x, cache.get("swa"))
+        o = self.swa_norm(a) * torch.sigmoid(self.memory_norm(m))
+        return self.o_proj(o), {"memory": cm, "swa": ca}
+
+    def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
+        return self.memory.state_bytes(batch_size, dtype_bytes) + self.swa.state_bytes(batch_size, dtype_bytes)
+
+    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        return self.memory.cache_bytes_per_token(dtype_bytes) + self.swa.cache_bytes_per_token(dtype_bytes)

@@ -1,0 +1,180 @@
+"""The memory mixer: a token mixer whose state is a memory trained while it reads (MEMORY.md §2, §8).
+
+x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per head
+  -> data-dependent gates α, η, θ, γ (one scalar per head per token) -> memorize(...)
+  -> per-head RMSNorm -> ⊙ SiLU(W_g x) -> output projection.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Literal, Optional, Union
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..memory import FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, build_memory, feature_dim, memorize
+from ..memory.feature_maps import taylor_coefficients
+from .conv import ShortConv
+
+Gate = Union[float, Literal["learned"]]
+GATES = ("alpha", "eta", "theta", "gamma")
+# initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
+GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
+
+
+@dataclass
+class MemoryConfig:
+    """The five components of a memory mixer and its gates.
+
+    memory: linear | mlp | gated_mlp (depth, expansion, activation, residual for the MLPs)
+    feature_map: identity | polynomial (degree, learnable coefficients) | taylor (degree)
+    objective: l2 | dot; window: Omega window c ≥ 1, or None for global
+    optimizer: gd | momentum | muon (ns_steps, ns_coefficients)
+    alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
+    chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
+    normalize: normalised read-out (linear memory + dot objective)
+    """
+
+    memory: str = "mlp"
+    depth: int = 2
+    expansion: int = 4
+    activation: str = "gelu"
+    residual: bool = True
+    feature_map: str = "identity"
+    degree: int = 2
+    objective: str = "l2"
+    window: Optional[int] = 1
+    optimizer: str = "gd"
+    ns_steps: int = 5
+    ns_coefficients: str = "quintic"
+    alpha: Gate = "learned"
+    eta: Gate = "learned"
+    theta: Gate = "learned"
+    gamma: Gate = 1.0
+    eta_max: float = 1.0
+    chunk_size: int = 64
+    normalize: bool = False
+
+    def validate(self, where: str = "memory") -> "MemoryConfig":
+        """Raise ValueError naming the field, the value and the valid choices."""
+        choices = {"memory": MEMORIES, "feature_map": FEATURE_MAPS, "objective": OBJECTIVES,
+                   "optimizer": OPTIMIZERS, "ns_coefficients": tuple(NS_COEFFICIENTS)}
+        for key, valid in choices.items():
+            if getattr(self, key) not in valid:
+                raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; valid choices: {', '.join(valid)}")
+        for g in GATES:
+            value = getattr(self, g)
+            if value != "learned" and not isinstance(value, (int, float)):
+                raise ValueError(f"{where}.{g}: expected 'learned' or a number, got {value!r}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
+        for key in ("depth", "expansion", "degree", "chunk_size"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"{where}.{key}: expected an int >= 1, got {getattr(self, key)!r}")
+        return self
+
+    def replace(self, where: str = "memory", **overrides) -> "MemoryConfig":
+        """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
+        names = [f.name for f in fields(self)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; valid fields: {', '.join(names)}")
+        return MemoryConfig(**{**asdict(self), **overrides}).validate(where)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+class MemoryMixer(nn.Module):
+    """Multi-head memory token mixer. x: [B, T, d_model] -> [B, T, d_model].
+
+    Streaming: ``forward(x, cache)`` returns ``(y, cache)``; the cache holds the three conv caches and
+    the MemoryState, so a sequence read in pieces gives the same outputs as read at once.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, config: MemoryConfig, head_dim: int | None = None,
+                 conv_size: int = 4):
+        super().__init__()
+        self.config = config.validate()
+        self.n_heads = n_heads
+        self.head_dim = d = head_dim or d_model // n_heads
+        inner = n_heads * d
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, inner, bias=False) for _ in range(3))
+        self.q_conv, self.k_conv, self.v_conv = (ShortConv(inner, conv_size) for _ in range(3))
+        self.learned_gates = [g for g in GATES if getattr(config, g) == "learned"
+                              and (g != "theta" or config.optimizer != "gd")]
+        self.gate_proj = nn.Linear(d_model, n_heads * len(self.learned_gates)) if self.learned_gates else None
+        if self.gate_proj is not None:
+            nn.init.normal_(self.gate_proj.weight, std=0.02)
+            with torch.no_grad():
+                bias = self.gate_proj.bias.view(len(self.learned_gates), n_heads)
+                for i, g in enumerate(self.learned_gates):
+                    bias[i] = _logit(GATE_INIT[g])
+        mem = build_memory(config.memory, config.depth, config.expansion, config.activation, config.residual)
+        D = feature_dim(config.feature_map, d, config.degree)
+        d_out = d + int(config.normalize)
+        self.initial_weights = nn.ParameterDict(
+            {n: nn.Parameter(w) for n, w in mem.init_weights(n_heads, D, d, d_out).items()})
+        if config.feature_map == "polynomial":  # a_i = softplus(raw_i) ≥ 0, initialised to 1/i!
+            a = taylor_coefficients(config.degree).float()
+            self.raw_coefficients = nn.Parameter(a + torch.log(-torch.expm1(-a)))
+        else:
+            self.raw_coefficients = None
+        self.out_norm = nn.RMSNorm(d)
+        self.g_proj = nn.Linear(d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, d_model, bias=False)
+
+    def gates(self, x: torch.Tensor) -> dict:
+        """{gate: [B, T, H] tensor or constant}."""
+        c = self.config
+        out = {g: (None if g == "theta" and c.optimizer == "gd" else getattr(c, g)) for g in GATES}
+        if self.gate_proj is not None:
+            z = self.gate_proj(x).sigmoid().unflatten(-1, (len(self.learned_gates), self.n_heads))
+            for i, g in enumerate(self.learned_gates):
+                out[g] = z[..., i, :] * (c.eta_max if g == "eta" else 1.0)
+        return out
+
+    def forward(self, x: torch.Tensor, cache: dict | None = None):
+        B, T, _ = x.shape
+        cache = cache or {}
+        heads = (B, T, self.n_heads, self.head_dim)
+        q, cq = self.q_conv(self.q_proj(x), cache.get("q"))
+        k, ck = self.k_conv(self.k_proj(x), cache.get("k"))
+        v, cv = self.v_conv(self.v_proj(x), cache.get("v"))
+        q = F.normalize(F.silu(q).view(heads), dim=-1)
+        k = F.normalize(F.silu(k).view(heads), dim=-1)
+        v = F.silu(v).view(heads)
+        c = self.config
+        coefficients = F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
+        state = cache.get("memory")
+        if state is None:
+            state = dict(self.initial_weights.items())
+        o, state = memorize(
+            q, k, v, memory=c.memory, feature_map=c.feature_map, objective=c.objective, window=c.window,
+            optimizer=c.optimizer, chunk_size=c.chunk_size, initial_state=state, degree=c.degree,
+            coefficients=coefficients, depth=c.depth, expansion=c.expansion, activation=c.activation,
+            residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
+            **self.gates(x))
+        o = self.out_norm(o).reshape(B, T, -1) * F.silu(self.g_proj(x))
+        return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
+
+    def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
+        """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches."""
+        c = self.config
+        weights = sum(p.numel() for p in self.initial_weights.values())
+        momentum = weights if c.optimizer != "gd" else 0
+        inner = self.n_heads * self.head_dim
+        window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
+        evaluation_point = weights if c.chunk_size > 1 else 0
+        conv = 3 * (self.q_conv.kernel_size - 1) * inner
+        return batch_size * dtype_bytes * (weights + momentum + evaluation_point + window + conv)
+
+    def _cached_floats_per_token(self) -> int:
+        return 2 * self.head_dim + 1 + int(self.config.normalize)  # key, value (+ normaliser column), γ
+
+    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """Growth of the state per token read: the global window (window=None) keeps every past token."""
+        return 0 if self.config.window is not None else dtype_bytes * self.n_heads * self._cached_floats_per_token()

@@ -1,0 +1,126 @@
+"""Llama-style language model around any token mixer (MEMORY.md §8).
+
+Embedding -> N × [RMSNorm -> mixer -> residual -> RMSNorm -> SwiGLU -> residual] -> RMSNorm -> LM head.
+Every call takes and returns a streaming cache (one entry per layer), so a sequence can be read in
+pieces of any size with the same result as in one call.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..layers import MAG, Attention, MemoryMixer
+from .presets import LAYER_KINDS, resolve_preset
+
+
+class SwiGLU(nn.Module):
+    """W_2 (SiLU(W_1 x) ⊙ W_3 x), hidden width ≈ 8/3·d rounded up to a multiple of 16."""
+
+    def __init__(self, d_model: int, hidden: int | None = None):
+        super().__init__()
+        hidden = hidden or 16 * ((8 * d_model // 3 + 15) // 16)
+        self.w13 = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        a, b = self.w13(x).chunk(2, -1)
+        return self.w2(F.silu(a) * b)
+
+
+class Block(nn.Module):
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int | None):
+        super().__init__()
+        self.mixer_norm, self.mlp_norm = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.mixer, self.mlp = mixer, SwiGLU(d_model, mlp_hidden)
+
+    def forward(self, x, cache=None):
+        h, cache = self.mixer(self.mixer_norm(x), cache)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class LanguageModel(nn.Module):
+    """A named model (``preset``) at a given size. input_ids: [B, T] -> logits [B, T, vocab_size].
+
+    preset: a name from ``atlas_lab.models.PRESETS``; memory: overrides of its MemoryConfig fields
+    (e.g. {"window": 16, "optimizer": "gd"}); layers: overrides its layer pattern (cycled over n_layers).
+    """
+
+    def __init__(self, vocab_size: int, preset: str = "atlas", d_model: int = 128, n_layers: int = 4,
+                 n_heads: int = 8, memory: dict | None = None, layers: list[str] | None = None,
+                 swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        pattern, memory_config = resolve_preset(preset, memory)
+        pattern = layers or pattern
+        bad = [k for k in pattern if k not in LAYER_KINDS]
+        if bad:
+            raise ValueError(f"layers: unknown layer kind(s) {bad}; valid choices: {', '.join(LAYER_KINDS)}")
+        if memory_config is None and any(k in ("memory", "mag") for k in pattern):
+            raise ValueError(f"layers: preset {preset!r} has no memory configuration for memory/mag layers")
+        self.preset, self.memory_config, self.vocab_size = preset, memory_config, vocab_size
+        self.layer_kinds = [pattern[i % len(pattern)] for i in range(n_layers)]
+
+        def mixer(kind):
+            if kind == "memory":
+                return MemoryMixer(d_model, n_heads, memory_config)
+            if kind == "attention":
+                return Attention(d_model, n_heads)
+            if kind == "swa":
+                return Attention(d_model, n_heads, window=swa_window)
+            return MAG(d_model, n_heads, memory_config, swa_window)
+
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(mixer(k), d_model, mlp_hidden) for k in self.layer_kinds)
+        self.norm = nn.RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None):
+        """Final normalised hidden states [B, T, d_model] and the new cache."""
+        x = self.embed(input_ids)
+        cache = cache or [None] * len(self.blocks)
+        new_cache = []
+        for block, c in zip(self.blocks, cache):
+            x, c = block(x, c)
+            new_cache.append(c)
+        return self.norm(x), new_cache
+
+    def forward(self, input_ids: torch.Tensor, cache: list | None = None):
+        h, cache = self.hidden_states(input_ids, cache)
+        return self.head(h), cache
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 cache: list | None = None, generator: torch.Generator | None = None):
+        """Continue ``prompt`` [B, T] by ``max_new_tokens`` tokens with the streaming cache.
+
+        temperature 0 is greedy decoding. Returns (new tokens [B, max_new_tokens], cache).
+        """
+        logits, cache = self(prompt, cache)
+        out = []
+        for i in range(max_new_tokens):
+            last = logits[:, -1].float()
+            if temperature > 0:
+                token = torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=generator)
+            else:
+                token = last.argmax(-1, keepdim=True)
+            out.append(token)
+            if i + 1 < max_new_tokens:
+                logits, cache = self(token, cache)
+        return torch.cat(out, 1), cache
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
+        """Fixed-size streaming state of all layers (memory weights, windows, conv caches, SWA rings)."""
+        return sum(b.mixer.state_bytes(batch_size, dtype_bytes) for b in self.blocks)
+
+    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """How much the streaming state grows per token read (KV caches of full attention, global windows)."""
+        return sum(b.mixer.cache_bytes_per_token(dtype_bytes) for b in self.blocks)

@@ -1,0 +1,68 @@
+"""Named models (MEMORY.md §6): each is a layer pattern plus the five memory components and gates.
+
+A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag)
+and ``memory`` (fields of MemoryConfig that differ from its defaults). Any field can be overridden.
+Gates not listed as "learned" are constants; window presets use c = 8, every memory uses chunk 16.
+"""
+from __future__ import annotations
+
+from ..layers.memory_mixer import MemoryConfig
+
+LAYER_KINDS = ("memory", "attention", "swa", "mag")
+_L = "learned"
+_WINDOW = 8
+_COMMON = dict(chunk_size=16)
+
+PRESETS: dict[str, dict] = {
+    "transformer": dict(layers=["attention"], memory=None),
+    "swa": dict(layers=["swa"], memory=None),
+    # linear memory
+    "linear_attention": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=1.0, eta=1.0)),
+    "gla": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=1.0)),
+    "deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=1.0, eta=_L)),
+    "gated_deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=_L, eta=_L)),
+    "swla": dict(layers=["memory"], memory=dict(memory="linear", feature_map="polynomial", objective="dot",
+                                                window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+    # deep (MLP) memory
+    "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L, eta_max=0.1)),
+    "titans": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="momentum", alpha=_L,
+                                                  eta=_L, theta=_L, eta_max=0.1)),
+    "dla": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="dot", alpha=_L,
+                                               eta=_L, eta_max=0.1)),
+    "omeganet": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
+                                                    window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+    "atlas": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
+                                                 window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
+                                                 theta=_L, gamma=_L, eta_max=0.1)),
+    "atlas_pp": dict(layers=["memory"], memory=dict(memory="gated_mlp", feature_map="polynomial", objective="l2",
+                                                    window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
+                                                    theta=_L, gamma=_L, eta_max=0.1)),
+    "deep_transformer": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot",
+                                                            alpha=1.0, eta=1.0)),
+    "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
+                                                alpha=1.0, eta=1.0)),
+    "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
+                                               alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+    # hybrids with sliding-window attention
+    "atlas_mag": dict(layers=["mag"], memory="atlas"),
+    "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
+}
+
+
+def resolve_preset(name: str, memory_overrides: dict | None = None) -> tuple[list[str], MemoryConfig | None]:
+    """(layer pattern, MemoryConfig or None) of a preset, with any MemoryConfig field overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid choices: {', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    memory = preset["memory"]
+    if isinstance(memory, str):  # a hybrid borrows another preset's memory
+        memory = PRESETS[memory]["memory"]
+    if memory is None:
+        if memory_overrides:
+            raise ValueError(f"preset {name!r} has no memory layer; memory overrides {sorted(memory_overrides)} "
+                             f"do not apply")
+        return list(preset["layers"]), None
+    config = MemoryConfig().replace(f"preset {name!r}", **{**_COMMON, **memory})
+    if memory_overrides:
+        config = config.replace("memory", **memory_overrides)
+    return list(preset["layers"]), config

@@ -1,0 +1,153 @@
+"""Every preset builds, trains a step, streams exactly, and differs from its neighbours only where it should."""
+import dataclasses
+
+import pytest
+import torch
+
+from atlas_lab.layers import Attention, MemoryConfig, MemoryMixer
+from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
+
+TINY = dict(d_model=32, n_layers=2, n_heads=4, swa_window=5)
+
+
+def tiny(preset, dtype=torch.float32, seed=0, **kw):
+    torch.manual_seed(seed)
+    return LanguageModel(64, preset, **{**TINY, **kw}).to(dtype)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_preset_trains_a_step(preset):
+    model = tiny(preset)
+    x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1))
+    logits, _ = model(x)
+    assert logits.shape == (2, 21, 64)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    assert torch.isfinite(loss)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()
+               or p.grad.abs().sum() == 0]
+    assert not missing, f"{preset}: parameters without a finite non-zero gradient: {missing}"
+
+
+def cache_tensors(cache):
+    if isinstance(cache, torch.Tensor):
+        yield cache
+    elif isinstance(cache, dict):
+        for v in cache.values():
+            yield from cache_tensors(v)
+    elif isinstance(cache, (list, tuple)):
+        for v in cache:
+            yield from cache_tensors(v)
+    elif dataclasses.is_dataclass(cache):
+        for f in dataclasses.fields(cache):
+            yield from cache_tensors(getattr(cache, f.name))
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_streaming_in_random_pieces_equals_one_call(preset):
+    model = tiny(preset, torch.float64)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 64, (2, 45), generator=g)
+    with torch.no_grad():
+        full, _ = model(x)
+        cache, pieces, t = None, [], 0
+        while t < x.shape[1]:
+            n = int(torch.randint(1, 12, (1,), generator=g))
+            logits, cache = model(x[:, t:t + n], cache)
+            pieces.append(logits)
+            t += n
+    err = ((torch.cat(pieces, 1) - full).norm() / full.norm()).item()
+    assert err < 1e-10, f"{preset}: streaming differs from one call by {err:.2e}"
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "transformer"])
+def test_recurrent_state_does_not_grow(preset):
+    """After the first window, the streaming cache of every recurrent preset keeps a constant size."""
+    model = tiny(preset)
+    g = torch.Generator().manual_seed(3)
+    sizes = []
+    cache = None
+    with torch.no_grad():
+        for _ in range(6):
+            _, cache = model(torch.randint(0, 64, (1, 17), generator=g), cache)
+            sizes.append(sum(t.numel() for t in cache_tensors(cache)))
+    assert sizes[1:] == [sizes[1]] * 5, sizes
+    assert model.cache_bytes_per_token() == 0
+
+
+def test_transformer_kv_cache_grows_per_token():
+    model = tiny("transformer")
+    _, c1 = model(torch.zeros(1, 10, dtype=torch.long))
+    _, c2 = model(torch.zeros(1, 5, dtype=torch.long), c1)
+    grown = sum(t.numel() for t in cache_tensors(c2)) - sum(t.numel() for t in cache_tensors(c1))
+    assert grown * 4 == 5 * model.cache_bytes_per_token()
+
+
+@pytest.mark.parametrize("preset", ["transformer", "swa", "deltanet", "atlas", "atlas_mag"])
+def test_greedy_generation_with_cache_equals_recomputation(preset):
+    model = tiny(preset, torch.float64)
+    prompt = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(4))
+    tokens, _ = model.generate(prompt, 6)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            logits, _ = model(seq)
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(tokens, seq[:, 9:])
+
+
+def test_sampling_with_temperature_is_seeded():
+    model = tiny("gla")
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    a, _ = model.generate(prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    b, _ = model.generate(prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, b) and a.shape == (1, 8)
+
+
+def changed_fields(a: MemoryConfig, b: MemoryConfig):
+    return {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)}
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    ("atlas", "omeganet", {"optimizer"}),
+    ("omeganet", "dla", {"objective", "window", "gamma"}),
+    ("atlas", "atlas_pp", {"memory"}),
+    ("deltanet", "gated_deltanet", {"alpha"}),
+    ("linear_attention", "gla", {"alpha"}),
+    ("deltanet", "linear_attention", {"objective", "eta"}),
+    ("deep_transformer", "swdt", {"window"}),
+    ("omeganet", "dot", {"feature_map"}),
+])
+def test_presets_differ_only_in_their_components(a, b, expected):
+    (_, ca), (_, cb) = resolve_preset(a), resolve_preset(b)
+    assert changed_fields(ca, cb) == expected
+
+
+def test_hybrids_use_the_atlas_memory():
+    _, atlas = resolve_preset("atlas")
+    for name, layers in [("atlas_mag", ["mag"]), ("atlas_mal", ["memory", "swa"])]:
+        pattern, config = resolve_preset(name)
+        assert pattern == layers and config == atlas
+
+
+def test_overrides_change_one_component():
+    model = LanguageModel(64, "atlas", **TINY, memory={"window": 3, "optimizer": "gd"})
+    mixer = model.blocks[0].mixer
+    assert isinstance(mixer, MemoryMixer)
+    assert mixer.config == resolve_preset("atlas")[1].replace(window=3, optimizer="gd")
+    mal = LanguageModel(64, "atlas_mal", **{**TINY, "n_layers": 4})
+    assert mal.layer_kinds == ["memory", "swa", "memory", "swa"]
+    assert isinstance(mal.blocks[1].mixer, Attention) and mal.blocks[1].mixer.window == 5
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(preset="atlass"), "unknown preset 'atlass'; valid choices: transformer, swa"),
+    (dict(preset="atlas", memory={"windw": 2}), "unknown field(s) ['windw']; valid fields: memory, depth"),
+    (dict(preset="atlas", memory={"optimizer": "adam"}), "memory.optimizer: unknown value 'adam'; valid choices: gd"),
+    (dict(preset="transformer", memory={"window": 2}), "has no memory layer"),
+    (dict(preset="atlas", layers=["memory", "lstm"]), "unknown layer kind(s) ['lstm']"),
+    (dict(preset="atlas", memory={"window": 0}), "memory.window: expected an int >= 1 or null"),
+])
+def test_bad_model_configuration_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        LanguageModel(64, **{**TINY, **kwargs})
