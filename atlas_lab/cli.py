@@ -47,8 +47,19 @@ def presets_table(d_model: int, n_layers: int, n_heads: int, vocab_size: int, sw
     return table
 
 
+RUN_COMMANDS = ("fit", "validate", "test")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="atlas-lab", description="Test-time-memory models: experiments and ablations.")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in RUN_COMMANDS:  # one run through LightningCLI
+        from .lit.cli import run_cli
+
+        run_cli(argv)
+        return 0
+    parser = argparse.ArgumentParser(prog="atlas-lab", description="Test-time-memory models: experiments and ablations.",
+                                     epilog="atlas-lab fit|validate|test -c lightning_config.yaml -c experiments/<x>.yaml "
+                                            "[--dotted.key=value]: one run (see atlas-lab fit --help)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="every named model with its five components and sizes")
     p.add_argument("--d-model", type=int, default=256)

@@ -6,7 +6,10 @@ Gates not listed as "learned" are constants; window presets use c = 8, every mem
 """
 from __future__ import annotations
 
-from ..layers.memory_mixer import MemoryConfig
+from dataclasses import asdict, dataclass
+from typing import Literal, Optional, Union
+
+from ..layers.memory_mixer import Gate, MemoryConfig
 
 LAYER_KINDS = ("memory", "attention", "swa", "mag")
 _L = "learned"
@@ -49,8 +52,46 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def resolve_preset(name: str, memory_overrides: dict | None = None) -> tuple[list[str], MemoryConfig | None]:
+@dataclass
+class MemoryOverrides:
+    """Changes to a preset's memory components; a field left at None keeps the preset's value.
+
+    window: an int c ≥ 1, or "global" (every past token). See MemoryConfig for the meaning of each field.
+    """
+
+    memory: Optional[Literal["linear", "mlp", "gated_mlp"]] = None
+    depth: Optional[int] = None
+    expansion: Optional[int] = None
+    activation: Optional[Literal["gelu", "silu", "relu", "tanh"]] = None
+    residual: Optional[bool] = None
+    feature_map: Optional[Literal["identity", "polynomial", "taylor"]] = None
+    degree: Optional[int] = None
+    objective: Optional[Literal["l2", "dot"]] = None
+    window: Optional[Union[int, Literal["global"]]] = None
+    optimizer: Optional[Literal["gd", "momentum", "muon"]] = None
+    ns_steps: Optional[int] = None
+    ns_coefficients: Optional[Literal["quintic", "cubic"]] = None
+    alpha: Optional[Gate] = None
+    eta: Optional[Gate] = None
+    theta: Optional[Gate] = None
+    gamma: Optional[Gate] = None
+    eta_max: Optional[float] = None
+    chunk_size: Optional[int] = None
+    normalize: Optional[bool] = None
+
+    def as_dict(self) -> dict:
+        """The fields that are set, as MemoryConfig values ("global" -> window None)."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if out.get("window") == "global":
+            out["window"] = None
+        return out
+
+
+def resolve_preset(name: str, memory_overrides: dict | MemoryOverrides | None = None
+                   ) -> tuple[list[str], MemoryConfig | None]:
     """(layer pattern, MemoryConfig or None) of a preset, with any MemoryConfig field overridden."""
+    if isinstance(memory_overrides, MemoryOverrides):
+        memory_overrides = memory_overrides.as_dict()
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid choices: {', '.join(PRESETS)}")
     preset = PRESETS[name]
