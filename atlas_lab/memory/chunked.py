@@ -41,9 +41,11 @@ def combine(C, G):
 
     Returns [N, n, *shape].
     """
-    if isinstance(G, tuple):
+    if isinstance(G, tuple):  # one GEMM per sample: [(t, out), L] @ [L, in]
         delta, u = G
-        return (C.unsqueeze(-1) * delta.unsqueeze(1)).mT @ u.unsqueeze(1)
+        N, n, L = C.shape
+        scaled = C.unsqueeze(-1) * delta.unsqueeze(1)  # [N, n, L, out]
+        return (scaled.transpose(1, 2).reshape(N, L, -1).mT @ u).view(N, n, delta.shape[-1], u.shape[-1])
     return (C @ G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
 
 

@@ -1,0 +1,203 @@
+"""Shared pieces of the DataModules: datasets of token sequences, batching, seeds and argument checks."""
+from __future__ import annotations
+
+import functools
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+IGNORE_INDEX = -100
+SPLITS = ("train", "val", "test")
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",), None: SPLITS}
+
+
+def split_rng(seed: int, split: str, *stream: int) -> np.random.Generator:
+    """An independent generator per (seed, split, stream): splits never share random numbers."""
+    return np.random.default_rng([seed, SPLITS.index(split), *stream])
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; expected one of: {', '.join(map(str, choices))}")
+
+
+def check(condition: bool, name: str, message: str) -> None:
+    """Raise ValueError('name: message') unless condition holds."""
+    if not condition:
+        raise ValueError(f"{name}: {message}")
+
+
+def distinct_integers(rng: np.random.Generator, n: int, k: int, low: int, high: int) -> np.ndarray:
+    """[n, k]: each row k distinct integers drawn uniformly from [low, high).
+
+    Few per range (2k <= high − low): draw with replacement and redraw repeats until none is left — the
+    law of the result is invariant under relabelling the integers, so it is uniform over distinct k-tuples.
+    Otherwise: the first k of a row-wise shuffle of the range.
+    """
+    span = high - low
+    if 2 * k > span:
+        return rng.permuted(np.broadcast_to(np.arange(low, high), (n, span)), axis=1)[:, :k]
+    x = rng.integers(low, high, size=(n, k))
+    rows = np.arange(n)  # rows that may still hold repeats
+    while rows.size:
+        sub = x[rows]
+        order = np.argsort(sub, axis=1, kind="stable")
+        s = np.take_along_axis(sub, order, axis=1)
+        repeat_sorted = np.zeros_like(sub, dtype=bool)
+        repeat_sorted[:, 1:] = s[:, 1:] == s[:, :-1]
+        repeat = np.zeros_like(repeat_sorted)
+        np.put_along_axis(repeat, order, repeat_sorted, axis=1)
+        sub[repeat] = rng.integers(low, high, size=int(repeat.sum()))
+        x[rows] = sub
+        rows = rows[repeat.any(axis=1)]
+    return x
+
+
+class SequenceDataset(Dataset):
+    """Token sequences with aligned labels and per-sample integer fields.
+
+    input_ids, labels: one int array [L_i] per sample (a 2-D array [n, L] works too); fields: name -> [n]
+    ints put in every batch (e.g. slice, answer_start, answer_length); group: [n] batching key (one length
+    per batch) or None; meta: name -> per-sample values kept out of batches (e.g. needle depth, answer text).
+    """
+
+    def __init__(self, input_ids, labels, fields: dict[str, np.ndarray] | None = None,
+                 group: np.ndarray | None = None, meta: dict[str, list] | None = None):
+        self.input_ids, self.labels = input_ids, labels
+        self.fields = fields or {}
+        self.group = group
+        self.meta = meta or {}
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = {"input_ids": torch.as_tensor(np.asarray(self.input_ids[i], dtype=np.int64)),
+                "labels": torch.as_tensor(np.asarray(self.labels[i], dtype=np.int64))}
+        for name, values in self.fields.items():
+            item[name] = torch.tensor(int(values[i]))
+        return item
+
+
+def collate(samples: list[dict[str, torch.Tensor]], pad_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch; sequences of different lengths are right-padded (input pad_id, label −100)."""
+    lengths = {s["input_ids"].shape[0] for s in samples}
+    if len(lengths) > 1:
+        if pad_id is None:
+            raise ValueError(f"collate: sequences of lengths {sorted(lengths)} in one batch and no pad_id")
+        T = max(lengths)
+        pad = torch.nn.functional.pad
+        samples = [dict(s, input_ids=pad(s["input_ids"], (0, T - len(s["input_ids"])), value=pad_id),
+                        labels=pad(s["labels"], (0, T - len(s["labels"])), value=IGNORE_INDEX)) for s in samples]
+    return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+
+
+class GroupedBatchSampler(Sampler[list[int]]):
+    """Batches drawn from one group at a time (e.g. one sequence length per batch).
+
+    shuffle: a new order of samples within groups and of batches every epoch, from a generator seeded once,
+    so a run is reproducible from its seed. Without shuffle: groups in order, samples in order.
+    """
+
+    def __init__(self, group: np.ndarray, batch_size: int, shuffle: bool, seed: int):
+        self.group, self.batch_size, self.shuffle = np.asarray(group), batch_size, shuffle
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return sum(-(-int(n) // self.batch_size) for n in np.unique(self.group, return_counts=True)[1])
+
+    def __iter__(self):
+        batches = []
+        for g in np.unique(self.group):
+            idx = np.flatnonzero(self.group == g)
+            if self.shuffle:
+                idx = self.rng.permutation(idx)
+            batches += [idx[i:i + self.batch_size].tolist() for i in range(0, len(idx), self.batch_size)]
+        if self.shuffle:
+            batches = [batches[i] for i in self.rng.permutation(len(batches))]
+        return iter(batches)
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Base of every task: builds missing splits in setup() and serves them.
+
+    Subclasses set vocab_size (and slice_names, pad_id where they apply) in __init__ and implement
+    build(split) -> SequenceDataset.
+    """
+
+    def __init__(self, batch_size: int, seed: int, num_workers: int):
+        super().__init__()
+        check(batch_size >= 1, "batch_size", f"expected an int >= 1, got {batch_size}")
+        check(num_workers >= 0, "num_workers", f"expected an int >= 0, got {num_workers}")
+        check(seed >= 0, "seed", f"expected an int >= 0, got {seed}")
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.pad_id: int | None = None
+        self.slice_names: list[str] = []
+        self.datasets: dict[str, SequenceDataset] = {}
+
+    def build(self, split: str) -> SequenceDataset:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in STAGE_SPLITS[stage]:
+            if split not in self.datasets:
+                self.datasets[split] = self.build(split)
+
+    def _loader(self, split: str) -> DataLoader:
+        if split not in self.datasets:
+            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+        ds = self.datasets[split]
+        train = split == "train"
+        common = dict(num_workers=self.num_workers, collate_fn=functools.partial(collate, pad_id=self.pad_id),
+                      persistent_workers=self.num_workers > 0)
+        if ds.group is not None:
+            sampler = GroupedBatchSampler(ds.group, self.batch_size, shuffle=train, seed=self.seed)
+            return DataLoader(ds, batch_sampler=sampler, **common)
+        generator = torch.Generator().manual_seed(self.seed) if train else None
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=train, generator=generator, **common)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+def qa_sequence(prompt: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """prompt [P], answer [A] -> (input_ids = prompt + answer [P+A], labels [P+A]): the output at t scores
+    the next token, so labels[P−1 .. P+A−2] = answer and everything else is −100."""
+    input_ids = np.concatenate([prompt, answer]).astype(np.int32)
+    labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int64)
+    labels[len(prompt) - 1:len(input_ids) - 1] = answer
+    return input_ids, labels
+
+
+class AnswerMixin:
+    """Exact match for tasks whose eval batches carry answer_start / answer_length (NIAH, BABILong).
+
+    The prompt of sample b is input_ids[b, :answer_start[b]]; its answer is the next answer_length[b] tokens.
+    """
+
+    tokenizer = None  # set by the DataModule
+
+    def decode(self, ids) -> str:
+        """Token ids (list or 1-D tensor) -> text."""
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def answers(self, batch: dict[str, torch.Tensor]) -> list[str]:
+        """The answer text of every sample of a batch (taken from input_ids), stripped."""
+        return [self.decode(ids[s:s + n]).strip() for ids, s, n in
+                zip(batch["input_ids"], batch["answer_start"].tolist(), batch["answer_length"].tolist())]
+
+    def exact_match(self, batch: dict[str, torch.Tensor], generated: torch.Tensor) -> torch.Tensor:
+        """generated: [B, A] greedy continuations of the prompts (A >= answer_length) -> BoolTensor [B].
+
+        Compares the first answer_length[b] generated tokens, decoded and stripped, with the answer text.
+        """
+        return torch.tensor([self.decode(g[:n]).strip() == a for g, n, a in
+                             zip(generated, batch["answer_length"].tolist(), self.answers(batch))])

@@ -1,0 +1,68 @@
+"""Memory-capacity probe (TASKS.md §6): how many random key -> value pairs one memory can hold.
+
+For each N: write N random pairs (unit-norm keys and values, d_k and d_v dims) with `memorize`, then read
+the memory at every key. Writing and reading is one `memorize` call over 2N tokens: the first N tokens are
+the pairs; on the last N tokens the memory is frozen (η = 0, θ = 0, α = 1, so W_t = W_{t−1} for every
+optimiser) and queried with the N keys, so each read sees the memory after all N writes.
+"""
+from __future__ import annotations
+
+import torch
+
+from atlas_lab.memory import apply_feature_map, feature_dim, memorize
+
+from .base import check
+
+
+def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int = 16, d_v: int = 16,
+                   trials: int = 8, seed: int = 0, memory: str = "linear", feature_map: str = "identity",
+                   optimizer: str = "gd", objective: str = "l2", eta: float = 1.0, theta: float = 0.0,
+                   alpha: float = 1.0, chunk_size: int = 1, normalize_eta: bool = True,
+                   dtype: torch.dtype = torch.float64, **options) -> list[dict]:
+    """Recall of N random pairs as N grows -> one row per N:
+
+        {"n_pairs", "recall_error" (mean ‖M(k_i) − v_i‖², values have norm 1), "cosine" (mean cos(M(k_i), v_i)),
+         "retrieval_acc" (fraction of i whose read-out is closest, by dot product, to v_i among the N values),
+         "feature_dim" (D, the width the memory reads keys at), and the memorize options}
+
+    trials: independent draws per N (the batch dimension); the metrics are means over pairs and trials.
+    memory, feature_map, optimizer, objective, eta (inner learning rate), theta (momentum), alpha (retention),
+    chunk_size (1 = the exact online rule) and **options (e.g. degree, depth, expansion, window, ns_steps) are
+    passed to atlas_lab.memory.memorize.
+    normalize_eta: write with η / ‖φ(k_t)‖² (for a linear memory with the l2 objective, the normalised delta
+    rule: each write stores its pair exactly; it keeps wide feature maps stable, so maps compare fairly).
+    """
+    check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs", f"expected a non-empty list of ints >= 1, got {n_pairs}")
+    check(d_k >= 1 and d_v >= 1 and trials >= 1, "d_k", f"expected d_k, d_v, trials >= 1, got {d_k}, {d_v}, {trials}")
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for N in n_pairs:
+        k = torch.nn.functional.normalize(torch.randn(trials, N, 1, d_k, generator=g, dtype=dtype), dim=-1)
+        v = torch.nn.functional.normalize(torch.randn(trials, N, 1, d_v, generator=g, dtype=dtype), dim=-1)
+        q = torch.cat([k, k], 1)  # queries of the write tokens are not used
+        writing = torch.cat([torch.ones(N), torch.zeros(N)]).to(dtype).view(1, 2 * N, 1).expand(trials, 2 * N, 1)
+
+        def gate(value, frozen):
+            return value * writing + frozen * (1 - writing)
+
+        step = eta
+        if normalize_eta:
+            phi = apply_feature_map(q, feature_map, options.get("degree", 2), options.get("coefficients"))
+            step = eta / (phi ** 2).sum(-1)  # [trials, 2N, 1]
+        o, _ = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), memory=memory, feature_map=feature_map,
+                        optimizer=optimizer, objective=objective, eta=gate(step, 0.0), theta=gate(theta, 0.0),
+                        alpha=gate(alpha, 1.0), chunk_size=chunk_size, **options)
+        read, v = o[:, N:, 0], v[:, :, 0]  # [trials, N, d_v]
+        scores = read @ v.transpose(1, 2)  # [trials, N, N]
+        rows.append({
+            "n_pairs": N,
+            "recall_error": ((read - v) ** 2).sum(-1).mean().item(),
+            "cosine": torch.nn.functional.cosine_similarity(read, v, dim=-1).mean().item(),
+            "retrieval_acc": (scores.argmax(-1) == torch.arange(N)).to(dtype).mean().item(),
+            "feature_dim": feature_dim(feature_map, d_k, options.get("degree", 2)),
+            "memory": memory, "feature_map": feature_map, "optimizer": optimizer, "objective": objective,
+            "eta": eta, "normalize_eta": normalize_eta, "theta": theta, "alpha": alpha, "chunk_size": chunk_size,
+            "d_k": d_k, "d_v": d_v,
+            **options,
+        })
+    return rows

