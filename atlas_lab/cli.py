@@ -67,10 +67,67 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-heads", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=256)
     p.add_argument("--swa-window", type=int, default=64)
+    p = sub.add_parser("sweep", help="run (or resume) the study of a sweep file")
+    p.add_argument("file", help="a sweep YAML file, e.g. sweeps/demo.yaml")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes")
+    p.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default "
+                                                   "runs/optuna/<study>.journal) or postgresql://...")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
+    p.add_argument("--retry-failed", action="store_true", help="run failed trials again")
+    p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")
+    p.add_argument("study")
+    p.add_argument("--storage", default=None)
+    p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--tracking-uri", default=None)
     args = parser.parse_args(argv)
     if args.command == "presets":
         Console().print(presets_table(args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window))
-    return 0
+        return 0
+    if args.command == "ui":
+        return ui(args.port, args.tracking_uri)
+    from .sweep import SweepError
+
+    try:
+        if args.command == "sweep":
+            from .sweep import run_sweep
+
+            if args.workers < 1:
+                raise SweepError(f"--workers: expected an int >= 1, got {args.workers}")
+            return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed)
+        from .sweep.report import summarize
+        from .sweep.study import default_storage, open_storage
+
+        import optuna
+
+        storage = args.storage or default_storage(args.study)
+        try:
+            study = optuna.load_study(study_name=args.study, storage=open_storage(storage))
+        except KeyError:
+            raise SweepError(f"report: no study named {args.study!r} in {storage}") from None
+        summarize(study)
+        return 0
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def ui(port: int, tracking_uri: str | None) -> int:
+    """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it)."""
+    import subprocess
+    from pathlib import Path
+
+    from .sweep.tracking import ARTIFACTS, resolve_uri
+
+    uri = resolve_uri(tracking_uri)
+    Path("runs").mkdir(exist_ok=True)
+    Path(ARTIFACTS).mkdir(parents=True, exist_ok=True)
+    print(f"MLflow UI for {uri}: http://127.0.0.1:{port}  (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+                                "--artifacts-destination", ARTIFACTS, "--host", "127.0.0.1", "--port", str(port)])
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+"""The sweep file: an ablation grid or a hyperparameter search in YAML, checked before anything runs.
+
+```yaml
+study: mqar-ablation            # Optuna study name = MLflow parent run name
+base: [experiments/mqar.yaml]   # configs the trials start from (after lightning_config.yaml)
+metric: val/acc                 # what is optimised
+direction: maximize
+sampler: grid                   # grid | tpe | random
+trials: null                    # grid: every point; tpe/random: a count
+repeats: 1                      # seeds per point
+pruner: {type: median, warmup_epochs: 2}   # or none / hyperband
+grid:                           # dotted config paths -> a list of values, or {label: value}
+  model.mixer: [titans, omeganet, atlas]
+search:                         # tpe/random: {low, high, log, int} or {choices: [...]}
+  model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
+fixed: {trainer.max_epochs: 4}
+```
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TOP_KEYS = ("study", "base", "metric", "direction", "sampler", "trials", "repeats", "pruner", "grid", "search",
+            "fixed")
+SAMPLERS = ("grid", "tpe", "random")
+PRUNERS = ("none", "median", "hyperband")
+DIRECTIONS = ("maximize", "minimize")
+DEFAULT_BASE = "lightning_config.yaml"
+
+
+class SweepError(ValueError):
+    """A bad sweep file: the message names the file, the key, what was expected and the valid choices."""
+
+
+@dataclass
+class SweepSpec:
+    path: Path
+    study: str
+    base: list[Path]
+    metric: str
+    direction: str = "maximize"
+    sampler: str = "grid"
+    trials: int | None = None
+    repeats: int = 1
+    pruner: dict = field(default_factory=lambda: {"type": "none", "warmup_epochs": 0})
+    grid: dict[str, dict[Any, Any]] = field(default_factory=dict)  # key -> {label (an Optuna choice): value}
+    search: dict[str, dict] = field(default_factory=dict)
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    def grid_points(self) -> list[dict[str, str]]:
+        """Every combination of grid labels, in file order: [{key: label}]."""
+        keys = list(self.grid)
+        return [dict(zip(keys, labels)) for labels in itertools.product(*(list(self.grid[k]) for k in keys))]
+
+    def overrides(self, labels: dict[str, str], sampled: dict[str, Any]) -> dict[str, Any]:
+        """The dotted config overrides of one trial: fixed, then grid values, then sampled values."""
+        out = dict(self.fixed)
+        out.update({k: self.grid[k][label] for k, label in labels.items()})
+        out.update(sampled)
+        return out
+
+
+def label_of(value: Any):
+    """The Optuna choice for a grid value given as a list item: the value itself when it is a scalar, else its JSON."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value)
+
+
+def cli_args(base: list[Path], overrides: dict[str, Any]) -> list[str]:
+    """LightningCLI arguments: the config files, then each override as --dotted.key=value (JSON but for strings)."""
+    args = []
+    for path in base:
+        args += ["--config", str(path)]
+    return args + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in overrides.items()]
+
+
+def _fail(path, key, message):
+    raise SweepError(f"{path}: {key}: {message}")
+
+
+def _check_keys(path, where, mapping, valid):
+    unknown = [k for k in mapping if k not in valid]
+    if unknown:
+        _fail(path, where, f"unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+
+
+def _is_dotted(key) -> bool:
+    return isinstance(key, str) and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key) is not None
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and check a sweep file (structure only; ``validate_configs`` checks values against the config)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}")
+    _check_keys(path, "(top level)", raw, TOP_KEYS)
+    for key in ("study", "metric"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            _fail(path, key, "required, a non-empty string")
+    if not re.fullmatch(r"[\w.\-]+", raw["study"]):
+        _fail(path, "study", f"{raw['study']!r}: use letters, digits, '_', '-' and '.' only")
+
+    def choice(key, valid, default):
+        value = raw.get(key, default)
+        if value not in valid:
+            _fail(path, key, f"unknown value {value!r}; valid choices: {', '.join(valid)}")
+        return value
+
+    direction = choice("direction", DIRECTIONS, "maximize")
+    sampler = choice("sampler", SAMPLERS, "grid")
+
+    base_raw = raw.get("base", [])
+    if isinstance(base_raw, str):
+        base_raw = [base_raw]
+    if not isinstance(base_raw, list) or not all(isinstance(b, str) for b in base_raw):
+        _fail(path, "base", "expected a list of config file paths")
+    base = []
+    for b in [DEFAULT_BASE] * (DEFAULT_BASE not in base_raw) + base_raw:
+        candidates = [Path(b), path.parent / b]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            _fail(path, "base", f"config file {b!r} not found (looked in . and {path.parent})")
+        base.append(found)
+
+    repeats = raw.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        _fail(path, "repeats", f"expected an int >= 1, got {repeats!r}")
+    trials = raw.get("trials")
+    if trials is not None and (not isinstance(trials, int) or isinstance(trials, bool) or trials < 1):
+        _fail(path, "trials", f"expected null or an int >= 1, got {trials!r}")
+
+    pruner = raw.get("pruner") or {"type": "none"}
+    if isinstance(pruner, str):
+        pruner = {"type": pruner}
+    if not isinstance(pruner, dict):
+        _fail(path, "pruner", "expected {type: none|median|hyperband, warmup_epochs: N}")
+    _check_keys(path, "pruner", pruner, ("type", "warmup_epochs"))
+    if pruner.get("type", "none") not in PRUNERS:
+        _fail(path, "pruner.type", f"unknown value {pruner.get('type')!r}; valid choices: {', '.join(PRUNERS)}")
+    warmup = pruner.get("warmup_epochs", 0)
+    if not isinstance(warmup, int) or warmup < 0:
+        _fail(path, "pruner.warmup_epochs", f"expected an int >= 0, got {warmup!r}")
+    pruner = {"type": pruner.get("type", "none"), "warmup_epochs": warmup}
+
+    grid_raw = raw.get("grid") or {}
+    if not isinstance(grid_raw, dict):
+        _fail(path, "grid", "expected a mapping of dotted config paths to lists of values")
+    grid = {}
+    for key, values in grid_raw.items():
+        if not _is_dotted(key):
+            _fail(path, f"grid.{key}", "expected a dotted config path such as model.mixer")
+        if isinstance(values, list):
+            if not values:
+                _fail(path, f"grid.{key}", "empty list of values")
+            labeled = {label_of(v): v for v in values}
+            if len(labeled) != len(values):
+                _fail(path, f"grid.{key}", f"repeated values in {values}")
+        elif isinstance(values, dict) and values:
+            labeled = {str(label): v for label, v in values.items()}
+        else:
+            _fail(path, f"grid.{key}", f"expected a non-empty list of values or {{label: value}}, got {values!r}")
+        grid[key] = labeled
+
+    search_raw = raw.get("search") or {}
+    if not isinstance(search_raw, dict):
+        _fail(path, "search", "expected a mapping of dotted config paths to ranges")
+    search = {}
+    for key, spec in search_raw.items():
+        where = f"search.{key}"
+        if not _is_dotted(key):
+            _fail(path, where, "expected a dotted config path such as model.lr")
+        if key in grid:
+            _fail(path, where, "also a grid axis; a key is either searched or a grid axis")
+        if not isinstance(spec, dict):
+            _fail(path, where, "expected {low: x, high: y, log: bool, int: bool} or {choices: [...]}")
+        if "choices" in spec:
+            _check_keys(path, where, spec, ("choices",))
+            if not isinstance(spec["choices"], list) or not spec["choices"]:
+                _fail(path, f"{where}.choices", "expected a non-empty list")
+        else:
+            _check_keys(path, where, spec, ("low", "high", "log", "int"))
+            low, high = spec.get("low"), spec.get("high")
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (low, high)):
+                _fail(path, where, f"low and high must be numbers, got low={low!r}, high={high!r}")
+            if low > high:
+                _fail(path, where, f"low ({low}) > high ({high})")
+            if spec.get("log", False) and low <= 0:
+                _fail(path, where, f"a log range needs low > 0, got low={low}")
+        search[key] = dict(spec)
+
+    fixed = raw.get("fixed") or {}
+    if not isinstance(fixed, dict):
+        _fail(path, "fixed", "expected a mapping of dotted config paths to values")
+    for key in fixed:
+        if not _is_dotted(key):
+            _fail(path, f"fixed.{key}", "expected a dotted config path such as trainer.max_epochs")
+
+    if sampler == "grid":
+        if not grid:
+            _fail(path, "grid", "sampler grid needs at least one grid axis")
+        if search:
+            _fail(path, "search", "sampler grid runs the grid only; use sampler tpe or random to search")
+        if trials is not None:
+            _fail(path, "trials", "sampler grid runs every point; leave trials null")
+    else:
+        if not search:
+            _fail(path, "search", f"sampler {sampler} needs at least one search range")
+        if grid:
+            _fail(path, "grid", f"sampler {sampler} samples the search space; use sampler grid for a grid")
+        if trials is None:
+            _fail(path, "trials", f"sampler {sampler} needs a trial count")
+    return SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
+                     sampler=sampler, trials=trials, repeats=repeats, pruner=pruner, grid=grid, search=search,
+                     fixed=fixed)

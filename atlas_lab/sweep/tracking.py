@@ -1,0 +1,124 @@
+"""The MLflow side of a sweep: the tracking server, the study's parent run, a child run per trial."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+ARTIFACTS = "runs/artifacts"
+EXPERIMENT = "atlas-lab-sweeps"
+
+
+def resolve_uri(uri: str | None) -> str:
+    """The tracking URI with a relative SQLite path made absolute (every process, whatever its folder, finds
+    the same file; MLflow also caches stores by URI within a process)."""
+    uri = uri or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        path = Path(uri[len(prefix):]).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return uri
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None):
+    """Start ``mlflow server`` on loopback; returns (process, http URI) once it answers /health."""
+    port = port or free_port()
+    Path(artifacts).mkdir(parents=True, exist_ok=True)
+    log = open(log_path or os.devnull, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--artifacts-destination",
+         artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with code {proc.returncode} (log: {log_path})")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, uri
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path})")
+
+
+def stop_server(proc) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    Path(ARTIFACTS).mkdir(parents=True, exist_ok=True)
+    try:
+        return client.create_experiment(name, artifact_location=Path(ARTIFACTS).resolve().as_uri()
+                                        if not client.tracking_uri.startswith("http") else None)
+    except mlflow.exceptions.MlflowException:  # created concurrently
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def parent_run(client: MlflowClient, study: str, storage: str) -> str:
+    """The study's parent run: found by its tag, or created."""
+    exp = experiment_id(client)
+    found = client.search_runs([exp], filter_string=f"tags.`atlas_lab.study` = '{study}' and "
+                                                    f"tags.`atlas_lab.role` = 'study'", max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    run = client.create_run(exp, run_name=study, tags={"atlas_lab.study": study, "atlas_lab.role": "study",
+                                                       "optuna.storage": storage})
+    return run.info.run_id
+
+
+def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, repeat: int) -> str:
+    exp = client.get_run(parent).info.experiment_id
+    name = f"trial-{trial_number}" + (f"-seed{repeat}" if repeat else "")
+    run = client.create_run(exp, run_name=name, tags={
+        "mlflow.parentRunId": parent, "atlas_lab.study": study, "atlas_lab.role": "trial",
+        "optuna.trial_number": str(trial_number), "optuna.state": "RUNNING"})
+    return run.info.run_id
+
+
+def flatten(config, prefix: str = "") -> dict[str, str]:
+    """A resolved config (nested dicts/Namespaces) as {dotted.key: str(value)} for MLflow params."""
+    items = config.items() if isinstance(config, dict) else vars(config).items()
+    out = {}
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) or hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
+
+def finish_run(client: MlflowClient, run_id: str, state: str, reason: str | None = None) -> None:
+    """Tag a trial's run with its Optuna state (and failure reason) and close it."""
+    client.set_tag(run_id, "optuna.state", state)
+    if reason:
+        client.set_tag(run_id, "failure_reason", reason[:5000])
+    client.set_terminated(run_id, status={"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))

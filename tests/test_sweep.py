@@ -1,0 +1,212 @@
+"""Sweeps end to end with real Optuna storage and a real MLflow store in a temporary folder."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from atlas_lab.cli import main
+from atlas_lab.sweep.study import open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "model": {"mixer": "gla", "d_model": 16, "n_layers": 1, "n_heads": 2, "lr": 3.0e-3, "warmup_steps": 2},
+    "trainer": {"max_epochs": 1, "log_every_n_steps": 1},
+    "data": {"class_path": "atlas_lab.data.mqar.MQARDataModule",
+             "init_args": {"vocab_size": 64, "train_slices": [[16, 2, 64]], "test_slices": [[16, 2, 32]],
+                           "batch_size": 16, "seed": 0}},
+}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A project folder of its own: lightning_config.yaml, a tiny MQAR experiment, runs/ created by the sweeps."""
+    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return tmp_path
+
+
+def write_sweep(path, **fields):
+    spec = {"study": "s", "base": ["experiments/tiny.yaml"], "metric": "val/acc", "direction": "maximize",
+            "sampler": "grid", **fields}
+    Path(path).write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def load(study="s"):
+    return optuna.load_study(study_name=study, storage=open_storage(f"runs/optuna/{study}.journal"))
+
+
+def store_uri():
+    """Absolute: MLflow caches stores by URI in a process, and every test has its own folder."""
+    return "sqlite:///" + str(Path("runs/mlflow.db").resolve())
+
+
+def runs_of(study="s"):
+    client = MlflowClient(store_uri())
+    exp = client.get_experiment_by_name("atlas-lab-sweeps")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`atlas_lab.study` = '{study}'")
+    parents = [r for r in runs if r.data.tags.get("atlas_lab.role") == "study"]
+    children = [r for r in runs if r.data.tags.get("atlas_lab.role") == "trial"]
+    return client, parents, children
+
+
+def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
+    sweep = write_sweep("grid.yaml", repeats=2, grid={"model.mixer": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
+                        fixed={"trainer.max_epochs": 1})
+    assert main(["sweep", sweep]) == 0
+    trials = load().get_trials()
+    assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
+    points = sorted((t.params["model.mixer"], t.params["model.lr"], t.user_attrs["repeat"]) for t in trials)
+    assert len(set(points)) == 8
+    client, parents, children = runs_of()
+    assert len(parents) == 1 and len(children) == 8
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    child = children[0]
+    assert child.data.params["model.mixer"] in ("gla", "deltanet") and "trainer.max_epochs" in child.data.params
+    assert child.data.tags["optuna.state"] == "COMPLETE" and "val/acc" in child.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert {"config.yaml", "learning_curves.png", "slices.md"} <= artifacts
+    summary = {a.path for a in client.list_artifacts(parents[0].info.run_id, "summary")}
+    assert {"summary/results.csv", "summary/results.md", "summary/ablation.png"} <= summary
+    table = Path("runs/sweeps/s/results.md").read_text()
+    assert table.count("\n") == 2 + 4 and "2/2" in table  # header, rule, 4 points of 2 seeds each
+    # running the same command again resumes: nothing new runs
+    assert main(["sweep", sweep]) == 0
+    assert len(load().get_trials()) == 8 and len(runs_of()[2]) == 8
+    # the report command prints and writes the same table
+    os.remove("runs/sweeps/s/results.md")
+    assert main(["report", "s"]) == 0 and Path("runs/sweeps/s/results.md").read_text() == table
+
+
+def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
+    sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
+    assert main(["sweep", sweep, "--workers", "2"]) == 0
+    trials = load().get_trials()
+    assert sorted(t.params["model.lr"] for t in trials) == [1e-3, 2e-3, 3e-3, 4e-3]
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert len({t.user_attrs["pid"] for t in trials}) == 2  # both workers took trials
+    assert len(runs_of()[2]) == 4
+
+
+def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
+    sweep = write_sweep("nan.yaml", grid={"model.lr": [1.0e+30, 3.0e-3]}, fixed={"trainer.gradient_clip_val": None})
+    assert main(["sweep", sweep]) == 0
+    by_lr = {t.params["model.lr"]: t for t in load().get_trials()}
+    assert by_lr[1e30].state == TrialState.FAIL
+    assert "non-finite" in by_lr[1e30].user_attrs["fail_reason"]
+    assert by_lr[3e-3].state == TrialState.COMPLETE
+    failed = [c for c in runs_of()[2] if c.data.tags["optuna.state"] == "FAIL"]
+    assert len(failed) == 1 and "non-finite" in failed[0].data.tags["failure_reason"]
+    assert failed[0].info.status == "FAILED"
+    assert "FAIL" in Path("runs/sweeps/s/results.md").read_text()
+
+
+def test_median_pruner_prunes_a_hopeless_trial(workdir):
+    sweep = write_sweep("prune.yaml", metric="val/loss", direction="minimize",
+                        grid={"model.lr": [1.0e-2, 1.0e-9]}, pruner={"type": "median", "warmup_epochs": 0},
+                        fixed={"trainer.max_epochs": 3})
+    assert main(["sweep", sweep]) == 0
+    by_lr = {t.params["model.lr"]: t for t in load().get_trials()}
+    assert by_lr[1e-2].state == TrialState.COMPLETE
+    assert by_lr[1e-9].state == TrialState.PRUNED
+    assert len(by_lr[1e-9].intermediate_values) < 3
+
+
+def test_killed_sweep_resumes_and_reruns_the_lost_trial(workdir):
+    """SIGKILL the whole sweep (command and worker) mid-trial; the re-run completes every point."""
+    sweep = write_sweep("kill.yaml", grid={"model.lr": [1e-3, 2e-3, 3e-3]}, fixed={"trainer.max_epochs": 30})
+    proc = subprocess.Popen([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    killed = None
+    while time.time() < deadline and killed is None:
+        time.sleep(0.5)
+        if not Path("runs/optuna/s.journal").exists():
+            continue
+        running = [t for t in load().get_trials() if t.state == TrialState.RUNNING and "pid" in t.user_attrs
+                   and t.user_attrs.get("mlflow_run_ids")]
+        if running:
+            killed = running[0].number
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed is not None, "no trial started"
+    # fast sweep for the re-run: the remaining points need only one epoch
+    Path(sweep).write_text(Path(sweep).read_text().replace("trainer.max_epochs: 30", "trainer.max_epochs: 1"))
+    assert main(["sweep", sweep]) == 0
+    trials = load().get_trials()
+    lost = next(t for t in trials if t.number == killed)
+    assert lost.state == TrialState.FAIL and "worker lost" in lost.user_attrs["fail_reason"]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["model.lr"] for t in complete) == [1e-3, 2e-3, 3e-3]
+    run_id = lost.user_attrs["mlflow_run_ids"][-1]
+    run = MlflowClient(store_uri()).get_run(run_id)
+    assert run.info.status == "FAILED" and "worker lost" in run.data.tags["failure_reason"]
+
+
+BAD_SWEEPS = [
+    (dict(grid={"model.mixr": ["atlas"]}), "model.mixr"),
+    (dict(grid={"model.mixer": ["atlas", "atlass"]}), "atlass"),
+    (dict(grid={"trainer.max_epochs": ["three"]}), "trainer.max_epochs"),
+    (dict(grid={}), "grid: sampler grid needs at least one grid axis"),
+    (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 1.0, "high": 0.1}}), "low (1.0) > high (0.1)"),
+    (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 0.0, "high": 0.1, "log": True}}),
+     "a log range needs low > 0"),
+    (dict(sampler="bayes"), "sampler: unknown value 'bayes'; valid choices: grid, tpe, random"),
+    (dict(pruner={"type": "asha"}), "pruner.type: unknown value 'asha'; valid choices: none, median, hyperband"),
+    (dict(base=["experiments/missing.yaml"]), "config file 'experiments/missing.yaml' not found"),
+    (dict(grid={"model.memory.window": [1, "wide"]}), "model.memory"),
+    (dict(colour="blue"), "unknown key(s) ['colour']"),
+]
+
+
+@pytest.mark.parametrize("fields,message", BAD_SWEEPS)
+def test_bad_sweep_files_exit_2_and_create_nothing(workdir, capsys, fields, message):
+    if fields.get("sampler", "grid") == "grid":
+        fields = {"grid": {"model.lr": [1e-3]}, **fields}
+    sweep = write_sweep("bad.yaml", **fields)
+    assert main(["sweep", sweep]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and message in err, err
+    assert not Path("runs/optuna").exists() and not Path("runs/mlflow.db").exists()
+
+
+def test_ui_serves_the_study_runs_over_rest(workdir):
+    sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3]})
+    assert main(["sweep", sweep]) == 0
+    port = __import__("atlas_lab.sweep.tracking", fromlist=["free_port"]).free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "atlas_lab.cli", "ui", "--port", str(port)], start_new_session=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert f"http://127.0.0.1:{port}" in ui.stdout.readline()
+        deadline, body = time.time() + 90, None
+        while time.time() < deadline and body is None:
+            time.sleep(1)
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name"
+                                             "?experiment_name=atlas-lab-sweeps")
+                exp = json.load(urllib.request.urlopen(req, timeout=5))["experiment"]["experiment_id"]
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", method="POST",
+                                             data=json.dumps({"experiment_ids": [exp]}).encode(),
+                                             headers={"Content-Type": "application/json"})
+                body = json.load(urllib.request.urlopen(req, timeout=5))
+            except OSError:
+                continue
+        names = sorted(r["info"]["run_name"] for r in body["runs"])
+        assert names == ["s", "trial-0"]
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
