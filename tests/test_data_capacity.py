@@ -55,3 +55,26 @@ def test_options_reach_memorize():
         capacity_probe([8], optimizer="adam")
     with pytest.raises(ValueError, match="n_pairs"):
         capacity_probe([])
+
+
+def test_capacity_datamodule_labels_recall_every_pair():
+    """Independent check: each labelled position holds a key seen in the first half, labelled with its value."""
+    from atlas_lab.data import CapacityDataModule
+
+    dm = CapacityDataModule(vocab_size=64, n_pairs=[3, 7], train_size=20, eval_size=5, batch_size=4, seed=1)
+    dm.setup("fit")
+    seen_slices = set()
+    for batch in dm.train_dataloader():
+        for x, y, s in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), batch["slice"].tolist()):
+            N = dm.n_pairs[s]
+            seen_slices.add(s)
+            assert len(x) == 4 * N
+            pairs = dict(zip(x[0:2 * N:2], x[1:2 * N:2]))
+            assert len(pairs) == N and all(1 <= k < 32 for k in pairs) and all(32 <= v < 64 for v in pairs.values())
+            labelled = [(t, y[t]) for t in range(len(y)) if y[t] != -100]
+            assert len(labelled) == N and sorted(x[t] for t, _ in labelled) == sorted(pairs)
+            assert all(pairs[x[t]] == value and t >= 2 * N for t, value in labelled)
+    assert seen_slices == {0, 1}
+    again = CapacityDataModule(vocab_size=64, n_pairs=[3, 7], train_size=20, eval_size=5, batch_size=4, seed=1)
+    again.setup("fit")
+    assert [a.tolist() for a in again.datasets["val"].input_ids] == [a.tolist() for a in dm.datasets["val"].input_ids]

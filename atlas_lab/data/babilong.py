@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
-from .corpus import Haystack, document_pieces, load_corpus
+from .corpus import Haystack, check_data_path, document_pieces, load_corpus
 from .tokenizers import build_tokenizer, tokenizer_vocab_size
 
 ACTORS = ("John", "Mary", "Sandra", "Daniel")
@@ -201,6 +201,7 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
         self.train_size, self.eval_size = train_size, eval_size
         self.tokenizer_name, self.bpe_vocab_size = tokenizer, bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
+        check_data_path(data_path)
         self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
         all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"{t}-L{n}" for t in self.tasks for n in all_lengths]

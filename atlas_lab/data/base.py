@@ -97,26 +97,32 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_id: int | None = None) -
 class GroupedBatchSampler(Sampler[list[int]]):
     """Batches drawn from one group at a time (e.g. one sequence length per batch).
 
-    shuffle: a new order of samples within groups and of batches every epoch, from a generator seeded once,
-    so a run is reproducible from its seed. Without shuffle: groups in order, samples in order.
+    shuffle: a new order of samples within groups and of batches every epoch, drawn from (seed, epoch), so a
+    run is reproducible from its seed and resumable from a checkpoint. Without shuffle: groups and samples in order.
     """
 
     def __init__(self, group: np.ndarray, batch_size: int, shuffle: bool, seed: int):
-        self.group, self.batch_size, self.shuffle = np.asarray(group), batch_size, shuffle
-        self.rng = np.random.default_rng(seed)
+        self.group, self.batch_size, self.shuffle, self.seed = np.asarray(group), batch_size, shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this every epoch: the order depends on (seed, epoch) only, so a run resumed from a
+        checkpoint sees the same batches as an uninterrupted one."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return sum(-(-int(n) // self.batch_size) for n in np.unique(self.group, return_counts=True)[1])
 
     def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
         batches = []
         for g in np.unique(self.group):
             idx = np.flatnonzero(self.group == g)
             if self.shuffle:
-                idx = self.rng.permutation(idx)
+                idx = rng.permutation(idx)
             batches += [idx[i:i + self.batch_size].tolist() for i in range(0, len(idx), self.batch_size)]
         if self.shuffle:
-            batches = [batches[i] for i in self.rng.permutation(len(batches))]
+            batches = [batches[i] for i in rng.permutation(len(batches))]
         return iter(batches)
 
 
@@ -152,11 +158,9 @@ class TaskDataModule(L.LightningDataModule):
         train = split == "train"
         common = dict(num_workers=self.num_workers, collate_fn=functools.partial(collate, pad_id=self.pad_id),
                       persistent_workers=self.num_workers > 0)
-        if ds.group is not None:
-            sampler = GroupedBatchSampler(ds.group, self.batch_size, shuffle=train, seed=self.seed)
-            return DataLoader(ds, batch_sampler=sampler, **common)
-        generator = torch.Generator().manual_seed(self.seed) if train else None
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=train, generator=generator, **common)
+        group = ds.group if ds.group is not None else np.zeros(len(ds), dtype=np.int64)
+        sampler = GroupedBatchSampler(group, self.batch_size, shuffle=train, seed=self.seed)
+        return DataLoader(ds, batch_sampler=sampler, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

@@ -7,11 +7,12 @@ optimiser) and queried with the N keys, so each read sees the memory after all N
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from atlas_lab.memory import apply_feature_map, feature_dim, memorize
 
-from .base import check
+from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
 
 
 def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int = 16, d_v: int = 16,
@@ -66,3 +67,48 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             **options,
         })
     return rows
+
+
+def recall_sequences(rng: np.random.Generator, n: int, N: int, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """n sequences of length 4N: k_1 v_1 … k_N v_N, then every key once more in random order, each followed by
+    its value. Labels: at each repeated key, its value (−100 elsewhere). Keys from [1, V/2), values [V/2, V)."""
+    keys = distinct_integers(rng, n, N, 1, V // 2)
+    values = distinct_integers(rng, n, N, V // 2, V)
+    order = rng.permuted(np.broadcast_to(np.arange(N), (n, N)), axis=1)
+    x = np.empty((n, 4 * N), dtype=np.int64)
+    x[:, 0:2 * N:2], x[:, 1:2 * N:2] = keys, values
+    x[:, 2 * N::2] = np.take_along_axis(keys, order, 1)
+    x[:, 2 * N + 1::2] = np.take_along_axis(values, order, 1)
+    labels = np.full_like(x, IGNORE_INDEX)
+    labels[:, 2 * N::2] = x[:, 2 * N + 1::2]
+    return x, labels
+
+
+class CapacityDataModule(TaskDataModule):
+    """In-context capacity of a whole model (the trained counterpart of ``capacity_probe``): read N random
+    key→value pairs, then recall every one of them; accuracy per N is reported per slice ("N16", …).
+
+    Every N in ``n_pairs`` appears in every split (one N per batch); the largest N shows where a model's
+    state runs out. vocab_size V must exceed 2·max(n_pairs) + 2 (distinct keys and values).
+    """
+
+    def __init__(self, vocab_size: int = 512, n_pairs: list[int] = [4, 8, 16, 32, 64], train_size: int = 2000,
+                 eval_size: int = 200, batch_size: int = 32, seed: int = 0, num_workers: int = 0):
+        super().__init__(batch_size, seed, num_workers)
+        check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs", f"expected a non-empty list of ints >= 1, got {n_pairs}")
+        check(vocab_size // 2 - 1 >= max(n_pairs), "vocab_size",
+              f"expected vocab_size >= 2·max(n_pairs) + 2 = {2 * max(n_pairs) + 2}, got {vocab_size}")
+        check(train_size >= 1 and eval_size >= 1, "train_size", f"expected sizes >= 1, got {train_size}, {eval_size}")
+        self.vocab_size, self.n_pairs = vocab_size, list(n_pairs)
+        self.sizes = {"train": train_size, "val": eval_size, "test": eval_size}
+        self.slice_names = [f"N{N}" for N in self.n_pairs]
+
+    def build(self, split: str) -> SequenceDataset:
+        inputs, labels, slices = [], [], []
+        for i, N in enumerate(self.n_pairs):
+            x, y = recall_sequences(split_rng(self.seed, split, i), self.sizes[split], N, self.vocab_size)
+            inputs += list(x)
+            labels += list(y)
+            slices.append(np.full(len(x), i))
+        slices = np.concatenate(slices)
+        return SequenceDataset(inputs, labels, {"slice": slices}, group=slices)

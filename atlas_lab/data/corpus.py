@@ -118,11 +118,19 @@ def shakespeare_plays(cache_dir: str) -> dict[str, str]:
     return plays
 
 
+def check_data_path(data_path: str | None) -> None:
+    """Fail early (at construction, before any run starts) on a data path that does not exist."""
+    if data_path is not None:
+        path = Path(data_path).expanduser()
+        check(path.is_file() or path.is_dir(), "data_path",
+              f"expected an existing text file or folder, got {data_path!r}")
+
+
 def _read_user_text(data_path: str) -> str:
     path = Path(data_path).expanduser()
+    check_data_path(data_path)
     if path.is_file():
         return path.read_text(encoding="utf-8", errors="replace")
-    check(path.is_dir(), "data_path", f"expected an existing text file or folder, got {data_path!r}")
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
         part.startswith(".") for part in p.relative_to(path).parts))
     check(bool(files), "data_path", f"the folder {data_path!r} contains no files")

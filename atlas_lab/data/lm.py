@@ -5,7 +5,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from .base import SPLITS, SequenceDataset, TaskDataModule, check
-from .corpus import document_pieces, load_corpus
+from .corpus import check_data_path, document_pieces, load_corpus
 from .tokenizers import build_tokenizer, tokenizer_vocab_size
 
 
@@ -57,6 +57,7 @@ class LMDataModule(TaskDataModule):
         super().__init__(batch_size, seed, num_workers)
         check(seq_len >= 1, "seq_len", f"expected an int >= 1, got {seq_len}")
         self.data_path, self.tokenizer_name, self.bpe_vocab_size = data_path, tokenizer, bpe_vocab_size
+        check_data_path(data_path)
         self.seq_len, self.holdout_fraction, self.cache_dir = seq_len, holdout_fraction, cache_dir
         self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
         self.bytes_per_token: float | None = 1.0 if tokenizer == "byte" else None

@@ -8,7 +8,7 @@ from importlib import resources
 import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
-from .corpus import Haystack, document_pieces, load_corpus
+from .corpus import Haystack, check_data_path, document_pieces, load_corpus
 from .tokenizers import build_tokenizer, tokenizer_vocab_size
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -99,6 +99,7 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
         self.train_size, self.eval_size, self.depth_buckets = train_size, eval_size, depth_buckets
         self.tokenizer_name, self.bpe_vocab_size = tokenizer, bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
+        check_data_path(data_path)
         self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
         edges = np.linspace(0, 100, depth_buckets + 1).round().astype(int)
         self.all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))

@@ -157,7 +157,7 @@ class MemoryMixer(nn.Module):
             optimizer=c.optimizer, chunk_size=c.chunk_size, initial_state=state, degree=c.degree,
             coefficients=coefficients, depth=c.depth, expansion=c.expansion, activation=c.activation,
             residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
-            **self.gates(x))
+            impl="auto", **self.gates(x))
         o = self.out_norm(o).reshape(B, T, -1) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
 

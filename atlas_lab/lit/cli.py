@@ -1,7 +1,7 @@
 """LightningCLI for ``atlas-lab fit|validate|test``: one run from YAML configs and dotted overrides."""
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -12,6 +12,18 @@ from .module import SequenceModel
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
 
+
+def resolve_uri(uri: str | None, create: bool = True) -> str:
+    """The tracking URI with a relative SQLite path made absolute, so that every process, whatever its folder,
+    finds the same file (MLflow also caches stores by URI within a process); ``create`` makes its folder."""
+    uri = uri or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        path = Path(uri[len(prefix):]).resolve()
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return uri
 
 class SaveConfigToTracking(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml``: an MLflow artifact of the run (the file-based saver
@@ -44,6 +56,24 @@ class AtlasCLI(LightningCLI):
     vocab_size, slice_names, bytes_per_token, target.
     """
 
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        logger = config["trainer"].get("logger")
+        if logger and not isinstance(logger, bool) and str(logger.get("class_path", "")).endswith("MLFlowLogger"):
+            uri = logger["init_args"].get("tracking_uri")
+            if uri:
+                logger["init_args"]["tracking_uri"] = resolve_uri(uri, create=False)
+
+    def instantiate_classes(self) -> None:
+        """Build data, model and trainer; a bad value met only now (a missing data path, an impossible size, a
+        model field out of range) is one clear message and exit code 2, before any run is created."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        Path("runs").mkdir(exist_ok=True)  # the default tracking store and checkpoints live there
+
     def add_arguments_to_parser(self, parser):
         parser.link_arguments("data", "model.vocab_size", compute_fn=_data_attribute("vocab_size"),
                               apply_on="instantiate")
@@ -55,14 +85,24 @@ class AtlasCLI(LightningCLI):
                               apply_on="instantiate")
 
 
-def run_cli(args: list[str]) -> None:
-    """``atlas-lab fit|validate|test ...``: LightningCLI with the project's defaults."""
-    os.makedirs("runs", exist_ok=True)
-    AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True, args=args,
-             save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
+def run_cli(args: list[str]) -> AtlasCLI:
+    """``atlas-lab fit|validate|test ...``: LightningCLI with the project's defaults; returns the CLI (its
+    trainer, model and data)."""
+    return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True, args=args,
+                    save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
 
 
 class _ParseOnly(AtlasCLI):
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        logger = config["trainer"].get("logger")
+        if isinstance(logger, dict) or hasattr(logger, "class_path"):
+            path = logger["class_path"] if isinstance(logger, dict) else logger.class_path
+            init = logger["init_args"] if isinstance(logger, dict) else logger.init_args
+            uri = init.get("tracking_uri") if isinstance(init, dict) else getattr(init, "tracking_uri", None)
+            if path.endswith("MLFlowLogger") and uri and uri.startswith("sqlite:///"):
+                init["tracking_uri"] = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+
     def instantiate_classes(self) -> None:  # check the configuration, build nothing
         pass
 

@@ -44,7 +44,8 @@ class SequenceModel(L.LightningModule):
         layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag).
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
         lr, weight_decay, betas, warmup_steps, min_lr_ratio: AdamW and the schedule (cosine to
-            lr·min_lr_ratio over the trainer's total steps).
+            lr·min_lr_ratio over schedule_steps, by default the trainer's total steps; set it when a run will
+            be stopped and resumed into a longer one, so every segment follows the same schedule).
         target: "next_token" or "positions" (output t scored against labels[t]) or "compression" (linked from data).
         slice_names: names of the data's slices for per-slice accuracy (linked from the data module).
         bytes_per_token: for bits per byte (linked from language-modelling data).
@@ -57,6 +58,7 @@ class SequenceModel(L.LightningModule):
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
                  swa_window: int = 64, tie_embeddings: bool = True, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
+                 schedule_steps: Optional[int] = None,
                  target: Literal["next_token", "positions", "compression"] = "next_token",
                  slice_names: Optional[list[str]] = None, bytes_per_token: Optional[float] = None,
                  max_len: int = 4096, generate_answers: bool = True, eval_piece: int = 0):
@@ -140,7 +142,7 @@ class SequenceModel(L.LightningModule):
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=self.hparams.lr, betas=self.hparams.betas)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, self.hparams.schedule_steps or int(self.trainer.estimated_stepping_batches))
         warmup, floor = min(self.hparams.warmup_steps, total // 2), self.hparams.min_lr_ratio
 
         def schedule(step):

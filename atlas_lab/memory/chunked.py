@@ -19,7 +19,7 @@ import torch
 from torch.func import grad, vmap
 
 from .memories import ModuleMemory, loss, token_function
-from .optimizers import chunk_coefficients, orthogonalize
+from .optimizers import chunk_coefficients, newton_schulz, orthogonalize
 
 
 def window_band(gamma, n: int, first: int, window):
@@ -61,12 +61,12 @@ def _materialized_read(mem, W_t, phi_q, q):
     return mem.forward(lambda n, u: (W_t[n] @ u.unsqueeze(-1)).squeeze(-1), phi_q, q)
 
 
-def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficients):
+def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficients, ns):
     """One chunk: read-outs y [N, n, d_v] and the state (W, S) after its last token."""
     a = co["a"]
     if optimizer == "muon":
         S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
-        O = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients) for n in W}
+        O = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients, ns) for n in W}
         W_t = {n: _bc(a, O[n]) * W[n].unsqueeze(1) + combine(co["Cw"], O[n]) for n in W}
         return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1] for n, w in W_t.items()}, \
             {n: s[:, -1] for n, s in S_t.items()}
@@ -97,8 +97,9 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients):
-    """Same arguments and results as ``reference.memorize_reference``."""
+                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz):
+    """Same arguments and results as ``reference.memorize_reference``; ``ns`` is the Newton–Schulz
+    implementation used by muon (the Triton path passes its batched kernel)."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     phi_q, phi_k = phi(q), phi(k_all)
@@ -125,7 +126,7 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
         co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
         C = co["Cw"] @ band if optimizer != "muon" else None
         Cs = co["Cs"] @ band if optimizer != "gd" else None
-        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients)
+        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
         ys.append(y)
         t += n
         offset = (offset + n) % chunk_size

@@ -53,6 +53,15 @@ def _broadcast_weights(weights, shapes, B, H, what):
     return out
 
 
+def _implementation(impl, q, mem, optimizer, chunk_size, W):
+    """The function behind ``impl``; the Triton kernels are imported only when asked for (or on CUDA for "auto")."""
+    if impl == "triton" or (impl == "auto" and q.is_cuda):
+        from atlas_lab.kernels import memorize_triton, unsupported
+        if impl == "triton" or unsupported(q, mem, optimizer, chunk_size, W) is None:
+            return memorize_triton
+    return IMPLS["chunked" if impl == "auto" else impl]
+
+
 def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
              alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
              degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
@@ -76,12 +85,11 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     depth, expansion, activation, residual: options of the MLP memories.
     normalize:    linear memory + dot objective (gd or momentum): divide the read-out by z_tᵀφ(q_t), z
                   updated by the same rule on the constant value 1 (normalised linear attention).
-    impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton".
+    impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
+                  atlas_lab.kernels; raises for combinations they do not cover, listing those they do) |
+                  "auto" (triton on CUDA where it covers the combination, chunked otherwise).
     """
-    _choice("impl", impl, (*IMPLS, "triton"))
-    if impl == "triton":
-        raise NotImplementedError("memorize: impl='triton' is not available yet (the Triton kernels are not built); "
-                                  "use impl='chunked'")
+    _choice("impl", impl, (*IMPLS, "triton", "auto"))
     if isinstance(memory, str):
         _choice("memory", memory, MEMORIES)
     _choice("feature_map", feature_map, FEATURE_MAPS)
@@ -149,7 +157,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
     g_all = torch.cat([cache_g, gates["gamma"]], 1)
-    y, W, S, W_eval, offset = IMPLS[impl](
+    y, W, S, W_eval, offset = _implementation(impl, q_, mem, optimizer, chunk_size, W)(
         q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi, objective=objective,
         window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval, offset=offset,
         ns_steps=ns_steps, ns_coefficients=ns_coefficients)

@@ -39,9 +39,11 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     return X.mT if transpose else X
 
 
-def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str) -> torch.Tensor:
-    """NS_k on 2-D weights (the trailing ``ndim`` dims of S); a 1-D parameter passes through (plain momentum)."""
-    return newton_schulz(S, steps, coefficients) if ndim == 2 else S
+def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=newton_schulz) -> torch.Tensor:
+    """NS_k on 2-D weights (the trailing ``ndim`` dims of S); a 1-D parameter passes through (plain momentum).
+
+    ns: the Newton–Schulz implementation (this module's, or a kernel with the same signature)."""
+    return ns(S, steps, coefficients) if ndim == 2 else S
 
 
 def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="quintic"):

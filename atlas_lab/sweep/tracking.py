@@ -13,21 +13,9 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+from ..lit.cli import DEFAULT_TRACKING_URI, resolve_uri  # noqa: F401  (re-exported for the sweep command)
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
-
-
-def resolve_uri(uri: str | None) -> str:
-    """The tracking URI with a relative SQLite path made absolute (every process, whatever its folder, finds
-    the same file; MLflow also caches stores by URI within a process)."""
-    uri = uri or DEFAULT_TRACKING_URI
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        path = Path(uri[len(prefix):]).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
-    return uri
 
 
 def free_port() -> int:

@@ -1,0 +1,220 @@
+"""Batched Newton–Schulz: NS_k on many small matrices in one launch (MEMORY.md §3, muon).
+
+    X_0 = G / (‖G‖_F + ε)      (on Gᵀ when rows > cols, so X is [r, c] with r ≤ c)
+    k times:  A = X Xᵀ,  X ← a X + (b A + c A²) X
+
+One program per matrix; the k iterations are fused. A, B = bA + cA² ([r, r], r ≤ 128) stay in
+registers; X ([r, c], c ≤ 512) stays in registers when it fits one column block and is otherwise
+streamed through an fp32 workspace in column blocks — every column block of X ← aX + BX needs only
+B and itself. Inputs may be fp32, fp16 or bf16; all arithmetic is fp32, the result is cast back.
+
+Backward (recomputation): the backward kernel recomputes the iterates X_0..X_{k−1} into a workspace
+(nothing is kept from the forward) and runs the steps in reverse,
+
+    dB = dX' Xᵀ,  dA = b dB + c (dB A + A dB),  dX = a dX' + B dX' + (dA + dAᵀ) X
+
+then through the normalisation: dG = s dX_0 − s² ⟨dX_0, G⟩ / ‖G‖ · G with s = 1/(‖G‖ + ε).
+
+The PyTorch reference is ``atlas_lab.memory.optimizers.newton_schulz``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atlas_lab.memory.optimizers import NS_COEFFICIENTS
+
+MAX_ROWS, MAX_COLS = 128, 512  # after the transpose to rows ≤ cols
+IEEE = tl.constexpr("ieee")  # exact fp32 dots (no tf32), like torch's default fp32 matmul
+
+
+@triton.jit
+def _normalize(G, X, stride_gr, stride_gc, R, C, eps, rows, BR: tl.constexpr, BC: tl.constexpr):
+    """X_0 = G / (‖G‖_F + ε) written to the workspace X; returns ‖G‖_F."""
+    sq = tl.zeros([BR, BC], dtype=tl.float32)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        g = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        sq += g * g
+    norm = tl.sqrt(tl.sum(sq))
+    scale = 1.0 / (norm + eps)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        g = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        tl.store(X + rows[:, None] * C + cols[None, :], g * scale, mask=mask)
+    tl.debug_barrier()
+    return norm
+
+
+@triton.jit
+def _gram(X, R, C, rows, BR: tl.constexpr, BC: tl.constexpr):
+    """A = X Xᵀ over the column blocks of the workspace X [R, C]."""
+    A = tl.zeros([BR, BR], dtype=tl.float32)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        x = tl.load(X + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        A += tl.dot(x, tl.trans(x), input_precision=IEEE)
+    return A
+
+
+@triton.jit
+def _poly(A, b, c, QUINTIC: tl.constexpr):
+    """B = b A + c A² (c = 0 for the cubic coefficients)."""
+    B = b * A
+    if QUINTIC:
+        B += c * tl.dot(A, A, input_precision=IEEE)
+    return B
+
+
+@triton.jit
+def _step(X, Y, A, a, b, c, R, C, rows, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Y ← a X + (b A + c A²) X, column block by column block (Y may be X)."""
+    B = _poly(A, b, c, QUINTIC)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        x = tl.load(X + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        tl.store(Y + rows[:, None] * C + cols[None, :], a * x + tl.dot(B, x, input_precision=IEEE), mask=mask)
+    tl.debug_barrier()
+
+
+@triton.jit
+def newton_schulz_fwd_kernel(G, X, stride_gb, stride_gr, stride_gc, R, C, a, b, c, eps,
+                             STEPS: tl.constexpr, QUINTIC: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                             BR: tl.constexpr, BC: tl.constexpr):
+    """G: [M, R, C] (any strides, R ≤ C) -> X = NS_k(G): [M, R, C] fp32, contiguous."""
+    i = tl.program_id(0).to(tl.int64)
+    G += i * stride_gb
+    X += i * R * C
+    rows = tl.arange(0, BR)
+    if ONE_BLOCK:  # X fits one [BR, BC] block: keep it in registers for all k steps
+        cols = tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        x = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        x = x / (tl.sqrt(tl.sum(x * x)) + eps)
+        for _ in range(STEPS):
+            B = _poly(tl.dot(x, tl.trans(x), input_precision=IEEE), b, c, QUINTIC)
+            x = a * x + tl.dot(B, x, input_precision=IEEE)
+        tl.store(X + rows[:, None] * C + cols[None, :], x, mask=mask)
+    else:
+        _normalize(G, X, stride_gr, stride_gc, R, C, eps, rows, BR, BC)
+        for _ in range(STEPS):
+            _step(X, X, _gram(X, R, C, rows, BR, BC), a, b, c, R, C, rows, QUINTIC, BR, BC)
+
+
+@triton.jit
+def newton_schulz_bwd_kernel(G, Xs, dX, stride_gb, stride_gr, stride_gc, R, C, M, a, b, c, eps,
+                             STEPS: tl.constexpr, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """dX: [M, R, C] fp32, holds ∂L/∂NS_k(G) on entry and ∂L/∂G on exit (in place).
+
+    Xs: [STEPS, M, R, C] fp32 workspace for the recomputed iterates X_0..X_{k−1}.
+    """
+    i = tl.program_id(0).to(tl.int64)
+    G += i * stride_gb
+    dX += i * R * C
+    rows = tl.arange(0, BR)
+    size = M * R * C
+    X0 = Xs + i * R * C
+    norm = _normalize(G, X0, stride_gr, stride_gc, R, C, eps, rows, BR, BC)
+    for j in range(STEPS - 1):
+        Xj = X0 + j * size
+        _step(Xj, Xj + size, _gram(Xj, R, C, rows, BR, BC), a, b, c, R, C, rows, QUINTIC, BR, BC)
+    for jr in range(STEPS):
+        Xj = X0 + (STEPS - 1 - jr) * size
+        A = _gram(Xj, R, C, rows, BR, BC)
+        B = _poly(A, b, c, QUINTIC)
+        dB = tl.zeros([BR, BR], dtype=tl.float32)
+        for c0 in range(0, C, BC):
+            cols = c0 + tl.arange(0, BC)
+            mask = (rows < R)[:, None] & (cols < C)[None, :]
+            x = tl.load(Xj + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            dx = tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            dB += tl.dot(dx, tl.trans(x), input_precision=IEEE)
+        dA = b * dB
+        if QUINTIC:
+            dA += c * (tl.dot(dB, A, input_precision=IEEE) + tl.dot(A, dB, input_precision=IEEE))
+        sym = dA + tl.trans(dA)
+        for c0 in range(0, C, BC):
+            cols = c0 + tl.arange(0, BC)
+            mask = (rows < R)[:, None] & (cols < C)[None, :]
+            x = tl.load(Xj + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            dx = tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            dx = a * dx + tl.dot(B, dx, input_precision=IEEE) + tl.dot(sym, x, input_precision=IEEE)
+            tl.store(dX + rows[:, None] * C + cols[None, :], dx, mask=mask)
+        tl.debug_barrier()
+    # through X_0 = s G, s = 1 / (‖G‖ + ε)
+    s = 1.0 / (norm + eps)
+    inner = tl.zeros([BR, BC], dtype=tl.float32)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        g = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        inner += g * tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+    coef = tl.where(norm > 0, s * s * tl.sum(inner) / tl.maximum(norm, 1e-30), 0.0)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        mask = (rows < R)[:, None] & (cols < C)[None, :]
+        g = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        dx = tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        tl.store(dX + rows[:, None] * C + cols[None, :], s * dx - coef * g, mask=mask)
+
+
+def _blocks(R, C):
+    BR = max(16, triton.next_power_of_2(R))
+    BC = max(16, min(triton.next_power_of_2(C), 128 if BR <= 64 else 64))
+    return BR, BC, 4 if BR <= 64 else 8
+
+
+class NewtonSchulzFunction(torch.autograd.Function):
+    """NS_k on a batch of matrices [M, R, C] with R ≤ C; forward and backward are one launch each."""
+
+    @staticmethod
+    def forward(ctx, G, steps, coefficients, eps):
+        M, R, C = G.shape
+        a, b, c = NS_COEFFICIENTS[coefficients]
+        BR, BC, warps = _blocks(R, C)
+        X = torch.empty(M, R, C, dtype=torch.float32, device=G.device)
+        newton_schulz_fwd_kernel[(M,)](G, X, *G.stride(), R, C, a, b, c, eps, STEPS=steps, QUINTIC=c != 0.0,
+                                       ONE_BLOCK=C <= BC, BR=BR, BC=BC, num_warps=warps)
+        ctx.save_for_backward(G)
+        ctx.args = (steps, coefficients, eps)
+        return X.to(G.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (G,) = ctx.saved_tensors
+        steps, coefficients, eps = ctx.args
+        M, R, C = G.shape
+        a, b, c = NS_COEFFICIENTS[coefficients]
+        BR, BC, warps = _blocks(R, C)
+        dX = dout.to(torch.float32).contiguous().clone()
+        Xs = torch.empty(max(steps, 1), M, R, C, dtype=torch.float32, device=G.device)
+        newton_schulz_bwd_kernel[(M,)](G, Xs, dX, *G.stride(), R, C, M, a, b, c, eps, STEPS=steps,
+                                       QUINTIC=c != 0.0, BR=BR, BC=BC, num_warps=warps)
+        return dX.to(G.dtype), None, None, None
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
+    """NS_k(G) for G [..., m, n] (each matrix separately), min(m, n) ≤ 128 and max(m, n) ≤ 512.
+
+    Same function and arguments as ``atlas_lab.memory.optimizers.newton_schulz``; differentiable.
+    """
+    if coefficients not in NS_COEFFICIENTS:
+        raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
+    if G.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise NotImplementedError(f"triton newton_schulz covers float32, float16 and bfloat16; got {G.dtype}")
+    transpose = G.shape[-2] > G.shape[-1]
+    X = G.mT if transpose else G
+    R, C = X.shape[-2:]
+    if R > MAX_ROWS or C > MAX_COLS:
+        raise NotImplementedError(f"triton newton_schulz covers matrices up to {MAX_ROWS} × {MAX_COLS} "
+                                  f"(either orientation); got {tuple(G.shape[-2:])}")
+    batch = X.shape[:-2]
+    if X.numel() == 0:
+        return G.clone()
+    Y = NewtonSchulzFunction.apply(X.reshape(-1, R, C), steps, coefficients, eps).reshape(*batch, R, C)
+    return Y.mT if transpose else Y

@@ -1,0 +1,8 @@
+"""Shared test setup. Without a GPU, atlas_lab.kernels runs under Triton's interpreter; TRITON_INTERPRET must be
+set before triton is first imported (by any module: lightning imports it too), hence here, before collection."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

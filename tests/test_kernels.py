@@ -1,0 +1,240 @@
+"""Triton kernels (MEMORY.md §5.3) against the PyTorch paths: batched Newton–Schulz against ``newton_schulz``;
+the chunk kernel against its PyTorch twin; ``memorize(impl="triton")`` against ``reference`` and ``chunked``
+(outputs, final state, gradients; odd lengths, several windows, state passed between calls).
+
+Without a GPU the kernels run under Triton's interpreter (small shapes, fp32); conftest.py sets TRITON_INTERPRET=1
+before triton is first imported. Heavier sweeps are marked slow.
+"""
+import itertools
+
+import pytest
+import torch
+
+from atlas_lab.kernels import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
+from atlas_lab.memory import memorize
+from atlas_lab.memory import newton_schulz as newton_schulz_reference
+from helpers import make_problem, rel_err, run
+from test_memory_equivalence import compare
+
+if not (INTERPRETED or torch.cuda.is_available()):
+    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
+                allow_module_level=True)
+
+DEVICE = "cpu" if INTERPRETED else "cuda"
+TOL = 1e-4  # float32, ‖a − b‖ / ‖b‖
+TOL_HALF = 2e-3  # NS on float16 inputs (rounded to 11 bits in and out) against the float32 kernel
+
+
+def to_device(problem):
+    """A make_problem problem moved to DEVICE, as fresh leaves."""
+    def leaf(x):
+        return x.detach().to(DEVICE).requires_grad_()
+
+    out = {n: leaf(x) if isinstance(x, torch.Tensor) else x for n, x in problem.items()}
+    out["initial_state"] = {n: leaf(w) for n, w in problem["initial_state"].items()}
+    return out
+
+
+def problem(**kw):
+    return to_device(make_problem(dtype=torch.float32, **kw))
+
+
+# ---------------------------------------------------------------- batched Newton–Schulz
+
+@pytest.mark.parametrize("coefficients", ["quintic", "cubic"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 3, 20, 6), (2, 16, 153), (40, 200)],
+                         ids=["small", "tall-transposed", "column-blocks", "rows-64"])
+def test_newton_schulz_matches_reference(shape, coefficients):
+    """Forward and (recomputation) backward of the fused kernel = the PyTorch NS (float64) to float32 accuracy."""
+    g = torch.Generator().manual_seed(0)
+    G = torch.randn(*shape, generator=g, dtype=torch.float64)
+    w = torch.randn(*shape, generator=g, dtype=torch.float64)
+    G32 = G.float().to(DEVICE).requires_grad_()
+    G64 = G.clone().requires_grad_()
+    out = newton_schulz(G32, 5, coefficients)
+    ref = newton_schulz_reference(G64, 5, coefficients)
+    (d32,) = torch.autograd.grad((out * w.float().to(DEVICE)).sum(), G32)
+    (d64,) = torch.autograd.grad((ref * w).sum(), G64)
+    assert out.dtype == torch.float32 and out.shape == G.shape
+    assert rel_err(out.cpu(), ref) <= TOL
+    assert rel_err(d32.cpu(), d64) <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])
+def test_newton_schulz_half_precision_accumulates_in_float32(dtype):
+    G = torch.randn(4, 16, 48, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    Gh = G.to(dtype).requires_grad_()
+    out = newton_schulz(Gh, 5, "quintic")
+    assert out.dtype == dtype
+    tol = TOL_HALF if dtype == torch.float16 else 1e-2  # bfloat16 keeps 8 bits
+    assert rel_err(out.float().cpu(), newton_schulz(Gh.detach().float(), 5, "quintic").cpu()) <= tol
+    (d,) = torch.autograd.grad(out.float().square().sum(), Gh)
+    assert d.dtype == dtype and torch.isfinite(d.float()).all()
+
+
+def test_newton_schulz_rejects_what_it_does_not_cover():
+    with pytest.raises(NotImplementedError, match="up to 128 × 512"):
+        newton_schulz(torch.zeros(130, 130, device=DEVICE))
+    with pytest.raises(NotImplementedError, match="float32, float16 and bfloat16"):
+        newton_schulz(torch.zeros(4, 4, dtype=torch.float64, device=DEVICE))
+
+
+# ---------------------------------------------------------------- the chunk kernel against its PyTorch twin
+
+def chunk_inputs(N, T, m0, D, DV, b, momentum, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=1.0, lo=None):
+        x = torch.rand(*s, generator=g) * (1 - lo) + lo if lo is not None else torch.randn(*s, generator=g) * scale
+        return x.to(DEVICE).requires_grad_()
+
+    x = dict(q=r(N, T, D), k=r(N, m0 + T, D, scale=D ** -0.5), v=r(N, m0 + T, DV, scale=0.5),
+             gamma=r(N, m0 + T, lo=0.2),
+             a=r(N, T, lo=0.8), Cw=r(N, T, b, scale=0.3), W0=r(N, DV, D, scale=0.1), We0=r(N, DV, D, scale=0.1))
+    if momentum:
+        x.update(m=r(N, T, lo=0.0), s=r(N, T, lo=0.0), Cs=r(N, T, b, scale=0.3), S0=r(N, DV, D, scale=0.1))
+    return x
+
+
+def chunk_run(f, x, **options):
+    y, W, S, We = f(*(x[n] for n in ("q", "k", "v", "gamma", "a", "Cw", "W0", "We0")),
+                    **{n: x[n] for n in ("m", "s", "Cs", "S0") if n in x}, **options)
+    g = torch.Generator().manual_seed(5)
+    outs = [y, W, We] + ([S] if S is not None else [])
+    total = sum((o * torch.randn(o.shape, generator=g).to(DEVICE)).sum() for o in outs)
+    return outs, torch.autograd.grad(total, list(x.values()), allow_unused=True)
+
+
+@pytest.mark.parametrize("momentum,objective,window,offset,shape", [
+    (False, "l2", 1, 0, dict(N=3, T=9, m0=0, D=5, DV=6, b=3)),
+    (True, "l2", 3, 1, dict(N=3, T=11, m0=2, D=5, DV=6, b=4)),
+    (True, "dot", None, 0, dict(N=2, T=11, m0=3, D=5, DV=6, b=4)),
+    (False, "l2", 6, 2, dict(N=2, T=13, m0=5, D=7, DV=3, b=4)),  # window longer than a chunk
+    (True, "l2", 20, 5, dict(N=2, T=40, m0=19, D=20, DV=40, b=16)),  # window spans two key blocks
+    (True, "l2", 2, 0, dict(N=2, T=10, m0=1, D=130, DV=20, b=4)),  # d_v split over two programs
+])
+def test_chunk_kernel_matches_its_pytorch_twin(momentum, objective, window, offset, shape):
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, objective=objective)
+    x = chunk_inputs(**shape, momentum=momentum)
+    outs, grads = chunk_run(chunk_linear_memory, x, **options)
+    outs_n, grads_n = chunk_run(chunk_linear_memory_naive, x, **options)
+    for o, on in zip(outs, outs_n):
+        assert rel_err(o.cpu(), on.cpu()) <= TOL
+    for n, gr, gn in zip(x, grads, grads_n):
+        if gn is not None:
+            assert rel_err(gr.cpu(), gn.cpu()) <= TOL, n
+
+
+# ---------------------------------------------------------------- memorize(impl="triton") against reference
+
+def triton_vs_reference(memory="linear", feature_map="identity", T=7, chunk_size=3, **options):
+    p = problem(memory=memory, feature_map=feature_map, T=T)
+    options = dict(memory=memory, feature_map=feature_map, chunk_size=chunk_size, **options)
+    result = run(p, "triton", **options)
+    compare(result, run(p, "reference", **options), TOL, f"triton vs reference {options}")
+    compare(result, run(p, "chunked", **options), TOL, f"triton vs chunked {options}")
+
+
+@pytest.mark.parametrize("objective,window,optimizer", [
+    ("l2", 1, "gd"), ("dot", 1, "momentum"), ("l2", 3, "momentum"), ("dot", 3, "gd"), ("l2", None, "gd"),
+    ("l2", None, "momentum")])
+def test_linear_memory_matches_reference(objective, window, optimizer):
+    """T = 7 with chunks of 3 (an odd tail); windows online, inside a chunk and global."""
+    triton_vs_reference(feature_map="polynomial", objective=objective, window=window, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("memory,window", [("linear", 3), ("mlp", 2)])
+def test_muon_uses_the_batched_newton_schulz(memory, window):
+    """Cubic coefficients: quintic NS amplifies float32 rounding ~480× (see test_memory_equivalence)."""
+    triton_vs_reference(memory=memory, objective="l2", window=window, optimizer="muon", ns_coefficients="cubic")
+
+
+def test_online_rule_and_normalized_linear_attention():
+    online = dict(objective="l2", window=2, optimizer="momentum", chunk_size=1, feature_map="identity")
+    normalized = dict(objective="dot", window=1, optimizer="gd", chunk_size=3, normalize=True, feature_map="taylor")
+    for options in (online, normalized):
+        p = problem(T=5, feature_map=options["feature_map"])
+        p["alpha"] = p["alpha"].detach().clamp_min(0.95).requires_grad_()  # keep the normaliser z away from 0
+        compare(run(p, "triton", **options), run(p, "reference", **options), TOL, str(options))
+
+
+def split_calls(p, impl, pieces, **options):
+    gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
+    state, outs = p["initial_state"], []
+    for lo, hi in pieces:
+        o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
+                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+        outs.append(o)
+    return torch.cat(outs, 1), state
+
+
+@pytest.mark.parametrize("optimizer,window", [("gd", 3), ("momentum", None), ("momentum", 4),
+                                              pytest.param("muon", 3, marks=pytest.mark.slow)])
+def test_state_passing_with_odd_split_points(optimizer, window):
+    """4 + 1 + 6 tokens with chunks of 3 (splits inside chunks) = one call on 11, = the reference."""
+    options = dict(objective="l2", window=window, optimizer=optimizer, chunk_size=3, feature_map="taylor",
+                   ns_coefficients="cubic")
+    p = problem(T=11, feature_map="taylor")
+    o_split, s_split = split_calls(p, "triton", [(0, 4), (4, 5), (5, 11)], **options)
+    o_full, s_full = split_calls(p, "reference", [(0, 11)], **options)
+    assert rel_err(o_split.cpu(), o_full.cpu()) <= TOL
+    assert s_split.offset == s_full.offset == 11 % 3
+    for part in ("weights", "momentum", "eval_weights"):
+        for n, w in (getattr(s_full, part) or {}).items():
+            assert rel_err(getattr(s_split, part)[n].cpu(), w.cpu()) <= TOL, part
+    leaves = [p["q"], p["k"], p["v"], p["alpha"], p["eta"], p["gamma"], *p["initial_state"].values()]
+    g_split = torch.autograd.grad(o_split.square().sum() + s_split.weights["W"].square().sum(), leaves)
+    g_full = torch.autograd.grad(o_full.square().sum() + s_full.weights["W"].square().sum(), leaves)
+    for a, b in zip(g_split, g_full):
+        assert rel_err(a.cpu(), b.cpu()) <= TOL
+
+
+def test_uncovered_combinations_say_what_is_covered():
+    p = problem(memory="mlp")
+    with pytest.raises(NotImplementedError, match="impl='triton' does not cover memory 'mlp' with optimizer 'gd'.*"
+                                                  "impl='triton' covers memory='linear'"):
+        run(p, "triton", memory="mlp", optimizer="gd")
+    with pytest.raises(NotImplementedError, match="chunk_size=65"):
+        run(problem(), "triton", chunk_size=65)
+    q = torch.randn(1, 4, 1, 3, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="does not cover dtype torch.float64"):
+        memorize(q, q, q, impl="triton")
+    with pytest.raises(NotImplementedError, match="custom memory module"):
+        memorize(q.float(), q.float(), q.float(), impl="triton", optimizer="muon", memory=torch.nn.Linear(3, 3))
+
+
+def test_auto_is_chunked_off_cuda_and_triton_on_cuda():
+    p = problem(T=7)
+    options = dict(objective="l2", window=3, optimizer="momentum", chunk_size=3)
+    o_auto, _, _ = run(p, "auto", **options)
+    o_expected, _, _ = run(p, "triton" if DEVICE == "cuda" else "chunked", **options)
+    assert torch.equal(o_auto, o_expected)
+    o_mlp, _, _ = run(problem(memory="mlp"), "auto", memory="mlp", optimizer="gd")  # not covered: chunked
+    assert torch.equal(o_mlp, run(problem(memory="mlp"), "chunked", memory="mlp", optimizer="gd")[0])
+
+
+# ---------------------------------------------------------------- slow: the full sweep
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature_map,objective,window,optimizer",
+                         list(itertools.product(["identity", "polynomial", "taylor"], ["l2", "dot"], [1, 2, 5, None],
+                                                ["gd", "momentum"])))
+def test_linear_memory_sweep(feature_map, objective, window, optimizer):
+    triton_vs_reference(feature_map=feature_map, T=13, objective=objective, window=window, optimizer=optimizer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("memory,objective,window", list(itertools.product(["linear", "mlp", "gated_mlp"],
+                                                                           ["l2", "dot"], [1, 3, None])))
+def test_muon_sweep(memory, objective, window):
+    triton_vs_reference(memory=memory, objective=objective, window=window, optimizer="muon", ns_coefficients="cubic")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk_size,window", [(16, 1), (16, 24), (32, None)])
+def test_longer_sequences(chunk_size, window):
+    """T = 50 with chunks of 16/32: full key blocks, windows across chunks and key blocks, d_v = 40 in two programs."""
+    p = problem(T=50, B=1, H=2, d_k=16, d_v=40)
+    options = dict(objective="l2", window=window, optimizer="momentum", chunk_size=chunk_size)
+    compare(run(p, "triton", **options), run(p, "chunked", **options), TOL, str(options))

@@ -1,0 +1,85 @@
+"""One run through the CLI: every experiment config fits, checkpoints resume exactly, bad input exits cleanly."""
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from atlas_lab.cli import main
+from atlas_lab.lit.cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ["mqar", "lm", "niah", "babilong", "mad", "capacity"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
+    shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def quiet():
+    return ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.callbacks=[]"]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_config_fits_one_batch(workdir, experiment):
+    """`atlas-lab fit -c lightning_config.yaml -c experiments/<x>.yaml --trainer.fast_dev_run=true`, as configured
+    (model, preset and data) but for a batch of 2."""
+    cli = run_cli(["fit", "-c", "lightning_config.yaml", "-c", f"experiments/{experiment}.yaml",
+                   "--trainer.fast_dev_run=true", "--data.init_args.batch_size=1", *quiet()])
+    metrics = cli.trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and torch.isfinite(metrics["val/loss"])
+    assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size  # linked from the data
+
+
+def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
+    cli = run_cli(["fit", *tiny_mqar(logger=True), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1"])
+    client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
+    run = client.get_run(cli.trainer.logger.run_id)
+    assert {"train/loss", "val/loss", "val/acc", "val/acc/L16-N2"} <= set(run.data.metrics)
+    config = client.download_artifacts(run.info.run_id, "config.yaml", str(workdir))
+    assert "mixer: titans" in Path(config).read_text()
+
+
+def tiny_mqar(logger=False):
+    return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=titans", "--model.d_model=16",
+            "--model.n_layers=1", "--model.n_heads=2", "--model.warmup_steps=2",
+            "--data.init_args.train_slices=[[16, 2, 64]]", "--data.init_args.test_slices=[[16, 2, 16]]",
+            "--data.init_args.batch_size=16", "--model.schedule_steps=12", *([] if logger else ["--trainer.logger=false"]), *quiet()]
+
+
+def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
+    straight = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=3", "--trainer.enable_checkpointing=false"])
+    first = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=1", "--trainer.default_root_dir=ck"])
+    ckpt = next(Path("ck").rglob("*.ckpt"))
+    resumed = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=3", "--trainer.enable_checkpointing=false",
+                       f"--ckpt_path={ckpt}"])
+    assert first.trainer.global_step * 3 == straight.trainer.global_step == resumed.trainer.global_step
+    for key in ("train/loss", "val/loss", "val/acc"):
+        a, b = straight.trainer.callback_metrics[key], resumed.trainer.callback_metrics[key]
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (key, a, b)
+    # the checkpoint rebuilds the model on its own: the linked vocab size is among its hyper-parameters
+    from atlas_lab.lit import SequenceModel
+    model = SequenceModel.load_from_checkpoint(ckpt)
+    assert model.hparams.vocab_size == 8192 // 16 and model.hparams.mixer == "titans"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model.mixer=atlass"], "Expected a typing.Literal['transformer', 'swa'"),
+    (["--model.memory.window=0.5"], "model.memory"),
+    (["--model.colour=red"], "--model.colour"),
+    (["--data.init_args.vocab_size=8"], "vocab_size"),
+    (["--data.class_path=atlas_lab.data.LMDataModule", "--data.init_args.data_path=/no/such/file.txt"],
+     "/no/such/file.txt"),
+])
+def test_bad_input_exits_non_zero_with_a_clear_message_and_writes_nothing(workdir, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not Path("runs").exists()
