@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install test test-all bench clean
+.PHONY: install test test-all demo ui bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ test: $(VENV)/.installed
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/atlas-lab sweep sweeps/demo.yaml --workers 2
+
+ui: $(VENV)/.installed
+	$(VENV)/bin/atlas-lab ui
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/memory_ops.py

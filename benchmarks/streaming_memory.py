@@ -68,6 +68,7 @@ def main():
                str(args.seed), "--child", str(length)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)  # each length as soon as it is measured
     table = Table(title=f"streaming {args.preset} (d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads), "
                         f"pieces of {args.piece}, batch 1, float32, no grad")
     for col in ("tokens read", "peak RSS (MiB)", "vs first", "tokens/s", "seconds"):

@@ -210,3 +210,13 @@ def test_ui_serves_the_study_runs_over_rest(workdir):
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
+
+
+@pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
+def test_shipped_sweep_files_are_valid(sweep, monkeypatch):
+    from atlas_lab.sweep import load_sweep, validate_configs
+
+    monkeypatch.chdir(ROOT)
+    spec = load_sweep(f"sweeps/{sweep}")
+    validate_configs(spec)
+    assert spec.grid_points() if spec.sampler == "grid" else spec.trials
