@@ -7,7 +7,9 @@ Settings (MEMORY.md §5; the engine issue's speed table):
   atlas:  B=2, T, H=4, d_k=d_v=16, polynomial degree 2 (D=153), mlp depth 2 expansion 4, l2, window 8,
           muon (quintic, 5 steps), chunk 16
 All gates are data-dependent [B, T, H] tensors that require gradients. Correctness is checked first
-(chunked vs reference at T=2·chunk+5, float64). Prints a table and writes runs/bench/memory_ops.json.
+(chunked vs reference at T=2·chunk+5, float64). For muon, the Newton–Schulz work alone (every token's
+momentum orthogonalised, forward and backward) is timed too: it is shared by every exact implementation,
+so reference / NS-alone bounds the speed-up. Prints a table and writes runs/bench/memory_ops.json.
 """
 from __future__ import annotations
 
@@ -60,6 +62,30 @@ def timed(x, impl, options, repeats):
     return statistics.median(times)
 
 
+def newton_schulz_floor(options, B, T, H, d, repeats):
+    """Time of the Newton–Schulz work alone that any exact muon implementation must do: NS_k (forward and
+    backward) of every token's momentum of every weight matrix, batched per chunk as the chunked path does."""
+    from atlas_lab.memory import build_memory, feature_dim, newton_schulz
+
+    mem = build_memory(options["memory"], options.get("depth", 2), options.get("expansion", 4))
+    shapes = mem.shapes(feature_dim(options["feature_map"], d, options.get("degree", 2)), d, d)
+    b = options["chunk_size"]
+    S = {n: torch.randn(B * H * b, *shape, requires_grad=True) for n, shape in shapes.items()}
+
+    def work():
+        for _ in range(T // b):
+            total = sum(newton_schulz(s, options.get("ns_steps", 5)).sum() for s in S.values())
+            total.backward()
+
+    work()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def check(options, d):
     """chunked == reference (outputs and the gradient of q) before anything is timed."""
     x = inputs(1, 2 * options["chunk_size"] + 5, 2, d, torch.float64, seed=1)
@@ -88,7 +114,8 @@ def main():
     console = Console()
     table = Table(title=f"memorize forward+backward, float32, B={args.B} T={args.T} H={args.H}, "
                         f"{torch.get_num_threads()} threads")
-    for col in ("setting", "check (rel err)", "chunked (s)", "reference (s)", "reference / chunked"):
+    for col in ("setting", "check (rel err)", "chunked (s)", "reference (s)", "reference / chunked",
+                "NS alone (s)", "reference / NS alone"):
         table.add_column(col, justify="right" if col != "setting" else "left")
     rows = []
     for name in args.settings:
@@ -100,9 +127,13 @@ def main():
         x = inputs(args.B, args.T, args.H, d, torch.float32)
         chunked = timed(x, "chunked", options, args.repeats)
         reference = timed(x, "reference", options, args.reference_repeats)
+        floor = newton_schulz_floor(options, args.B, args.T, args.H, d, args.repeats) \
+            if options["optimizer"] == "muon" else None
         rows.append(dict(setting=name, options=options, d=d, T=args.T, B=args.B, H=args.H, check_rel_err=err,
-                         chunked_s=chunked, reference_s=reference, ratio=reference / chunked))
-        table.add_row(name, f"{err:.1e}", f"{chunked:.3f}", f"{reference:.3f}", f"{reference / chunked:.1f}×")
+                         chunked_s=chunked, reference_s=reference, ratio=reference / chunked, ns_alone_s=floor))
+        table.add_row(name, f"{err:.1e}", f"{chunked:.3f}", f"{reference:.3f}", f"{reference / chunked:.1f}×",
+                      "—" if floor is None else f"{floor:.3f}",
+                      "—" if floor is None else f"{reference / floor:.1f}× (the most any exact path can gain)")
     console.print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
