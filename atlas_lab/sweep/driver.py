@@ -45,6 +45,20 @@ def validate_configs(spec: SweepSpec) -> None:
         check("grid (first point)", spec.overrides(spec.grid_points()[0], {}))
 
 
+def _report_finished(study, reported: set, console: Console) -> set:
+    """Print one line per trial that finished since the last call; returns their numbers."""
+    new = set()
+    for t in study.get_trials(deepcopy=False, states=studies.FINISHED):
+        if t.number in reported or t.user_attrs.get("superseded"):
+            continue
+        new.add(t.number)
+        labels = t.user_attrs.get("labels") or t.params
+        what = f"value {t.value:.4f}" if t.state == TrialState.COMPLETE else \
+            f"[red]{t.state.name}[/red] {t.user_attrs.get('fail_reason', '')}"
+        console.print(f"trial {t.number} {labels}: {what}")
+    return new
+
+
 def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_uri: str | None = None,
               retry_failed: bool = False, console: Console | None = None) -> int:
     console = console or Console()
@@ -82,11 +96,18 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if waiting:
+                logs = Path("runs") / "sweeps" / spec.study
+                logs.mkdir(parents=True, exist_ok=True)
                 procs = [subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path),
-                                           "--storage", storage, "--tracking-uri", log_uri, "--parent", parent])
-                         for _ in range(min(workers, len(waiting)))]
-                for p in procs:
-                    p.wait()
+                                           "--storage", storage, "--tracking-uri", log_uri, "--parent", parent],
+                                          stdout=open(logs / f"worker-{i}.log", "ab"), stderr=subprocess.STDOUT)
+                         for i in range(min(workers, len(waiting)))]
+                console.print(f"{len(procs)} worker(s) running {len(waiting)} trial(s); logs in {logs}/worker-*.log")
+                reported = {t.number for t in study.get_trials(deepcopy=False, states=studies.FINISHED)}
+                while any(p.poll() is None for p in procs):
+                    time.sleep(2.0)
+                    reported |= _report_finished(study, reported, console)
+                _report_finished(study, reported, console)
             elif running:  # trials of workers elsewhere (or not yet known to be lost): wait for them
                 time.sleep(min(5.0, studies.HEARTBEAT_SECONDS))
             else:
