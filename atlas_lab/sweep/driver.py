@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from rich.console import Console
@@ -62,6 +63,7 @@ def _report_finished(study, reported: set, console: Console) -> set:
 def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_uri: str | None = None,
               retry_failed: bool = False, console: Console | None = None) -> int:
     console = console or Console()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the driver prints its own progress lines
     spec = load_sweep(path)
     validate_configs(spec)
     storage = storage or studies.default_storage(spec.study)
