@@ -113,6 +113,12 @@ def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
     assert len(failed) == 1 and "non-finite" in failed[0].data.tags["failure_reason"]
     assert failed[0].info.status == "FAILED"
     assert "FAIL" in Path("runs/sweeps/s/results.md").read_text()
+    # --retry-failed runs the failed point again (it fails again); the first attempt is superseded
+    assert main(["sweep", sweep, "--retry-failed"]) == 0
+    nan_trials = [t for t in load().get_trials() if t.params["model.lr"] == 1e30]
+    assert len(nan_trials) == 2 and all(t.state == TrialState.FAIL for t in nan_trials)
+    assert load().user_attrs["superseded_trials"] == [by_lr[1e30].number]
+    assert main(["sweep", sweep]) == 0 and len(load().get_trials()) == 3  # without the flag: nothing reruns
 
 
 def test_median_pruner_prunes_a_hopeless_trial(workdir):

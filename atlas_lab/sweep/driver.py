@@ -50,7 +50,7 @@ def _report_finished(study, reported: set, console: Console) -> set:
     """Print one line per trial that finished since the last call; returns their numbers."""
     new = set()
     for t in study.get_trials(deepcopy=False, states=studies.FINISHED):
-        if t.number in reported or t.user_attrs.get("superseded"):
+        if t.number in reported or studies.is_superseded(study, t):
             continue
         new.add(t.number)
         labels = t.user_attrs.get("labels") or t.params

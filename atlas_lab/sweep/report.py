@@ -10,6 +10,8 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
+from .study import is_superseded
+
 MARK = {TrialState.FAIL: "FAIL", TrialState.PRUNED: "PRUNED", TrialState.RUNNING: "RUNNING",
         TrialState.WAITING: "WAITING"}
 
@@ -18,7 +20,7 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
     """(parameter columns, rows) best first; a grid point's repeats are one row (mean ± std)."""
     attrs = study.user_attrs
     maximize = attrs.get("direction", study.direction.name.lower()) == "maximize"
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("superseded")]
+    trials = [t for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)]
     if attrs.get("sampler", "grid") == "grid":
         columns = list(attrs.get("grid_keys", []))
         groups: dict[tuple, list] = {}

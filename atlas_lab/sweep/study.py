@@ -76,7 +76,7 @@ def trial_key(trial) -> tuple:
 
 def enqueue_missing(study: optuna.Study, spec: SweepSpec) -> int:
     """Enqueue every piece of work not yet in the study (once: a re-run adds nothing new). Returns the count."""
-    present = {trial_key(t) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("superseded")}
+    present = {trial_key(t) for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)}
     added = 0
     if spec.sampler == "grid":
         work = [(labels, r, 0) for labels in spec.grid_points() for r in range(spec.repeats)]
@@ -135,25 +135,37 @@ def lost_trials(study: optuna.Study) -> list:
     return lost
 
 
-def requeue(study: optuna.Study, frozen, reason: str) -> None:
-    """Fail a trial (with its reason) and enqueue the same work again."""
-    storage = study._storage
-    storage.set_trial_user_attr(frozen._trial_id, "fail_reason", reason)
-    storage.set_trial_user_attr(frozen._trial_id, "superseded", True)
-    storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL)
+def _enqueue_again(study: optuna.Study, frozen) -> None:
+    """Enqueue the same work as a superseded trial (its labels, repeat and slot)."""
     attrs = frozen.user_attrs
     study.enqueue_trial(attrs.get("labels", {}), user_attrs={k: attrs[k] for k in ("labels", "repeat", "slot")
                                                              if k in attrs})
 
 
+def requeue(study: optuna.Study, frozen, reason: str) -> None:
+    """Fail a trial (with its reason) and enqueue the same work again."""
+    storage = study._storage  # attributes first: a finished trial cannot be updated
+    storage.set_trial_user_attr(frozen._trial_id, "fail_reason", reason)
+    storage.set_trial_user_attr(frozen._trial_id, "superseded", True)
+    storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL)
+    _enqueue_again(study, frozen)
+
+
 def retry_failed(study: optuna.Study) -> int:
     """Enqueue again every failed trial not already superseded (``--retry-failed``)."""
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        if not t.user_attrs.get("superseded"):
-            study._storage.set_trial_user_attr(t._trial_id, "superseded", True)
-            attrs = t.user_attrs
-            study.enqueue_trial(attrs.get("labels", {}), user_attrs={k: attrs[k] for k in ("labels", "repeat", "slot")
-                                                                     if k in attrs})
-            n += 1
-    return n
+    failed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+              if not is_superseded(study, t)]
+    if failed:  # a finished trial cannot be updated: the study keeps the list
+        study.set_user_attr("superseded_trials", superseded_numbers(study) + [t.number for t in failed])
+    for t in failed:
+        _enqueue_again(study, t)
+    return len(failed)
+
+
+def superseded_numbers(study: optuna.Study) -> list[int]:
+    return list(study.user_attrs.get("superseded_trials", []))
+
+
+def is_superseded(study: optuna.Study, trial) -> bool:
+    """A trial whose work was enqueued again (lost worker, or --retry-failed)."""
+    return bool(trial.user_attrs.get("superseded")) or trial.number in superseded_numbers(study)
