@@ -9,6 +9,7 @@ the parent run.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +61,16 @@ def _report_finished(study, reported: set, console: Console) -> set:
     return new
 
 
+def worker_env(n_workers: int) -> dict:
+    """The environment of one of n_workers local workers: the CPU cores shared out between them
+    (OMP_NUM_THREADS = cores // n_workers, at least 1), unless the user has set OMP_NUM_THREADS.
+    Oversubscribed BLAS threads spin against each other and slow small matrix products several-fold."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // n_workers)))
+    return env
+
+
 def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_uri: str | None = None,
               retry_failed: bool = False, console: Console | None = None) -> int:
     console = console or Console()
@@ -100,10 +111,12 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
             if waiting:
                 logs = Path("runs") / "sweeps" / spec.study
                 logs.mkdir(parents=True, exist_ok=True)
+                n = min(workers, len(waiting))
                 procs = [subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path),
                                            "--storage", storage, "--tracking-uri", log_uri, "--parent", parent],
-                                          stdout=open(logs / f"worker-{i}.log", "ab"), stderr=subprocess.STDOUT)
-                         for i in range(min(workers, len(waiting)))]
+                                          stdout=open(logs / f"worker-{i}.log", "ab"), stderr=subprocess.STDOUT,
+                                          env=worker_env(n))
+                         for i in range(n)]
                 console.print(f"{len(procs)} worker(s) running {len(waiting)} trial(s); logs in {logs}/worker-*.log")
                 reported = {t.number for t in study.get_trials(deepcopy=False, states=studies.FINISHED)}
                 while any(p.poll() is None for p in procs):
