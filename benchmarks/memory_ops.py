@@ -1,6 +1,6 @@
 """Forward+backward time of ``memorize``: chunked vs reference, side by side in one process.
 
-    python benchmarks/memory_ops.py [--T 1024] [--repeats 3] [--threads N]
+    python benchmarks/memory_ops.py [--T 1024] [--repeats 3] [--threads N] [--tiny]
 
 Settings (MEMORY.md §5; the engine issue's speed table):
   titans: B=2, T, H=4, d_k=d_v=64, mlp depth 2 expansion 4, l2, window 1, momentum, chunk 64
@@ -10,20 +10,17 @@ All gates are data-dependent [B, T, H] tensors that require gradients. Correctne
 (chunked vs reference at T=2·chunk+5, float64). For muon, the Newton–Schulz work alone (every token's
 momentum orthogonalised, forward and backward) is timed too: it is shared by every exact implementation,
 so reference / NS-alone bounds the speed-up. Prints a table and writes runs/bench/memory_ops.json.
+--tiny (B=1, T=32, H=1, 1 repeat; writes runs/bench/memory_ops.tiny.json) only checks that the script runs.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
-from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
+from common import add_common_args, median_time, out_path, print_table, set_threads, write_json
 
 from atlas_lab.memory import memorize
+TINY = dict(B=1, T=32, H=1, repeats=1, reference_repeats=1)
 
 SETTINGS = {
     "titans": dict(d=64, memory="mlp", depth=2, expansion=4, feature_map="identity", objective="l2", window=1,
@@ -53,13 +50,7 @@ def fwd_bwd(x, impl, options):
 
 
 def timed(x, impl, options, repeats):
-    fwd_bwd(x, impl, options)  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fwd_bwd(x, impl, options)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(lambda: fwd_bwd(x, impl, options), repeats)  # one warm-up, then the median
 
 
 def newton_schulz_floor(options, B, T, H, d, repeats):
@@ -77,13 +68,7 @@ def newton_schulz_floor(options, B, T, H, d, repeats):
             total = sum(newton_schulz(s, options.get("ns_steps", 5)).sum() for s in S.values())
             total.backward()
 
-    work()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(work, repeats)
 
 
 def check(options, d):
@@ -102,21 +87,16 @@ def main():
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--B", type=int, default=2)
     ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats of the chunked path (median)")
     ap.add_argument("--reference-repeats", type=int, default=1)
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="runs/bench/memory_ops.json")
+    add_common_args(ap, repeats=3)  # --tiny, --repeats (of the chunked path), --threads, --out
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.tiny:
+        for key, value in TINY.items():
+            setattr(args, key, value)
+    set_threads(args.threads)
 
-    console = Console()
-    table = Table(title=f"memorize forward+backward, float32, B={args.B} T={args.T} H={args.H}, "
-                        f"{torch.get_num_threads()} threads")
-    for col in ("setting", "check (rel err)", "chunked (s)", "reference (s)", "reference / chunked",
-                "NS alone (s)", "reference / NS alone"):
-        table.add_column(col, justify="right" if col != "setting" else "left")
+    cells = []
     rows = []
     for name in args.settings:
         options = dict(SETTINGS[name])
@@ -131,14 +111,15 @@ def main():
             if options["optimizer"] == "muon" else None
         rows.append(dict(setting=name, options=options, d=d, T=args.T, B=args.B, H=args.H, check_rel_err=err,
                          chunked_s=chunked, reference_s=reference, ratio=reference / chunked, ns_alone_s=floor))
-        table.add_row(name, f"{err:.1e}", f"{chunked:.3f}", f"{reference:.3f}", f"{reference / chunked:.1f}×",
+        cells.append([name, f"{err:.1e}", f"{chunked:.3f}", f"{reference:.3f}", f"{reference / chunked:.1f}×",
                       "—" if floor is None else f"{floor:.3f}",
-                      "—" if floor is None else f"{reference / floor:.1f}× (the most any exact path can gain)")
-    console.print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(threads=torch.get_num_threads(), torch=torch.__version__, rows=rows), indent=2))
-    console.print(f"wrote {out}")
+                      "—" if floor is None else f"{reference / floor:.1f}× (the most any exact path can gain)"])
+    print_table(f"memorize forward+backward, float32, B={args.B} T={args.T} H={args.H}, "
+                f"{torch.get_num_threads()} threads",
+                ("setting", "check (rel err)", "chunked (s)", "reference (s)", "reference / chunked",
+                 "NS alone (s)", "reference / NS alone"), cells)
+    write_json(out_path("memory_ops", args),
+               dict(threads=torch.get_num_threads(), torch=torch.__version__, rows=rows))
 
 
 if __name__ == "__main__":

@@ -226,3 +226,9 @@ def test_shipped_sweep_files_are_valid(sweep, monkeypatch):
     spec = load_sweep(f"sweeps/{sweep}")
     validate_configs(spec)
     assert spec.grid_points() if spec.sampler == "grid" else spec.trials
+
+
+def test_report_columns_use_the_shortest_unique_key_suffix():
+    from atlas_lab.sweep.report import short_names
+    keys = ["model.memory.memory", "model.memory.optimizer", "model.lr", "data.init_args.lr"]
+    assert short_names(keys) == ["memory", "optimizer", "model.lr", "init_args.lr"]

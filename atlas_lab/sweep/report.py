@@ -47,6 +47,19 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
     return columns, rows
 
 
+def short_names(keys: list[str]) -> list[str]:
+    """The shortest dotted suffix of each key that is still unique (model.memory.optimizer -> optimizer)."""
+    out = []
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if sum(k == suffix or k.endswith("." + suffix) for k in keys) == 1:
+                break
+        out.append(suffix)
+    return out
+
+
 def _fmt(v):
     if v is None:
         return "—"
@@ -112,8 +125,8 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             path.write_text("parameter,importance\n" + "".join(f"{k},{v:.6f}\n" for k, v in importances.items()))
             files.append(path)
     table = Table(title=f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first")
-    for c in columns + [f"{metric}", "± std", "complete", "status"]:
-        table.add_column(c)
+    for c in short_names(columns) + [f"{metric}", "± std", "complete", "status"]:
+        table.add_column(c, overflow="fold")
     for r in rows:
         style = "red" if "FAIL" in r["status"] else "yellow" if r["status"] != "ok" else None
         table.add_row(*[_fmt(r[c]) for c in columns], _fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"],
