@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install test test-all demo ui bench clean
+.PHONY: install test test-all demo ui bench bench-tiny clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,30 @@ demo: $(VENV)/.installed
 ui: $(VENV)/.installed
 	$(VENV)/bin/atlas-lab ui
 
-bench: $(VENV)/.installed
-	$(PY) benchmarks/memory_ops.py
+# Optional peers of the benchmarks, installed into the venv only by `make bench`: titans-pytorch 0.5.5
+# (deps: assoc-scan, axial-positional-embedding, einops, einx, hyper-connections, ninja, rotary-embedding-torch,
+# tensordict, torch>=2.8, tqdm, x-transformers) and fla-core. A constraints file pins torch to the version already
+# installed, so pip can never replace it (a CUDA build stays a CUDA build); if a peer cannot live with that torch,
+# pip fails instead of swapping it.
+BENCH_PEERS ?= titans-pytorch==0.5.5 fla-core
+BENCHMARKS  := memory_ops titans_layer deltanet models memory_scaling streaming_memory
+
+$(VENV)/.bench-peers: $(VENV)/.installed
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/bench-constraints.txt
+	$(PY) -m pip install -c $(VENV)/bench-constraints.txt $(BENCH_PEERS)
+	touch $@
+
+# Every benchmark at full size, one after another (long on a CPU: hours; see benchmarks/README.md).
+# Results: runs/bench/<name>.json. kernels.py needs a CUDA GPU and is skipped without one.
+bench: $(VENV)/.bench-peers
+	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
+	if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then $(PY) benchmarks/kernels.py; \
+	else echo "== benchmarks/kernels.py: skipped (needs a CUDA GPU)"; fi
+
+# The same scripts with --tiny (tiny shapes, 1 repeat, 1 thread): checks that each runs, in well under a minute each;
+# the times mean nothing. A missing peer is reported and its column skipped. Results: runs/bench/<name>.tiny.json.
+bench-tiny: $(VENV)/.installed
+	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py --tiny"; $(PY) benchmarks/$$b.py --tiny; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import add_common_args, median_time, out_path, print_table, set_threads, write_json
+from common import add_common_args, apply_tiny, median_time, out_path, print_table, set_threads, write_json
 
 from atlas_lab.memory import memorize
 TINY = dict(B=1, T=32, H=1, repeats=1, reference_repeats=1)
@@ -91,9 +91,7 @@ def main():
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     add_common_args(ap, repeats=3)  # --tiny, --repeats (of the chunked path), --threads, --out
     args = ap.parse_args()
-    if args.tiny:
-        for key, value in TINY.items():
-            setattr(args, key, value)
+    apply_tiny(args, TINY)
     set_threads(args.threads)
 
     cells = []

@@ -49,6 +49,31 @@ def combine(C, G):
     return (C @ G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
 
 
+def chunk_windows(x, spans):
+    """x[:, lo:hi] for every chunk's (lo, hi) window span. x: [N, L, ...].
+
+    Overlapping spans (window c > 1) are gathered with one index_select: its backward is one
+    index_add, where a slice per chunk would zero-fill a full-size gradient per chunk. Spans that
+    tile x (c = 1) are split; the global window (every span starts at 0) keeps views.
+    """
+    starts_at_zero = all(lo == 0 for lo, _ in spans)
+    if starts_at_zero and len(spans) > 1:
+        return [x[:, lo:hi] for lo, hi in spans]
+    lengths = [hi - lo for lo, hi in spans]
+    if all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and spans[0][0] == 0 and spans[-1][1] == x.shape[1]:
+        return list(x.split(lengths, 1))
+    index = torch.cat([torch.arange(lo, hi, device=x.device) for lo, hi in spans])
+    return list(x.index_select(1, index).split(lengths, 1))
+
+
+def combine_last(c, G):
+    """Σ_i c[i] G_i, the last row of ``combine``. c: [N, L]; G as in ``combine``. Returns [N, *shape]."""
+    if isinstance(G, tuple):
+        delta, u = G
+        return (delta * c.unsqueeze(-1)).mT @ u
+    return (c.unsqueeze(1) @ G.flatten(2)).reshape(G.shape[:1] + G.shape[2:])
+
+
 def _bc(x, like):
     """Broadcast [N, n] coefficients against [N, n, *shape]."""
     return x.reshape(x.shape + (1,) * (like.dim() - x.dim()))
@@ -72,13 +97,13 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
             {n: s[:, -1] for n, s in S_t.items()}
 
     def state_after(n):
-        w = _bc(a[:, -1], W[n]) * W[n] + combine(C[:, -1:], G[n])[:, 0]
+        w = _bc(a[:, -1], W[n]) * W[n] + combine_last(C[:, -1], G[n])
         return w + _bc(co["m"][:, -1], S[n]) * S[n] if optimizer == "momentum" else w
 
     W_new = {n: state_after(n) for n in W}
     S_new = None
     if optimizer == "momentum":
-        S_new = {n: _bc(co["s"][:, -1], S[n]) * S[n] + combine(Cs[:, -1:], G[n])[:, 0] for n in W}
+        S_new = {n: _bc(co["s"][:, -1], S[n]) * S[n] + combine_last(Cs[:, -1], G[n]) for n in W}
 
     if isinstance(mem, ModuleMemory):
         W_t = {n: _bc(a, G[n]) * W[n].unsqueeze(1) + combine(C, G[n]) for n in W}
@@ -111,23 +136,23 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     sizes += [T - sum(sizes)] if T > sum(sizes) else []
     # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
     pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
-    ys, t = [], 0
-    for n, (q_c, phi_q_c, alpha_c, eta_c, theta_c) in zip(sizes, pieces):
+    firsts = [m0 + sum(sizes[:i]) for i in range(len(sizes))]  # each chunk's first token in cache+new
+    spans = [(0 if window is None else max(0, f - window + 1), f + n) for f, n in zip(firsts, sizes)]
+    windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
+    ys = []
+    for n, first, (lo, hi), (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in zip(
+            sizes, firsts, spans, pieces, windows):
         if offset == 0:
             W_eval = W
-        first = m0 + t  # index of the chunk's first token in the cache+new sequence
-        lo = 0 if window is None else max(0, first - window + 1)
-        hi = first + n
         if isinstance(mem, ModuleMemory):
-            G = module_grads(W_eval, phi_k[:, lo:hi], k_all[:, lo:hi], v_all[:, lo:hi])
+            G = module_grads(W_eval, phi_k_c, k_c, v_c)
         else:
-            G = mem.gradient_factors(W_eval, phi_k[:, lo:hi], k_all[:, lo:hi], v_all[:, lo:hi], objective)
-        band = window_band(gamma_all[:, lo:hi], n, first - lo, window)
+            G = mem.gradient_factors(W_eval, phi_k_c, k_c, v_c, objective)
+        band = window_band(gamma_c, n, first - lo, window)
         co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
         C = co["Cw"] @ band if optimizer != "muon" else None
         Cs = co["Cs"] @ band if optimizer != "gd" else None
         y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
         ys.append(y)
-        t += n
         offset = (offset + n) % chunk_size
     return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset

@@ -29,8 +29,24 @@ MEMORIES = ("linear", "mlp", "gated_mlp")
 OBJECTIVES = ("l2", "dot")
 
 
+class _GeluGrad(torch.autograd.Function):
+    """σ'(z) = Φ(z) + z·φ(z) for the exact GELU, with its own derivative σ''(z) = φ(z)·(2 − z²):
+    one graph node where the composed expression records eight (the chunked path differentiates it)."""
+
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        pdf = torch.exp(-0.5 * z * z) * (1.0 / math.sqrt(2.0 * math.pi))
+        return torch.special.ndtr(z) + z * pdf
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        return grad * (2.0 - z * z) * torch.exp(-0.5 * z * z) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
 def _gelu_grad(z):
-    return 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return _GeluGrad.apply(z)
 
 
 def _silu_grad(z):
