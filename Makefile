@@ -40,7 +40,7 @@ $(VENV)/.bench-peers: $(VENV)/.installed
 	$(PY) -m pip install -c $(VENV)/bench-constraints.txt $(BENCH_PEERS)
 	touch $@
 
-# Every benchmark at full size, one after another (long on a CPU: hours; see benchmarks/README.md).
+# Every benchmark at full size, one after another (long on a CPU; see benchmarks/README.md).
 # Results: runs/bench/<name>.json. kernels.py needs a CUDA GPU and is skipped without one.
 bench: $(VENV)/.bench-peers
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done

@@ -22,21 +22,65 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     """NS_k(G) for a batch of matrices G [..., m, n] (each matrix separately).
 
     X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
+    The iterations run a cache-sized block of matrices at a time, and the backward recomputes them
+    (``_NSIterations``) instead of keeping 3k intermediates per matrix.
     """
     if coefficients not in NS_COEFFICIENTS:
         raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
-    a, b, c = NS_COEFFICIENTS[coefficients]
     transpose = G.shape[-2] > G.shape[-1]
     X = G.mT if transpose else G
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    for _ in range(steps):
-        A = X @ X.mT
-        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if c != 0.0 else b * A  # b A + c A²
-        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
+    X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
+
+
+NS_BLOCK_ELEMENTS = 1 << 18  # matrices per block: about 1 MiB of fp32 iterate, which stays in cache
+
+
+def _ns_iterates(X, steps, a, b, c):
+    """X_0 … X_k and the A_j = X_j X_jᵀ, B_j = b A_j + c A_j² of k iterations. X: [M, m, n], m ≤ n."""
+    Xs, As, Bs = [X], [], []
+    for _ in range(steps):
+        A = Xs[-1] @ Xs[-1].mT
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if c != 0.0 else b * A
+        Xs.append(torch.baddbmm(Xs[-1], B, Xs[-1], beta=a))
+        As.append(A)
+        Bs.append(B)
+    return Xs, As, Bs
+
+
+class _NSIterations(torch.autograd.Function):
+    """X_k from X_0 [M, m, n] by k steps X ← a X + B X, B = b A + c A², A = X Xᵀ (m ≤ n).
+
+    Backward, per step from the last (A, B symmetric), with Ḡ = ∂L/∂X_{j+1}:
+      ∂B = Ḡ X_jᵀ,  ∂A = b ∂B + c (∂B A + A ∂B),  ∂L/∂X_j = a Ḡ + B Ḡ + (∂A + ∂Aᵀ) X_j.
+    """
+
+    @staticmethod
+    def forward(ctx, X, steps, a, b, c):
+        ctx.save_for_backward(X)
+        ctx.args = (steps, a, b, c)
+        block = max(1, NS_BLOCK_ELEMENTS // (X.shape[-2] * X.shape[-1]))
+        return torch.cat([_ns_iterates(x, steps, a, b, c)[0][-1] for x in X.split(block)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (X,) = ctx.saved_tensors
+        steps, a, b, c = ctx.args
+        block = max(1, NS_BLOCK_ELEMENTS // (X.shape[-2] * X.shape[-1]))
+        out = []
+        for x, g in zip(X.split(block), grad.split(block)):
+            Xs, As, Bs = _ns_iterates(x, steps, a, b, c)
+            for j in reversed(range(steps)):
+                dB = g @ Xs[j].mT
+                dA = torch.baddbmm(dB, dB, As[j], beta=b, alpha=c).baddbmm_(As[j], dB, alpha=c) if c != 0.0 \
+                    else b * dB
+                g = torch.baddbmm(torch.baddbmm(g, Bs[j], g, beta=a), dA + dA.mT, Xs[j])
+            out.append(g)
+        return torch.cat(out), None, None, None, None
 
 
 def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=newton_schulz) -> torch.Tensor:

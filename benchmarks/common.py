@@ -1,0 +1,177 @@
+"""Shared pieces of the benchmark scripts (imported as ``common``: the scripts run as ``python benchmarks/<name>.py``,
+which puts this folder first on ``sys.path``).
+
+- ``add_common_args``: ``--tiny`` (tiny shapes, 1 repeat, 1 thread unless ``--threads``: a check that the script
+  runs, not a measurement), ``--repeats``, ``--threads``, ``--out``; ``apply_tiny`` sets the tiny values.
+- ``set_threads``: torch's intra-op threads (None keeps torch's default); returns the count in force.
+- ``median_time``: warm-up call(s), then the median of ``repeats`` ``time.perf_counter`` timings.
+- ``print_table`` / ``write_json`` / ``out_path`` / ``meta``: the rich table and the JSON under ``runs/bench/``.
+- ``peer``: import an optional peer library, or say how to install it and return None (that column is skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: results land in its runs/bench/ from any cwd
+BENCH_DIR = ROOT / "runs" / "bench"
+
+# how to get each optional peer: `make .venv/.bench-peers` installs them into .venv with torch pinned to the version
+# already there (so pip never replaces it); `make bench` does that first
+INSTALL_HINTS = {
+    "titans_pytorch": "make .venv/.bench-peers   (titans-pytorch==0.5.5 and fla-core into .venv, torch kept; "
+                      "`make bench` does it too)",
+    "fla": "make .venv/.bench-peers   (titans-pytorch==0.5.5 and fla-core into .venv, torch kept; "
+           "`make bench` does it too)",
+}
+
+
+def add_common_args(ap: argparse.ArgumentParser, repeats: int = 3, out: bool = True) -> argparse.ArgumentParser:
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny shapes, 1 repeat, 1 thread unless --threads: checks that the script runs; the times "
+                         "are not measurements")
+    ap.add_argument("--repeats", type=int, default=repeats, help="timed repeats after the warm-up (median)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's choice; 1 with --tiny)")
+    if out:
+        ap.add_argument("--out", default=None, help="JSON path (default runs/bench/<name>.json, "
+                                                    "runs/bench/<name>.tiny.json with --tiny)")
+    return ap
+
+
+def apply_tiny(args: argparse.Namespace, tiny: dict) -> argparse.Namespace:
+    """With --tiny: the script's tiny settings replace the arguments, and 1 thread unless --threads was given
+    (a check that should disturb nothing else running on the machine)."""
+    if args.tiny:
+        for key, value in tiny.items():
+            setattr(args, key, value)
+        if not args.threads:
+            args.threads = 1
+    return args
+
+
+def default_cap_gib() -> float:
+    """Three quarters of the machine's physical memory, in GiB."""
+    try:
+        return round(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def cap_address_space(gib: float | None) -> None:
+    """Limit this process's address space (RLIMIT_AS) to ``gib`` GiB (None or 0: no limit). An allocation past it
+    fails with a Python exception (torch: "DefaultCPUAllocator: can't allocate memory"), which a benchmark reports as
+    a row, instead of the kernel's out-of-memory killer ending the process (and maybe a neighbour's). CPU only: CUDA
+    reserves more address space than any sensible cap."""
+    if gib:
+        import resource
+
+        cap = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def set_threads(n: int | None) -> int:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Seconds: ``warmup`` untimed calls, then the median of ``repeats`` timed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def out_path(name: str, args: argparse.Namespace | None = None) -> Path:
+    """``--out`` if given, else runs/bench/<name>.json (``<name>.tiny.json`` for --tiny: a tiny run never
+    overwrites a measurement)."""
+    if args is not None and getattr(args, "out", None):
+        return Path(args.out)
+    tiny = args is not None and getattr(args, "tiny", False)
+    return BENCH_DIR / f"{name}{'.tiny' if tiny else ''}.json"
+
+
+def meta(args: argparse.Namespace | None = None, **extra) -> dict:
+    """What a result depends on: torch version, threads, machine, the command line, --tiny."""
+    import torch
+
+    out = dict(torch=torch.__version__, threads=torch.get_num_threads(), python=platform.python_version(),
+               machine=platform.machine(), processor=platform.processor() or None, argv=sys.argv[1:],
+               tiny=bool(getattr(args, "tiny", False)), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    out.update(extra)
+    return out
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1,
+                caption: str | None = None, left_named: Sequence[str] = ("error", "note")) -> None:
+    """A rich table; the first ``left`` columns and those named in ``left_named`` are left-aligned, the others
+    right-aligned; None is shown as "—"."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, caption=caption)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < left or col in left_named else "right")
+    for row in rows:  # cells are plain text: an error message's "[...]" is not rich markup
+        table.add_row(*(Text("—" if c is None else str(c)) for c in row))
+    console().print(table)
+
+
+def write_json(path: Path | str, payload) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = path
+    console().print(f"wrote {shown}", markup=False)
+    return path
+
+
+def console():
+    """A rich console; when the output is not a terminal (a log file, `make bench > log`) it is 160 columns wide
+    instead of rich's 80, so that the tables are not squeezed."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def peer(module: str, what: str | None = None):
+    """Import an optional peer library; if it is missing, say so and how to install it, and return None."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        hint = INSTALL_HINTS.get(module.split(".")[0], f"pip install {module.split('.')[0]}")
+        console().print(f"[yellow]{what or module}: skipped ({module} is not importable: {e}).[/yellow]\n"
+                        f"  install it with: {hint}", soft_wrap=True)
+        return None
+
+
+def fmt_ratio(a: float | None, b: float | None, digits: int = 2) -> str | None:
+    if a is None or b is None or b == 0:
+        return None
+    return f"{a / b:.{digits}f}×"
+
+
+def rel_err(a, b) -> float:
+    """‖a − b‖ / ‖b‖ in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()

@@ -1,0 +1,121 @@
+"""Training throughput of every named model (``atlas_lab.models.PRESETS``) next to the transformer.
+
+    python benchmarks/models.py [--T 1024 4096] [--presets atlas titans ...] [--d-model 256] [--n-layers 4]
+                                [--n-heads 4] [--batch 1] [--repeats 3] [--threads N] [--tiny]
+
+One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
+float32, batch 1, d_model 256, 4 layers, 4 heads (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
+SWA window 64, every memory at the preset's chunk 16). For each T the `transformer` preset is always timed
+first (it is the baseline); then each preset: parameters, ms/step (median after a warm-up step),
+tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
+A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. The process's
+address space is capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory is an
+exception here rather than a kill by the kernel's out-of-memory killer.
+Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
+Writes runs/bench/models.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+
+import torch
+import torch.nn.functional as F
+from rich.text import Text
+from common import (add_common_args, apply_tiny, cap_address_space, console, default_cap_gib, median_time, meta,
+                    out_path, print_table, set_threads, write_json)
+
+from atlas_lab.models import PRESETS, LanguageModel
+
+BASELINE = "transformer"
+VOCAB = 256
+TINY = dict(T=[32], d_model=32, n_layers=2, n_heads=2, batch=1, repeats=1)
+
+
+def build(preset, args):
+    torch.manual_seed(0)
+    return LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads)
+
+
+def step(model, tokens):
+    """One optimizer-free training step: forward, next-token cross-entropy, backward; returns the loss."""
+    model.zero_grad(set_to_none=True)
+    logits, _ = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    return loss.item()
+
+
+def measure(preset, T, args):
+    """{params, seconds, tokens_per_s} or {error}."""
+    model, params = None, None
+    try:
+        model = build(preset, args)
+        params = model.num_parameters()
+        g = torch.Generator().manual_seed(T)
+        tokens = torch.randint(0, VOCAB, (args.batch, T + 1), generator=g)  # T inputs, T targets
+        loss = step(model, tokens)
+        if not math.isfinite(loss):
+            return dict(params=params, error=f"non-finite loss {loss}")
+        seconds = median_time(lambda: step(model, tokens), args.repeats, warmup=0)  # the step above was the warm-up
+        return dict(params=params, seconds=seconds, tokens_per_s=args.batch * T / seconds, loss=loss)
+    except Exception as e:  # noqa: BLE001 — a failing preset (incl. out of memory) is a row, not a crash
+        first = (str(e).strip().splitlines() or [""])[0]
+        return dict(params=params, error=f"{type(e).__name__}: {first[:200]}")
+    finally:
+        model = None  # free this preset's model and activations before the next one
+        gc.collect()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--T", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    ap.add_argument("--d-model", dest="d_model", type=int, default=256)
+    ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
+    ap.add_argument("--n-heads", dest="n_heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
+                    help="address-space cap of this process (GiB; 0: none; default 3/4 of the machine's memory): a "
+                         "preset that needs more fails as a row instead of calling the out-of-memory killer")
+    add_common_args(ap, repeats=3)
+    args = ap.parse_args()
+    apply_tiny(args, TINY)
+    threads = set_threads(args.threads)
+    cap_address_space(args.max_gib)
+    presets = [BASELINE] + [p for p in dict.fromkeys(args.presets) if p != BASELINE]
+
+    rows = []
+    for T in args.T:
+        cells = []
+        base = None
+        for preset in presets:
+            r = dict(preset=preset, T=T, **measure(preset, T, args))
+            if preset == BASELINE:
+                base = r.get("tokens_per_s")
+            r["vs_transformer"] = r["tokens_per_s"] / base if "tokens_per_s" in r and base else None
+            rows.append(r)
+            if "error" in r:
+                cells.append([preset, None if r["params"] is None else f"{r['params']:,}", "failed", None, None,
+                              r["error"]])
+            else:
+                cells.append([preset, f"{r['params']:,}", f"{1e3 * r['seconds']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                              None if r["vs_transformer"] is None else f"{r['vs_transformer']:.2f}×", ""])
+            console().print(Text(f"  T={T} {preset}: " + (r["error"] if "error" in r
+                                                           else f"{1e3 * r['seconds']:.1f} ms/step"), style="dim"))
+        columns = ["preset", "params", "ms/step", "tokens/s", "tokens/s ÷ transformer", "error"]
+        if not any(c[-1] for c in cells):  # the error column only when something failed
+            columns, cells = columns[:-1], [c[:-1] for c in cells]
+        print_table(f"training step (fwd+bwd, cross-entropy, no optimizer), T={T}, batch {args.batch}, d_model "
+                    f"{args.d_model}, {args.n_layers} layers, {args.n_heads} heads, float32, {threads} threads",
+                    columns, cells, caption="> 1: faster than the transformer at this T")
+    if args.tiny:
+        console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
+    write_json(out_path("models", args), dict(meta(args), d_model=args.d_model, n_layers=args.n_layers,
+                                              n_heads=args.n_heads, batch=args.batch, vocab=VOCAB,
+                                              max_gib=args.max_gib, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
