@@ -151,3 +151,25 @@ def test_overrides_change_one_component():
 def test_bad_model_configuration_is_named(kwargs, message):
     with pytest.raises(ValueError, match=__import__("re").escape(message)):
         LanguageModel(64, **{**TINY, **kwargs})
+
+
+def test_short_conv_is_the_causal_depthwise_conv1d_and_streams():
+    from torch.nn import functional as F
+
+    from atlas_lab.layers.conv import ShortConv
+    torch.manual_seed(0)
+    conv = ShortConv(6, 4).double()
+    torch.nn.init.normal_(conv.bias)
+    x = torch.randn(2, 9, 6, dtype=torch.float64, requires_grad=True)
+    y, _ = conv(x)
+    padded = F.pad(x.transpose(1, 2), (3, 0))
+    expected = F.conv1d(padded, conv.weight, conv.bias, groups=6).transpose(1, 2)
+    torch.testing.assert_close(y, expected)
+    gy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, conv.weight, conv.bias), gy)
+    expected_grads = torch.autograd.grad(expected, (x, conv.weight, conv.bias), gy)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e)
+    first, cache = conv(x[:, :4])
+    second, _ = conv(x[:, 4:], cache)
+    torch.testing.assert_close(torch.cat([first, second], 1), y)
