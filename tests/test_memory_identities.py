@@ -208,3 +208,29 @@ def test_triton_says_what_it_does_not_cover():
     q, k, v = qkv(T=4)  # float64 and an MLP memory with gd: not covered by the kernels
     with pytest.raises(NotImplementedError, match="impl='triton' does not cover"):
         memorize(q, k, v, memory="mlp", impl="triton")
+
+
+@pytest.mark.parametrize("coefficients", ["quintic", "cubic"])
+@pytest.mark.parametrize("shape", [(7, 5, 9), (6, 9, 5), (2, 3, 4, 4)])
+def test_blocked_newton_schulz_matches_autograd_through_the_literal_iteration(coefficients, shape, monkeypatch):
+    """Values and gradients of the blocked, recomputing NS against autograd through X ← aX + (bA + cA²)X."""
+    from atlas_lab.memory import optimizers
+
+    monkeypatch.setattr(optimizers, "NS_BLOCK_ELEMENTS", 50)  # several blocks, the last one partial
+    a, b, c = optimizers.NS_COEFFICIENTS[coefficients]
+    torch.manual_seed(0)
+    G = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    X = G.mT if shape[-2] > shape[-1] else G
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
+    for _ in range(5):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    literal = X.mT if shape[-2] > shape[-1] else X
+    out = newton_schulz(G, 5, coefficients)
+    assert rel_err(out, literal) < 1e-12
+    weight = torch.randn_like(out)
+    (g_literal,) = torch.autograd.grad((literal * weight).sum(), G)
+    (g_out,) = torch.autograd.grad((out * weight).sum(), G)
+    assert rel_err(g_out, g_literal) < 1e-12
+    assert torch.autograd.gradcheck(lambda G: newton_schulz(G, 3, coefficients), G[..., :3, :4].detach().clone()
+                                    .requires_grad_())
