@@ -33,7 +33,7 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
             states = sorted({MARK[t.state] for t in ts if t.state in MARK})
             rows.append(dict(zip(columns, key)) | {
                 "mean": statistics.fmean(values) if values else None,
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0 if values else None,
+                "std": statistics.stdev(values) if len(values) > 1 else None,  # no spread from one seed
                 "complete": f"{len(values)}/{len(ts)}", "status": ",".join(states) or "ok",
                 "trials": " ".join(str(t.number) for t in ts),
                 "reason": "; ".join(t.user_attrs["fail_reason"] for t in ts if "fail_reason" in t.user_attrs)})
