@@ -1,10 +1,10 @@
 """Peak memory of one training step (forward + backward) against the sequence length T.
 
     python benchmarks/memory_scaling.py [--presets atlas titans transformer] [--T 1024 2048 4096 8192 16384]
-                                        [--d-model 256] [--n-layers 4] [--n-heads 4] [--threads N] [--tiny]
+                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--threads N] [--tiny]
 
 Each (preset, T) runs in a fresh Python process (``subprocess``), so its peak resident memory is its own: the child
-builds LanguageModel(256, preset, d_model 256, 4 layers, 4 heads), draws batch-1 random byte tokens, reads
+builds LanguageModel(256, preset, d_model 256, 4 layers, 16 heads), draws batch-1 random byte tokens, reads
 ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (the baseline: interpreter, torch, model), runs one step
 (next-token cross-entropy, backward, no optimizer, float32) and reads ru_maxrss again; the step's peak is the
 difference. The table gives MiB, MiB per 1K tokens, and the growth from the previous T:
@@ -112,7 +112,7 @@ def main():
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--d-model", dest="d_model", type=int, default=256)
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
-    ap.add_argument("--n-heads", dest="n_heads", type=int, default=4)
+    ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of each child (GiB; 0: none; default 3/4 of the machine's memory), so a "
                          "too-large T fails as a row instead of calling the out-of-memory killer")

@@ -1,10 +1,10 @@
 """Training throughput of every named model (``atlas_lab.models.PRESETS``) next to the transformer.
 
     python benchmarks/models.py [--T 1024 4096] [--presets atlas titans ...] [--d-model 256] [--n-layers 4]
-                                [--n-heads 4] [--batch 1] [--repeats 3] [--threads N] [--tiny]
+                                [--n-heads 16] [--batch 1] [--repeats 3] [--threads N] [--tiny]
 
 One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
-float32, batch 1, d_model 256, 4 layers, 4 heads (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
+float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
 SWA window 64, every memory at the preset's chunk 16). For each T the `transformer` preset is always timed
 first (it is the baseline); then each preset: parameters, ms/step (median after a warm-up step),
 tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     ap.add_argument("--d-model", dest="d_model", type=int, default=256)
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
-    ap.add_argument("--n-heads", dest="n_heads", type=int, default=4)
+    ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of this process (GiB; 0: none; default 3/4 of the machine's memory): a "
