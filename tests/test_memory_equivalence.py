@@ -157,3 +157,40 @@ def test_default_gates_and_state():
                       initial_state={"W": torch.zeros(3, 3, dtype=torch.float64)})
     assert rel_err(o1, o2) < 1e-12
     assert s1.weights["W"].shape == (1, 2, 3, 3) and s1.momentum["W"].shape == (1, 2, 3, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("feature_map", ["identity", "polynomial"])
+@pytest.mark.parametrize("T,block", [(150, None), (23, 5)])
+def test_exact_delta_rule_blocks_equal_the_token_loop(dtype, feature_map, T, block, monkeypatch):
+    """Chunk size 1 of the linear l2 gd memory at window 1 runs the WY-form delta rule a block of tokens at a
+    time (atlas_lab.memory.delta_rule): the same function as the reference's token loop, gradients included."""
+    from atlas_lab.memory import delta_rule
+
+    if block:
+        monkeypatch.setattr(delta_rule, "BLOCK", block)  # several blocks, the last one partial
+    options = dict(memory="linear", feature_map=feature_map, objective="l2", window=1, optimizer="gd", chunk_size=1)
+    p = make_problem(T=T, feature_map=feature_map, dtype=dtype)
+    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[dtype], f"T={T} block={block}")
+
+
+def test_exact_delta_rule_passes_its_state_between_calls():
+    options = dict(memory="linear", objective="l2", window=1, optimizer="gd", chunk_size=1)
+    p = make_problem(T=23)
+    whole, state = memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], gamma=p["gamma"],
+                            initial_state=p["initial_state"], **options)
+    o1, s1 = memorize(*(p[n][:, :10] for n in "qkv"), alpha=p["alpha"][:, :10], eta=p["eta"][:, :10],
+                      gamma=p["gamma"][:, :10], initial_state=p["initial_state"], **options)
+    o2, s2 = memorize(*(p[n][:, 10:] for n in "qkv"), alpha=p["alpha"][:, 10:], eta=p["eta"][:, 10:],
+                      gamma=p["gamma"][:, 10:], initial_state=s1, **options)
+    assert rel_err(torch.cat([o1, o2], 1), whole) < 1e-12
+    assert rel_err(s2.weights["W"], state.weights["W"]) < 1e-12
+
+
+@pytest.mark.parametrize("memory,optimizer,window", [("mlp", "muon", 3), ("linear", "momentum", None),
+                                                     ("gated_mlp", "gd", 1)])
+def test_checkpointed_chunks_give_the_same_values_and_gradients(memory, optimizer, window):
+    options = dict(memory=memory, feature_map="polynomial", objective="l2", window=window, optimizer=optimizer,
+                   chunk_size=3)
+    p = make_problem(memory=memory, feature_map="polynomial", dtype=torch.float64)
+    compare(run(p, "chunked", checkpoint=True, **options), run(p, "chunked", **options), 1e-12, str(options))

@@ -35,6 +35,7 @@ class MemoryConfig:
     alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
     normalize: normalised read-out (linear memory + dot objective)
+    checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
     """
 
     memory: str = "mlp"
@@ -56,6 +57,7 @@ class MemoryConfig:
     eta_max: float = 1.0
     chunk_size: int = 64
     normalize: bool = False
+    checkpoint: bool = False
 
     def validate(self, where: str = "memory") -> "MemoryConfig":
         """Raise ValueError naming the field, the value and the valid choices."""
@@ -157,6 +159,7 @@ class MemoryMixer(nn.Module):
             optimizer=c.optimizer, chunk_size=c.chunk_size, initial_state=state, degree=c.degree,
             coefficients=coefficients, depth=c.depth, expansion=c.expansion, activation=c.activation,
             residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
+            checkpoint=c.checkpoint,
             impl="auto", **self.gates(x))
         o = self.out_norm(o).reshape(B, T, -1) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}

@@ -16,9 +16,11 @@ memories take the generic route: torch.func gradients and materialised per-token
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch.func import grad, vmap
 
-from .memories import ModuleMemory, loss, token_function
+from .delta_rule import delta_rule
+from .memories import LinearMemory, ModuleMemory, loss, token_function
 from .optimizers import chunk_coefficients, newton_schulz, orthogonalize
 
 
@@ -122,12 +124,17 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz):
+                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz, checkpoint=False):
     """Same arguments and results as ``reference.memorize_reference``; ``ns`` is the Newton–Schulz
-    implementation used by muon (the Triton path passes its batched kernel)."""
+    implementation used by muon (the Triton path passes its batched kernel). checkpoint: keep only each
+    chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     phi_q, phi_k = phi(q), phi(k_all)
+    if (chunk_size == 1 and window == 1 and m0 == 0 and optimizer == "gd" and objective == "l2"
+            and isinstance(mem, LinearMemory)):  # the exact delta rule, a block of tokens at a time
+        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])
+        return y, {"W": W_last}, None, None, 0
     if isinstance(mem, ModuleMemory):
         f = token_function(mem)
         module_grads = vmap(vmap(grad(lambda W, p, k, v: loss(objective, f(W, p, k), v)), in_dims=(None, 0, 0, 0)))
@@ -144,15 +151,23 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
             sizes, firsts, spans, pieces, windows):
         if offset == 0:
             W_eval = W
-        if isinstance(mem, ModuleMemory):
-            G = module_grads(W_eval, phi_k_c, k_c, v_c)
+
+        def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c, n=n, shift=first - lo):
+            if isinstance(mem, ModuleMemory):
+                G = module_grads(W_eval, phi_k_c, k_c, v_c)
+            else:
+                G = mem.gradient_factors(W_eval, phi_k_c, k_c, v_c, objective)
+            band = window_band(gamma_c, n, shift, window)
+            co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
+            C = co["Cw"] @ band if optimizer != "muon" else None
+            Cs = co["Cs"] @ band if optimizer != "gd" else None
+            return _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
+
+        args = (W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c)
+        if checkpoint and torch.is_grad_enabled():  # keep only the chunk's inputs; recompute the rest in backward
+            y, W, S = torch.utils.checkpoint.checkpoint(body, *args, use_reentrant=False)
         else:
-            G = mem.gradient_factors(W_eval, phi_k_c, k_c, v_c, objective)
-        band = window_band(gamma_c, n, first - lo, window)
-        co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
-        C = co["Cw"] @ band if optimizer != "muon" else None
-        Cs = co["Cs"] @ band if optimizer != "gd" else None
-        y, W, S = _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
+            y, W, S = body(*args)
         ys.append(y)
         offset = (offset + n) % chunk_size
     return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset

@@ -65,7 +65,7 @@ def _implementation(impl, q, mem, optimizer, chunk_size, W):
 def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
              alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
              degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
-             ns_steps=5, ns_coefficients="quintic", normalize=False):
+             ns_steps=5, ns_coefficients="quintic", normalize=False, checkpoint=False):
     """Read a sequence with a memory that is trained while it reads (MEMORY.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
@@ -85,6 +85,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     depth, expansion, activation, residual: options of the MLP memories.
     normalize:    linear memory + dot objective (gd or momentum): divide the read-out by z_tᵀφ(q_t), z
                   updated by the same rule on the constant value 1 (normalised linear attention).
+    checkpoint:   chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
+                  (less memory, one more forward of each chunk; worth it for muon's per-token weights).
     impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
                   atlas_lab.kernels; raises for combinations they do not cover, listing those they do) |
                   "auto" (triton on CUDA where it covers the combination, chunked otherwise).
@@ -157,10 +159,12 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
     g_all = torch.cat([cache_g, gates["gamma"]], 1)
-    y, W, S, W_eval, offset = _implementation(impl, q_, mem, optimizer, chunk_size, W)(
+    implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W)
+    y, W, S, W_eval, offset = implementation(
         q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi, objective=objective,
         window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval, offset=offset,
-        ns_steps=ns_steps, ns_coefficients=ns_coefficients)
+        ns_steps=ns_steps, ns_coefficients=ns_coefficients,
+        **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
 
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]

@@ -78,6 +78,7 @@ class MemoryOverrides:
     eta_max: Optional[float] = None
     chunk_size: Optional[int] = None
     normalize: Optional[bool] = None
+    checkpoint: Optional[bool] = None
 
     def as_dict(self) -> dict:
         """The fields that are set, as MemoryConfig values ("global" -> window None)."""
