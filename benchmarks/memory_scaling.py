@@ -1,7 +1,7 @@
 """Peak memory of one training step (forward + backward) against the sequence length T.
 
     python benchmarks/memory_scaling.py [--presets atlas titans transformer] [--T 1024 2048 4096 8192 16384]
-                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--threads N] [--tiny]
+                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--checkpoint] [--threads N] [--tiny]
 
 Each (preset, T) runs in a fresh Python process (``subprocess``), so its peak resident memory is its own: the child
 builds LanguageModel(256, preset, d_model 256, 4 layers, 16 heads), draws batch-1 random byte tokens, reads
@@ -14,6 +14,7 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
   growth: "≤ linear" when the increment ratio (or, for the second T, ×MiB / ×T) is ≤ 1.1, else "super-linear".
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
 --timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
+--checkpoint: the memory presets keep only each chunk's inputs for the backward (MemoryConfig.checkpoint).
 
 Streaming inference (no grad, the model reads its input in pieces with its cache) is measured by
 benchmarks/streaming_memory.py: peak memory and tokens/s at 100K and 1M tokens.
@@ -42,12 +43,17 @@ def child(preset: str, T: int, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from atlas_lab.models import LanguageModel
+    from atlas_lab.models import PRESETS, LanguageModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads)
+    memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
+    model = LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                          memory=memory)
+    warm = torch.randint(0, VOCAB, (1, 17))  # a tiny step first: the libraries' one-off buffers go into the baseline
+    F.cross_entropy(model(warm[:, :-1])[0].reshape(-1, VOCAB), warm[:, 1:].reshape(-1)).backward()
+    model.zero_grad(set_to_none=True)
     tokens = torch.randint(0, VOCAB, (1, T + 1), generator=torch.Generator().manual_seed(T))
     base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
     start = time.perf_counter()
@@ -64,6 +70,8 @@ def child(preset: str, T: int, args) -> dict:
 def run_child(preset: str, T: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
            str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0)]
+    if args.checkpoint:
+        cmd += ["--checkpoint"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     try:
@@ -116,6 +124,8 @@ def main():
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of each child (GiB; 0: none; default 3/4 of the machine's memory), so a "
                          "too-large T fails as a row instead of calling the out-of-memory killer")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each child")
     ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
     add_common_args(ap, repeats=1)  # --repeats is accepted for uniformity; each point is one step in a fresh process
@@ -152,13 +162,15 @@ def main():
     if not any(c[-1] for c in cells):
         columns, cells = columns[:-1], [c[:-1] for c in cells]
     print_table(f"peak resident memory of one training step (fwd+bwd) above the built model, batch 1, d_model "
-                f"{args.d_model}, {args.n_layers} layers, {args.n_heads} heads, float32, {threads} threads",
+                f"{args.d_model}, {args.n_layers} layers, {args.n_heads} heads, float32, {threads} threads"
+                + (", memory presets checkpointed per chunk" if args.checkpoint else ""),
                 columns, cells,
                 caption="each point in a fresh process; increment ratio ≈ 1: linear in T, ≈ 2 per doubling: quadratic")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
     write_json(out_path("memory_scaling", args), dict(meta(args), d_model=args.d_model, n_layers=args.n_layers,
-                                                      n_heads=args.n_heads, max_gib=args.max_gib, rows=rows))
+                                                      n_heads=args.n_heads, max_gib=args.max_gib, checkpoint=args.checkpoint,
+                                                      rows=rows))
 
 
 if __name__ == "__main__":
