@@ -15,6 +15,7 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
 --timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
 --checkpoint: the memory presets keep only each chunk's inputs for the backward (MemoryConfig.checkpoint).
+Children run with MALLOC_MMAP_THRESHOLD_=65536, so that freed large buffers go back to the OS at once.
 
 Streaming inference (no grad, the model reads its input in pieces with its cache) is measured by
 benchmarks/streaming_memory.py: peak memory and tokens/s at 100K and 1M tokens.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -34,6 +36,9 @@ from common import (add_common_args, apply_tiny, cap_address_space, console, def
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
+# glibc otherwise raises its mmap threshold after large frees and keeps later buffers on its heap, which it does
+# not give back: the peak would then be the heap's high-water mark rather than the step's live memory
+MMAP_THRESHOLD = 65536
 SLACK = 1.1  # measurement noise allowed before growth is called super-linear
 
 
@@ -75,7 +80,8 @@ def run_child(preset: str, T: int, args) -> dict:
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False,
+                           env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD)))
     except subprocess.TimeoutExpired:
         return dict(preset=preset, T=T, error=f"timed out after {args.timeout} s")
     if p.returncode == 0:

@@ -194,3 +194,13 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(memory, optimize
                    chunk_size=3)
     p = make_problem(memory=memory, feature_map="polynomial", dtype=torch.float64)
     compare(run(p, "chunked", checkpoint=True, **options), run(p, "chunked", **options), 1e-12, str(options))
+
+
+def test_muon_state_does_not_keep_the_chunk_per_token_weights_alive():
+    """The state after a chunk is a copy of the last token's weights, not a view of all of them."""
+    p = make_problem(memory="mlp", T=7)
+    _, state = memorize(p["q"], p["k"], p["v"], memory="mlp", optimizer="muon", window=3, chunk_size=3,
+                        alpha=p["alpha"], eta=p["eta"], theta=p["theta"], gamma=p["gamma"])
+    for part in (state.weights, state.momentum):
+        for w in part.values():
+            assert w.untyped_storage().nbytes() == w.numel() * w.element_size()

@@ -95,8 +95,9 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
         S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
         O = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients, ns) for n in W}
         W_t = {n: _bc(a, O[n]) * W[n].unsqueeze(1) + combine(co["Cw"], O[n]) for n in W}
-        return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1] for n, w in W_t.items()}, \
-            {n: s[:, -1] for n, s in S_t.items()}
+        # clones, not views: a view of the last token would keep every token's weights alive
+        return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1].clone() for n, w in W_t.items()}, \
+            {n: s[:, -1].clone() for n, s in S_t.items()}
 
     def state_after(n):
         w = _bc(a[:, -1], W[n]) * W[n] + combine_last(C[:, -1], G[n])
