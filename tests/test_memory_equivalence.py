@@ -197,8 +197,9 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(memory, optimize
 
 
 def test_muon_state_does_not_keep_the_chunk_per_token_weights_alive():
-    """The state after a chunk is a copy of the last token's weights, not a view of all of them."""
-    p = make_problem(memory="mlp", T=7)
+    """The state after a chunk is a copy of the last token's weights, not a view of all of them
+    (with B = H = 1 a view would pass through memorize's reshapes unchanged)."""
+    p = make_problem(memory="mlp", T=6, B=1, H=1)  # the last chunk is a full one
     _, state = memorize(p["q"], p["k"], p["v"], memory="mlp", optimizer="muon", window=3, chunk_size=3,
                         alpha=p["alpha"], eta=p["eta"], theta=p["theta"], gamma=p["gamma"])
     for part in (state.weights, state.momentum):
