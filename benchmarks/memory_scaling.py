@@ -15,7 +15,7 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
 --timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
 --checkpoint: the memory presets keep only each chunk's inputs for the backward (MemoryConfig.checkpoint).
-Children run with MALLOC_MMAP_THRESHOLD_=65536, so that freed large buffers go back to the OS at once.
+Children run with MALLOC_MMAP_THRESHOLD_=1048576, so that freed buffers of 1 MiB and more go back to the OS at once.
 
 Streaming inference (no grad, the model reads its input in pieces with its cache) is measured by
 benchmarks/streaming_memory.py: peak memory and tokens/s at 100K and 1M tokens.
@@ -38,7 +38,7 @@ TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
 # glibc otherwise raises its mmap threshold after large frees and keeps later buffers on its heap, which it does
 # not give back: the peak would then be the heap's high-water mark rather than the step's live memory
-MMAP_THRESHOLD = 65536
+MMAP_THRESHOLD = 1 << 20
 SLACK = 1.1  # measurement noise allowed before growth is called super-linear
 
 
