@@ -12,7 +12,8 @@ A preset that fails (an exception, e.g. out of memory) is a row with its error; 
 address space is capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory is an
 exception here rather than a kill by the kernel's out-of-memory killer.
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
-Writes runs/bench/models.json.
+--checkpoint: the memory presets keep only each chunk's inputs for the backward (without it the muon presets
+need several GiB per 1K tokens). Writes runs/bench/models.json.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ TINY = dict(T=[32], d_model=32, n_layers=2, n_heads=2, batch=1, repeats=1)
 
 def build(preset, args):
     torch.manual_seed(0)
-    return LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads)
+    memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
+    return LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                         memory=memory)
 
 
 def step(model, tokens):
@@ -76,6 +79,8 @@ def main():
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of this process (GiB; 0: none; default 3/4 of the machine's memory): a "
                          "preset that needs more fails as a row instead of calling the out-of-memory killer")
