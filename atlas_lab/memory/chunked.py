@@ -153,7 +153,8 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
         if offset == 0:
             W_eval = W
 
-        def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c, n=n, shift=first - lo):
+        def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
+                 n=n, shift=first - lo):
             if isinstance(mem, ModuleMemory):
                 G = module_grads(W_eval, phi_k_c, k_c, v_c)
             else:

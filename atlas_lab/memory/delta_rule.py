@@ -7,7 +7,7 @@
 form of DeltaNet). With c_t = Σ_{s≤t} log α_s inside the block and W_0 the state before it:
 
     W_t = e^{c_t} W_0 + Σ_{i≤t} e^{c_t − c_i} u_i φ(k_i)ᵀ
-    (I + diag(η) L) U = diag(η) (V − diag(e^{c_{t−1}}) K W_0ᵀ),   L[t, i] = e^{c_{t−1} − c_i} k_t·k_i  (i < t)
+    (I + diag(η) L) U = diag(η) (V − diag(e^{c_{t−1}}) K W_0ᵀ),  L[t, i] = e^{c_{t−1} − c_i} k_t·k_i (i < t)
     Y = diag(e^{c_t}) Q W_0ᵀ + (M ⊙ Q Kᵀ) U,                         M[t, i] = e^{c_t − c_i}        (i ≤ t)
 
 one unit-lower-triangular solve per block; every exponent is ≤ 0. The block size is an implementation

@@ -15,6 +15,10 @@ LAYER_KINDS = ("memory", "attention", "swa", "mag")
 _L = "learned"
 _WINDOW = 8
 _COMMON = dict(chunk_size=16)
+# η_max of the deep gd/momentum memories whose chunked updates diverge at η_max = 0.1: with 16 gradients per
+# chunk taken at one point (and momentum, or an 8-token window, on top) the memory's outputs reach inf within a
+# few hundred tokens at initialisation (d_model 128–256, head dim 16–64, T ≥ 256); at 0.01 they stay finite.
+_STABLE_ETA_MAX = 0.01
 
 PRESETS: dict[str, dict] = {
     "transformer": dict(layers=["attention"], memory=None),
@@ -29,11 +33,12 @@ PRESETS: dict[str, dict] = {
     # deep (MLP) memory
     "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L, eta_max=0.1)),
     "titans": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="momentum", alpha=_L,
-                                                  eta=_L, theta=_L, eta_max=0.1)),
+                                                  eta=_L, theta=_L, eta_max=_STABLE_ETA_MAX)),
     "dla": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="dot", alpha=_L,
-                                               eta=_L, eta_max=0.1)),
+                                               eta=_L, eta_max=_STABLE_ETA_MAX)),
     "omeganet": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
-                                                    window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+                                                    window=_WINDOW, alpha=_L, eta=_L, gamma=_L,
+                                                    eta_max=_STABLE_ETA_MAX)),
     "atlas": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
                                                  window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
                                                  theta=_L, gamma=_L, eta_max=0.1)),
@@ -45,7 +50,7 @@ PRESETS: dict[str, dict] = {
     "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
                                                 alpha=1.0, eta=1.0)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
-                                               alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+                                               alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
