@@ -15,6 +15,8 @@ memories take the generic route: torch.func gradients and materialised per-token
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.utils.checkpoint
 from torch.func import grad, vmap
@@ -144,7 +146,7 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     sizes += [T - sum(sizes)] if T > sum(sizes) else []
     # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
     pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
-    firsts = [m0 + sum(sizes[:i]) for i in range(len(sizes))]  # each chunk's first token in cache+new
+    firsts = list(itertools.accumulate(sizes[:-1], initial=m0))  # each chunk's first token in cache+new
     spans = [(0 if window is None else max(0, f - window + 1), f + n) for f, n in zip(firsts, sizes)]
     windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
     ys = []
