@@ -62,15 +62,14 @@ class _NSIterations(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, steps, a, b, c):
         ctx.save_for_backward(X)
-        ctx.args = (steps, a, b, c)
         block = max(1, NS_BLOCK_ELEMENTS // (X.shape[-2] * X.shape[-1]))
+        ctx.args = (steps, a, b, c, block)
         return torch.cat([_ns_iterates(x, steps, a, b, c)[0][-1] for x in X.split(block)])
 
     @staticmethod
     def backward(ctx, grad):
         (X,) = ctx.saved_tensors
-        steps, a, b, c = ctx.args
-        block = max(1, NS_BLOCK_ELEMENTS // (X.shape[-2] * X.shape[-1]))
+        steps, a, b, c, block = ctx.args
         out = []
         for x, g in zip(X.split(block), grad.split(block)):
             Xs, As, Bs = _ns_iterates(x, steps, a, b, c)
