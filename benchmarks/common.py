@@ -175,3 +175,21 @@ def rel_err(a, b) -> float:
     """‖a − b‖ / ‖b‖ in float64."""
     a, b = a.detach().double(), b.detach().double()
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def add_checkpoint_arg(ap) -> None:
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
+
+
+def preset_model(preset: str, args, vocab_size: int):
+    """LanguageModel(vocab_size, preset) at args.d_model / n_layers / n_heads, seeded; with ``args.checkpoint``
+    every preset that has a memory recomputes each chunk in the backward."""
+    import torch
+
+    from atlas_lab.models import PRESETS, LanguageModel
+
+    torch.manual_seed(0)
+    memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
+    return LanguageModel(vocab_size, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                         memory=memory)

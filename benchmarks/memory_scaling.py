@@ -31,8 +31,8 @@ import subprocess
 import sys
 import time
 
-from common import (add_common_args, apply_tiny, cap_address_space, console, default_cap_gib, meta, out_path,
-                    print_table, set_threads, write_json)
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
+                    meta, out_path, preset_model, print_table, set_threads, write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
@@ -48,14 +48,9 @@ def child(preset: str, T: int, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from atlas_lab.models import PRESETS, LanguageModel
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
-    model = LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                          memory=memory)
+    model = preset_model(preset, args, VOCAB)
     warm = torch.randint(0, VOCAB, (1, 17))  # a tiny step first: the libraries' one-off buffers go into the baseline
     F.cross_entropy(model(warm[:, :-1])[0].reshape(-1, VOCAB), warm[:, 1:].reshape(-1)).backward()
     model.zero_grad(set_to_none=True)
@@ -130,8 +125,7 @@ def main():
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of each child (GiB; 0: none; default 3/4 of the machine's memory), so a "
                          "too-large T fails as a row instead of calling the out-of-memory killer")
-    ap.add_argument("--checkpoint", action="store_true",
-                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
+    add_checkpoint_arg(ap)
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each child")
     ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
     add_common_args(ap, repeats=1)  # --repeats is accepted for uniformity; each point is one step in a fresh process

@@ -24,21 +24,14 @@ import math
 import torch
 import torch.nn.functional as F
 from rich.text import Text
-from common import (add_common_args, apply_tiny, cap_address_space, console, default_cap_gib, median_time, meta,
-                    out_path, print_table, set_threads, write_json)
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
+                    median_time, meta, out_path, preset_model, print_table, set_threads, write_json)
 
-from atlas_lab.models import PRESETS, LanguageModel
+from atlas_lab.models import PRESETS
 
 BASELINE = "transformer"
 VOCAB = 256
 TINY = dict(T=[32], d_model=32, n_layers=2, n_heads=2, batch=1, repeats=1)
-
-
-def build(preset, args):
-    torch.manual_seed(0)
-    memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
-    return LanguageModel(VOCAB, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                         memory=memory)
 
 
 def step(model, tokens):
@@ -54,7 +47,7 @@ def measure(preset, T, args):
     """{params, seconds, tokens_per_s} or {error}."""
     model, params = None, None
     try:
-        model = build(preset, args)
+        model = preset_model(preset, args, VOCAB)
         params = model.num_parameters()
         g = torch.Generator().manual_seed(T)
         tokens = torch.randint(0, VOCAB, (args.batch, T + 1), generator=g)  # T inputs, T targets
@@ -79,8 +72,7 @@ def main():
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--checkpoint", action="store_true",
-                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
+    add_checkpoint_arg(ap)
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
                     help="address-space cap of this process (GiB; 0: none; default 3/4 of the machine's memory): a "
                          "preset that needs more fails as a row instead of calling the out-of-memory killer")
