@@ -140,6 +140,13 @@ def test_overrides_change_one_component():
     assert isinstance(mal.blocks[1].mixer, Attention) and mal.blocks[1].mixer.window == 5
 
 
+def test_memory_heads_apply_to_memories_only():
+    model = LanguageModel(64, "atlas_mag", d_model=16, n_layers=1, n_heads=2, memory_heads=4)
+    mag = model.blocks[0].mixer
+    assert (mag.swa.n_heads, mag.memory.n_heads, mag.memory.head_dim) == (2, 4, 4)
+    assert LanguageModel(64, "atlas", d_model=16, n_layers=1, n_heads=2).blocks[0].mixer.n_heads == 2
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(preset="atlass"), "unknown preset 'atlass'; valid choices: transformer, swa"),
     (dict(preset="atlas", memory={"windw": 2}), "unknown field(s) ['windw']; valid fields: memory, depth"),
@@ -147,6 +154,7 @@ def test_overrides_change_one_component():
     (dict(preset="transformer", memory={"window": 2}), "has no memory layer"),
     (dict(preset="atlas", layers=["memory", "lstm"]), "unknown layer kind(s) ['lstm']"),
     (dict(preset="atlas", memory={"window": 0}), "memory.window: expected an int >= 1 or null"),
+    (dict(preset="atlas", memory_heads=3), "memory_heads: d_model=32 must be divisible by memory_heads=3"),
 ])
 def test_bad_model_configuration_is_named(kwargs, message):
     with pytest.raises(ValueError, match=__import__("re").escape(message)):

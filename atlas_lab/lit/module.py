@@ -43,6 +43,8 @@ class SequenceModel(L.LightningModule):
         memory: overrides of the preset's memory components (e.g. ``{window: 16, optimizer: gd}``).
         layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag).
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
+        memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
+            e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
         lr, weight_decay, betas, warmup_steps, min_lr_ratio: AdamW and the schedule (cosine to
             lr·min_lr_ratio over schedule_steps, by default the trainer's total steps; set it when a run will
             be stopped and resumed into a longer one, so every segment follows the same schedule).
@@ -56,7 +58,7 @@ class SequenceModel(L.LightningModule):
 
     def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
-                 swa_window: int = 64, tie_embeddings: bool = True, lr: float = 1e-3, weight_decay: float = 0.1,
+                 swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  schedule_steps: Optional[int] = None,
                  target: Literal["next_token", "positions", "compression"] = "next_token",
@@ -66,7 +68,7 @@ class SequenceModel(L.LightningModule):
         self.save_hyperparameters()
         self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                    memory=memory, layers=layers, swa_window=swa_window,
-                                   tie_embeddings=tie_embeddings)
+                                   tie_embeddings=tie_embeddings, memory_heads=memory_heads)
         self.compression_head = CompressionHead(d_model, max_len, vocab_size) if target == "compression" else None
         self.token_metrics = nn.ModuleDict({s: TokenMetrics(bytes_per_token) for s in STAGES})
         self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \

@@ -45,14 +45,19 @@ class LanguageModel(nn.Module):
 
     preset: a name from ``atlas_lab.models.PRESETS``; memory: overrides of its MemoryConfig fields
     (e.g. {"window": 16, "optimizer": "gd"}); layers: overrides its layer pattern (cycled over n_layers).
+    n_heads: heads of attention and, unless memory_heads is given, of the memories (memory layers and the
+    memory branch of MAG); head dim = d_model / heads.
     """
 
     def __init__(self, vocab_size: int, preset: str = "atlas", d_model: int = 128, n_layers: int = 4,
                  n_heads: int = 8, memory: dict | MemoryOverrides | None = None, layers: list[str] | None = None,
-                 swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True):
+                 swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True,
+                 memory_heads: int | None = None):
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        memory_heads = memory_heads or n_heads
+        for key, heads in (("n_heads", n_heads), ("memory_heads", memory_heads)):
+            if heads < 1 or d_model % heads:
+                raise ValueError(f"{key}: d_model={d_model} must be divisible by {key}={heads}")
         pattern, memory_config = resolve_preset(preset, memory)
         pattern = layers or pattern
         bad = [k for k in pattern if k not in LAYER_KINDS]
@@ -65,12 +70,12 @@ class LanguageModel(nn.Module):
 
         def mixer(kind):
             if kind == "memory":
-                return MemoryMixer(d_model, n_heads, memory_config)
+                return MemoryMixer(d_model, memory_heads, memory_config)
             if kind == "attention":
                 return Attention(d_model, n_heads)
             if kind == "swa":
                 return Attention(d_model, n_heads, window=swa_window)
-            return MAG(d_model, n_heads, memory_config, swa_window)
+            return MAG(d_model, n_heads, memory_config, swa_window, memory_heads)
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
