@@ -78,6 +78,22 @@ def cap_address_space(gib: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
+def release_freed_memory(threshold: int = 1 << 20) -> None:
+    """glibc: serve every allocation of ``threshold`` bytes or more by mmap, and unmap it when freed
+    (mallopt M_MMAP_THRESHOLD, which also stops glibc from raising the threshold after large frees). Otherwise
+    freed buffers stay on glibc's heap: the resident peak becomes the heap's high-water mark rather than the live
+    memory, and one process that runs several models fragments its address space until an allocation fails."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
 def set_threads(n: int | None) -> int:
     import torch
 

@@ -15,7 +15,7 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
 --timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
 --checkpoint: the memory presets keep only each chunk's inputs for the backward (MemoryConfig.checkpoint).
-Children run with MALLOC_MMAP_THRESHOLD_=1048576, so that freed buffers of 1 MiB and more go back to the OS at once.
+Children serve buffers of 1 MiB and more by mmap and give them back to the OS when freed (``release_freed_memory``).
 
 Streaming inference (no grad, the model reads its input in pieces with its cache) is measured by
 benchmarks/streaming_memory.py: peak memory and tokens/s at 100K and 1M tokens.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -32,19 +31,17 @@ import sys
 import time
 
 from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    meta, out_path, preset_model, print_table, set_threads, write_json)
+                    meta, out_path, preset_model, print_table, release_freed_memory, set_threads, write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
-# glibc otherwise raises its mmap threshold after large frees and keeps later buffers on its heap, which it does
-# not give back: the peak would then be the heap's high-water mark rather than the step's live memory
-MMAP_THRESHOLD = 1 << 20
 SLACK = 1.1  # measurement noise allowed before growth is called super-linear
 
 
 def child(preset: str, T: int, args) -> dict:
     """Runs in the fresh process: one training step; the step's peak RSS above the baseline."""
     cap_address_space(args.max_gib)
+    release_freed_memory()
     import torch
     import torch.nn.functional as F
 
@@ -75,8 +72,7 @@ def run_child(preset: str, T: int, args) -> dict:
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False,
-                           env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD)))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
         return dict(preset=preset, T=T, error=f"timed out after {args.timeout} s")
     if p.returncode == 0:

@@ -10,7 +10,8 @@ first (it is the baseline); then each preset: parameters, ms/step (median after 
 tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
 A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. The process's
 address space is capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory is an
-exception here rather than a kill by the kernel's out-of-memory killer.
+exception here rather than a kill by the kernel's out-of-memory killer; buffers of 1 MiB and more are given back to
+the OS when freed (``release_freed_memory``), so one preset's freed memory does not fragment the next one's.
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
 --checkpoint: the memory presets keep only each chunk's inputs for the backward (without it the muon presets
 need several GiB per 1K tokens). Writes runs/bench/models.json.
@@ -25,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from rich.text import Text
 from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    median_time, meta, out_path, preset_model, print_table, set_threads, write_json)
+                    median_time, meta, out_path, preset_model, print_table, release_freed_memory, set_threads,
+                    write_json)
 
 from atlas_lab.models import PRESETS
 
@@ -81,6 +83,7 @@ def main():
     apply_tiny(args, TINY)
     threads = set_threads(args.threads)
     cap_address_space(args.max_gib)
+    release_freed_memory()
     presets = [BASELINE] + [p for p in dict.fromkeys(args.presets) if p != BASELINE]
 
     rows = []
