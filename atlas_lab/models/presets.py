@@ -47,8 +47,9 @@ PRESETS: dict[str, dict] = {
                                                     theta=_L, gamma=_L, eta_max=0.1)),
     "deep_transformer": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot",
                                                             alpha=1.0, eta=1.0)),
+    # MEMORY.md fixes only α = 1 for SWDT; η = 1 (DeepTransformer's) overflows within 200 tokens at head dim 16
     "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
-                                                alpha=1.0, eta=1.0)),
+                                                alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
                                                alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
