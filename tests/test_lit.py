@@ -48,7 +48,7 @@ def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
 
 def tiny_mqar(logger=False):
     return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=titans", "--model.d_model=16",
-            "--model.n_layers=1", "--model.n_heads=2", "--model.warmup_steps=2",
+            "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--model.warmup_steps=2",
             "--data.init_args.train_slices=[[16, 2, 64]]", "--data.init_args.test_slices=[[16, 2, 16]]",
             "--data.init_args.batch_size=16", "--model.schedule_steps=12", *([] if logger else ["--trainer.logger=false"]), *quiet()]
 
@@ -66,7 +66,7 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     # the checkpoint rebuilds the model on its own: the linked vocab size is among its hyper-parameters
     from atlas_lab.lit import SequenceModel
     model = SequenceModel.load_from_checkpoint(ckpt)
-    assert model.hparams.vocab_size == 8192 // 16 and model.hparams.mixer == "titans"
+    assert model.hparams.vocab_size == 128 and model.hparams.mixer == "titans"
 
 
 @pytest.mark.parametrize("args,message", [
