@@ -15,7 +15,9 @@ import importlib
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,7 +80,7 @@ def cap_address_space(gib: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def release_freed_memory(threshold: int = 1 << 20) -> None:
+def release_freed_memory(threshold: int) -> None:
     """glibc: serve every allocation of ``threshold`` bytes or more by mmap, and unmap it when freed
     (mallopt M_MMAP_THRESHOLD, which also stops glibc from raising the threshold after large frees). Otherwise
     freed buffers stay on glibc's heap: the resident peak becomes the heap's high-water mark rather than the live
@@ -92,6 +94,26 @@ def release_freed_memory(threshold: int = 1 << 20) -> None:
             ctypes.CDLL(name).mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
         except (OSError, AttributeError):  # not glibc
             pass
+
+
+def run_child(cmd: list[str], timeout: float | None = None) -> dict:
+    """Run ``cmd`` (a benchmark re-invoking itself for one measurement) in a fresh process; its last stdout line
+    is a JSON dict. A failure is ``{"error": why}``: the last stderr line, the signal that killed it (SIGKILL: the
+    out-of-memory killer, probably) or the timeout."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"timed out after {timeout} s")
+    if p.returncode == 0:
+        try:
+            return json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            pass
+    if p.returncode < 0:
+        name = signal.Signals(-p.returncode).name
+        return dict(error=f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else ""))
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    return dict(error=lines[-1][:200] if lines else f"exit code {p.returncode}")
 
 
 def set_threads(n: int | None) -> int:

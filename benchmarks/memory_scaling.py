@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import signal
-import subprocess
 import sys
 import time
 
 from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    meta, out_path, preset_model, print_table, release_freed_memory, set_threads, write_json)
+                    meta, out_path, preset_model, print_table, release_freed_memory, run_child, set_threads,
+                    write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
@@ -68,29 +67,14 @@ def child(preset: str, T: int, args) -> dict:
                 params=model.num_parameters(), threads=torch.get_num_threads())
 
 
-def run_child(preset: str, T: int, args) -> dict:
+def measure(preset: str, T: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
            str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0)]
     if args.checkpoint:
         cmd += ["--checkpoint"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return dict(preset=preset, T=T, error=f"timed out after {args.timeout} s")
-    if p.returncode == 0:
-        try:
-            return json.loads(p.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            pass
-    if p.returncode < 0:
-        name = signal.Signals(-p.returncode).name
-        why = f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
-    else:
-        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-        why = lines[-1][:200] if lines else f"exit code {p.returncode}"
-    return dict(preset=preset, T=T, error=why)
+    return {"preset": preset, "T": T, **run_child(cmd, args.timeout)}
 
 
 def growth(rows: list[dict]) -> None:
@@ -140,7 +124,7 @@ def main():
     for preset in args.presets:
         mine = []
         for T in sorted(args.T):
-            r = run_child(preset, T, args)
+            r = measure(preset, T, args)
             mine.append(r)
             console().print(f"  {preset} T={T}: " + (r["error"] if "error" in r else
                                                       f"{r['step_peak_mib']:.1f} MiB, {r['seconds']:.1f} s"),

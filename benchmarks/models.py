@@ -6,12 +6,13 @@
 One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
 float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
 SWA window 64, every memory at the preset's chunk 16). For each T the `transformer` preset is always timed
-first (it is the baseline); then each preset: parameters, ms/step (median after a warm-up step),
+first (it is the baseline); then each preset, each in a fresh process: parameters, ms/step (median after a warm-up step),
 tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
-A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. The process's
-address space is capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory is an
-exception here rather than a kill by the kernel's out-of-memory killer; buffers of 1 MiB and more are given back to
-the OS when freed (``release_freed_memory``), so one preset's freed memory does not fragment the next one's.
+A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. Each measurement's
+process has its address space capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory
+is an exception rather than a kill by the kernel's out-of-memory killer. (In one process for every preset, glibc's
+heap, fragmented by the presets before, made atlas_pp fail to allocate at T=1024; handing freed buffers back to the
+OS instead slowed atlas by a third.)
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
 --checkpoint: the memory presets keep only each chunk's inputs for the backward (without it the muon presets
 need several GiB per 1K tokens). Writes runs/bench/models.json.
@@ -19,15 +20,15 @@ need several GiB per 1K tokens). Writes runs/bench/models.json.
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 from rich.text import Text
 from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    median_time, meta, out_path, preset_model, print_table, release_freed_memory, set_threads,
-                    write_json)
+                    median_time, meta, out_path, preset_model, print_table, run_child, set_threads, write_json)
 
 from atlas_lab.models import PRESETS
 
@@ -46,8 +47,10 @@ def step(model, tokens):
 
 
 def measure(preset, T, args):
-    """{params, seconds, tokens_per_s} or {error}."""
-    model, params = None, None
+    """Runs in the fresh process: {params, seconds, tokens_per_s, loss} or {params, error}."""
+    cap_address_space(args.max_gib)
+    set_threads(args.threads)
+    params = None
     try:
         model = preset_model(preset, args, VOCAB)
         params = model.num_parameters()
@@ -61,9 +64,16 @@ def measure(preset, T, args):
     except Exception as e:  # noqa: BLE001 — a failing preset (incl. out of memory) is a row, not a crash
         first = (str(e).strip().splitlines() or [""])[0]
         return dict(params=params, error=f"{type(e).__name__}: {first[:200]}")
-    finally:
-        model = None  # free this preset's model and activations before the next one
-        gc.collect()
+
+
+def measure_in_child(preset, T, args):
+    cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
+           str(args.n_layers), "--n-heads", str(args.n_heads), "--batch", str(args.batch), "--repeats",
+           str(args.repeats), "--max-gib", str(args.max_gib or 0)]
+    cmd += (["--checkpoint"] if args.checkpoint else []) + (["--threads", str(args.threads)] if args.threads else [])
+    r = run_child(cmd)
+    r.setdefault("params", None)
+    return r
 
 
 def main():
@@ -76,14 +86,16 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     add_checkpoint_arg(ap)
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
-                    help="address-space cap of this process (GiB; 0: none; default 3/4 of the machine's memory): a "
+                    help="address-space cap of each measurement's process (GiB; 0: none; default 3/4 of the machine's memory): a "
                          "preset that needs more fails as a row instead of calling the out-of-memory killer")
+    ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
     add_common_args(ap, repeats=3)
     args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(measure(args.child[0], int(args.child[1]), args)))
+        return
     apply_tiny(args, TINY)
     threads = set_threads(args.threads)
-    cap_address_space(args.max_gib)
-    release_freed_memory()
     presets = [BASELINE] + [p for p in dict.fromkeys(args.presets) if p != BASELINE]
 
     rows = []
@@ -91,7 +103,7 @@ def main():
         cells = []
         base = None
         for preset in presets:
-            r = dict(preset=preset, T=T, **measure(preset, T, args))
+            r = dict(preset=preset, T=T, **measure_in_child(preset, T, args))
             if preset == BASELINE:
                 base = r.get("tokens_per_s")
             r["vs_transformer"] = r["tokens_per_s"] / base if "tokens_per_s" in r and base else None
