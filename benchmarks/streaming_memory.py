@@ -1,6 +1,6 @@
 """Peak resident memory and throughput of streaming inference: a model reads N tokens in pieces with its cache.
 
-    python benchmarks/streaming_memory.py [--preset atlas] [--d-model 128] [--n-layers 4] [--n-heads 8] \
+    python benchmarks/streaming_memory.py [--preset atlas] [--d-model 128] [--n-layers 4] [--n-heads 16] \
         [--lengths 100000 1000000] [--piece 2048] [--threads N] [--tiny]
 
 Each length runs in a fresh process (so peak RSS is its own); random byte tokens, batch 1, no grad, float32.
@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--preset", default="atlas")
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--n-heads", type=int, default=8)
+    ap.add_argument("--n-heads", type=int, default=16)  # head dim 8: D = 45 polynomial features
     ap.add_argument("--lengths", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--piece", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
