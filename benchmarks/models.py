@@ -6,8 +6,8 @@
 One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
 float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
 SWA window 64, every memory at the preset's chunk 16). For each T the `transformer` preset is always timed
-first (it is the baseline); then each preset, each in a fresh process: parameters, ms/step (median after a warm-up step),
-tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
+first (it is the baseline); then each preset, each in a fresh process: parameters, ms/step (median after a warm-up
+step), tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
 A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. Each measurement's
 process has its address space capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory
 is an exception rather than a kill by the kernel's out-of-memory killer. (In one process for every preset, glibc's
@@ -86,8 +86,8 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     add_checkpoint_arg(ap)
     ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
-                    help="address-space cap of each measurement's process (GiB; 0: none; default 3/4 of the machine's memory): a "
-                         "preset that needs more fails as a row instead of calling the out-of-memory killer")
+                    help="address-space cap of each measurement's process (GiB; 0: none; default 3/4 of the machine's "
+                         "memory): a preset that needs more fails as a row instead of calling the out-of-memory killer")
     ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
     add_common_args(ap, repeats=3)
     args = ap.parse_args()
