@@ -216,8 +216,9 @@ def rel_err(a, b) -> float:
 
 
 def add_checkpoint_arg(ap) -> None:
-    ap.add_argument("--checkpoint", action="store_true",
-                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint)")
+    ap.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                    help="memory presets recompute each chunk in the backward (MemoryConfig.checkpoint; default on: "
+                         "without it the muon presets need several GiB per 1K tokens)")
 
 
 def preset_model(preset: str, args, vocab_size: int):

@@ -1,7 +1,7 @@
 """Peak memory of one training step (forward + backward) against the sequence length T.
 
     python benchmarks/memory_scaling.py [--presets atlas titans transformer] [--T 1024 2048 4096 8192 16384]
-                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--checkpoint] [--threads N] [--tiny]
+                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--no-checkpoint] [--threads N] [--tiny]
 
 Each (preset, T) runs in a fresh Python process (``subprocess``), so its peak resident memory is its own: the child
 builds LanguageModel(256, preset, d_model 256, 4 layers, 16 heads), draws batch-1 random byte tokens, reads
@@ -14,7 +14,8 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
   growth: "≤ linear" when the increment ratio (or, for the second T, ×MiB / ×T) is ≤ 1.1, else "super-linear".
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
 --timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
---checkpoint: the memory presets keep only each chunk's inputs for the backward (MemoryConfig.checkpoint).
+--checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
+the backward (MemoryConfig.checkpoint).
 Children serve buffers of 64 KiB and more by mmap and give them back to the OS when freed (``release_freed_memory``):
 with glibc's default the many small per-chunk buffers of a memory layer fragment its heap, and the resident peak
 measures the fragmentation (titans at T=1024: 386 MiB with a 1 MiB threshold, 257 MiB with 64 KiB, for 246 MiB of
@@ -70,8 +71,7 @@ def child(preset: str, T: int, args) -> dict:
 def measure(preset: str, T: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
            str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0)]
-    if args.checkpoint:
-        cmd += ["--checkpoint"]
+    cmd += ["--checkpoint" if args.checkpoint else "--no-checkpoint"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     return {"preset": preset, "T": T, **run_child(cmd, args.timeout)}

@@ -1,7 +1,7 @@
 """Training throughput of every named model (``atlas_lab.models.PRESETS``) next to the transformer.
 
     python benchmarks/models.py [--T 1024 4096] [--presets atlas titans ...] [--d-model 256] [--n-layers 4]
-                                [--n-heads 16] [--batch 1] [--repeats 3] [--threads N] [--tiny]
+                                [--n-heads 16] [--batch 1] [--repeats 3] [--no-checkpoint] [--threads N] [--tiny]
 
 One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
 float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
@@ -14,8 +14,8 @@ is an exception rather than a kill by the kernel's out-of-memory killer. (In one
 heap, fragmented by the presets before, made atlas_pp fail to allocate at T=1024; handing freed buffers back to the
 OS instead slowed atlas by a third.)
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
---checkpoint: the memory presets keep only each chunk's inputs for the backward (without it the muon presets
-need several GiB per 1K tokens). Writes runs/bench/models.json.
+--checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
+the backward (without it the muon presets need several GiB per 1K tokens). Writes runs/bench/models.json.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def measure_in_child(preset, T, args):
     cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
            str(args.n_layers), "--n-heads", str(args.n_heads), "--batch", str(args.batch), "--repeats",
            str(args.repeats), "--max-gib", str(args.max_gib or 0)]
-    cmd += (["--checkpoint"] if args.checkpoint else []) + (["--threads", str(args.threads)] if args.threads else [])
+    cmd += ["--checkpoint" if args.checkpoint else "--no-checkpoint"]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
     r = run_child(cmd)
     r.setdefault("params", None)
     return r
