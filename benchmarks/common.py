@@ -171,10 +171,13 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[obje
     console().print(table)
 
 
-def write_json(path: Path | str, payload) -> Path:
+def write_json(path: Path | str, payload, quiet: bool = False) -> Path:
+    """Write ``payload``; ``quiet``: without the "wrote" line (a long benchmark saving each row as it comes)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))
+    if quiet:
+        return path
     try:
         shown = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:

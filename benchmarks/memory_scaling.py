@@ -13,7 +13,7 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
                     the constant part), ≈ 2 per doubling for quadratic growth;
   growth: "≤ linear" when the increment ratio (or, for the second T, ×MiB / ×T) is ≤ 1.1, else "super-linear".
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
---timeout) is a row with its error. Writes runs/bench/memory_scaling.json.
+--timeout) is a row with its error. Writes runs/bench/memory_scaling.json after every point ("complete": false until the end).
 --checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
 the backward (MemoryConfig.checkpoint).
 Children serve buffers of 64 KiB and more by mmap and give them back to the OS when freed (``release_freed_memory``):
@@ -120,12 +120,19 @@ def main():
     apply_tiny(args, TINY)
 
     threads = set_threads(args.threads)
+
+    def record(rows, complete):
+        return dict(meta(args), d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                    max_gib=args.max_gib, checkpoint=args.checkpoint, complete=complete, rows=rows)
+
+    path = out_path("memory_scaling", args)
     rows = []
     for preset in args.presets:
         mine = []
         for T in sorted(args.T):
             r = measure(preset, T, args)
             mine.append(r)
+            write_json(path, record(rows + mine, False), quiet=True)  # an interrupted run keeps its points
             console().print(f"  {preset} T={T}: " + (r["error"] if "error" in r else
                                                       f"{r['step_peak_mib']:.1f} MiB, {r['seconds']:.1f} s"),
                             style="dim", markup=False)
@@ -152,9 +159,7 @@ def main():
                 caption="each point in a fresh process; increment ratio ≈ 1: linear in T, ≈ 2 per doubling: quadratic")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
-    write_json(out_path("memory_scaling", args), dict(meta(args), d_model=args.d_model, n_layers=args.n_layers,
-                                                      n_heads=args.n_heads, max_gib=args.max_gib, checkpoint=args.checkpoint,
-                                                      rows=rows))
+    write_json(path, record(rows, True))
 
 
 if __name__ == "__main__":

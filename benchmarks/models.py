@@ -15,7 +15,8 @@ heap, fragmented by the presets before, made atlas_pp fail to allocate at T=1024
 OS instead slowed atlas by a third.)
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
 --checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
-the backward (without it the muon presets need several GiB per 1K tokens). Writes runs/bench/models.json.
+the backward (without it the muon presets need several GiB per 1K tokens). Writes runs/bench/models.json after every
+row ("complete": false until the end).
 """
 from __future__ import annotations
 
@@ -99,6 +100,11 @@ def main():
     threads = set_threads(args.threads)
     presets = [BASELINE] + [p for p in dict.fromkeys(args.presets) if p != BASELINE]
 
+    def record(rows, complete):
+        return dict(meta(args), d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, batch=args.batch,
+                    vocab=VOCAB, max_gib=args.max_gib, checkpoint=args.checkpoint, complete=complete, rows=rows)
+
+    path = out_path("models", args)
     rows = []
     for T in args.T:
         cells = []
@@ -109,6 +115,7 @@ def main():
                 base = r.get("tokens_per_s")
             r["vs_transformer"] = r["tokens_per_s"] / base if "tokens_per_s" in r and base else None
             rows.append(r)
+            write_json(path, record(rows, False), quiet=True)  # an interrupted run keeps its rows
             if "error" in r:
                 cells.append([preset, None if r["params"] is None else f"{r['params']:,}", "failed", None, None,
                               r["error"]])
@@ -125,9 +132,7 @@ def main():
                     columns, cells, caption="> 1: faster than the transformer at this T")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
-    write_json(out_path("models", args), dict(meta(args), d_model=args.d_model, n_layers=args.n_layers,
-                                              n_heads=args.n_heads, batch=args.batch, vocab=VOCAB,
-                                              max_gib=args.max_gib, rows=rows))
+    write_json(path, record(rows, True))
 
 
 if __name__ == "__main__":
