@@ -66,7 +66,7 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     # the checkpoint rebuilds the model on its own: the linked vocab size is among its hyper-parameters
     from atlas_lab.lit import SequenceModel
     model = SequenceModel.load_from_checkpoint(ckpt)
-    assert model.hparams.vocab_size == 128 and model.hparams.mixer == "titans"
+    assert model.hparams.vocab_size == 64 and model.hparams.mixer == "titans"
 
 
 @pytest.mark.parametrize("args,message", [
