@@ -83,8 +83,8 @@ def cap_address_space(gib: float | None) -> None:
 def release_freed_memory(threshold: int) -> None:
     """glibc: serve every allocation of ``threshold`` bytes or more by mmap, and unmap it when freed
     (mallopt M_MMAP_THRESHOLD, which also stops glibc from raising the threshold after large frees). Otherwise
-    freed buffers stay on glibc's heap: the resident peak becomes the heap's high-water mark rather than the live
-    memory, and one process that runs several models fragments its address space until an allocation fails."""
+    freed buffers stay on glibc's heap, which fragments: the resident peak becomes the heap's high-water mark
+    rather than the live memory (the same as ``MALLOC_MMAP_THRESHOLD_`` set before the process starts)."""
     import ctypes
     import ctypes.util
 

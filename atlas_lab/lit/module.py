@@ -58,7 +58,8 @@ class SequenceModel(L.LightningModule):
 
     def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
-                 swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None, lr: float = 1e-3, weight_decay: float = 0.1,
+                 swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
+                 lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  schedule_steps: Optional[int] = None,
                  target: Literal["next_token", "positions", "compression"] = "next_token",
