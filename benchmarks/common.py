@@ -96,6 +96,15 @@ def release_freed_memory(threshold: int) -> None:
             pass
 
 
+def child_command(script: str, preset: str, T: int, args, *extra: str) -> list[str]:
+    """The command that re-invokes a benchmark ``script`` for one (preset, T) measurement with the model-size,
+    address-cap, checkpoint and thread arguments of ``args``; ``extra``: the script's own flags."""
+    cmd = [sys.executable, script, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
+           str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0),
+           "--checkpoint" if args.checkpoint else "--no-checkpoint", *extra]
+    return cmd + (["--threads", str(args.threads)] if args.threads else [])
+
+
 def run_child(cmd: list[str], timeout: float | None = None) -> dict:
     """Run ``cmd`` (a benchmark re-invoking itself for one measurement) in a fresh process; its last stdout line
     is a JSON dict. A failure is ``{"error": why}``: the last stderr line, the signal that killed it (SIGKILL: the

@@ -1,7 +1,8 @@
 """Peak memory of one training step (forward + backward) against the sequence length T.
 
     python benchmarks/memory_scaling.py [--presets atlas titans transformer] [--T 1024 2048 4096 8192 16384]
-                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--no-checkpoint] [--threads N] [--tiny]
+                                        [--d-model 256] [--n-layers 4] [--n-heads 16] [--no-checkpoint]
+                                        [--threads N] [--tiny]
 
 Each (preset, T) runs in a fresh Python process (``subprocess``), so its peak resident memory is its own: the child
 builds LanguageModel(256, preset, d_model 256, 4 layers, 16 heads), draws batch-1 random byte tokens, reads
@@ -13,7 +14,8 @@ difference. The table gives MiB, MiB per 1K tokens, and the growth from the prev
                     the constant part), ≈ 2 per doubling for quadratic growth;
   growth: "≤ linear" when the increment ratio (or, for the second T, ×MiB / ×T) is ≤ 1.1, else "super-linear".
 A child that fails (an exception, a kill by the out-of-memory killer, the --max-gib address-space cap, the
---timeout) is a row with its error. Writes runs/bench/memory_scaling.json after every point ("complete": false until the end).
+--timeout) is a row with its error. Writes runs/bench/memory_scaling.json after every point ("complete": false
+until the end).
 --checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
 the backward (MemoryConfig.checkpoint).
 Children serve buffers of 64 KiB and more by mmap and give them back to the OS when freed (``release_freed_memory``):
@@ -29,12 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    meta, out_path, preset_model, print_table, release_freed_memory, run_child, set_threads,
-                    write_json)
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, console,
+                    default_cap_gib, meta, out_path, preset_model, print_table, release_freed_memory, run_child,
+                    set_threads, write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
 VOCAB = 256
@@ -49,8 +50,7 @@ def child(preset: str, T: int, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     model = preset_model(preset, args, VOCAB)
     warm = torch.randint(0, VOCAB, (1, 17))  # a tiny step first: the libraries' one-off buffers go into the baseline
     F.cross_entropy(model(warm[:, :-1])[0].reshape(-1, VOCAB), warm[:, 1:].reshape(-1)).backward()
@@ -69,12 +69,7 @@ def child(preset: str, T: int, args) -> dict:
 
 
 def measure(preset: str, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
-           str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0)]
-    cmd += ["--checkpoint" if args.checkpoint else "--no-checkpoint"]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    return {"preset": preset, "T": T, **run_child(cmd, args.timeout)}
+    return {"preset": preset, "T": T, **run_child(child_command(__file__, preset, T, args), args.timeout)}
 
 
 def growth(rows: list[dict]) -> None:

@@ -7,7 +7,8 @@ One step = forward + backward of the next-token cross-entropy on random byte tok
 float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
 SWA window 64, every memory at the preset's chunk 16). For each T the `transformer` preset is always timed
 first (it is the baseline); then each preset, each in a fresh process: parameters, ms/step (median after a warm-up
-step), tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the transformer).
+step), tokens/s = batch·T / step, and its tokens/s ÷ the transformer's at the same T (> 1: faster than the
+transformer).
 A preset that fails (an exception, e.g. out of memory) is a row with its error; the others go on. Each measurement's
 process has its address space capped (--max-gib, default 3/4 of the machine's memory) so that running out of memory
 is an exception rather than a kill by the kernel's out-of-memory killer. (In one process for every preset, glibc's
@@ -23,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
 from rich.text import Text
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, console, default_cap_gib,
-                    median_time, meta, out_path, preset_model, print_table, run_child, set_threads, write_json)
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, console,
+                    default_cap_gib, median_time, meta, out_path, preset_model, print_table, run_child, set_threads,
+                    write_json)
 
 from atlas_lab.models import PRESETS
 
@@ -68,12 +69,8 @@ def measure(preset, T, args):
 
 
 def measure_in_child(preset, T, args):
-    cmd = [sys.executable, __file__, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
-           str(args.n_layers), "--n-heads", str(args.n_heads), "--batch", str(args.batch), "--repeats",
-           str(args.repeats), "--max-gib", str(args.max_gib or 0)]
-    cmd += ["--checkpoint" if args.checkpoint else "--no-checkpoint"]
-    cmd += ["--threads", str(args.threads)] if args.threads else []
-    r = run_child(cmd)
+    r = run_child(child_command(__file__, preset, T, args, "--batch", str(args.batch),
+                                "--repeats", str(args.repeats)))
     r.setdefault("params", None)
     return r
 
