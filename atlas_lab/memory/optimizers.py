@@ -10,6 +10,7 @@ same recurrences inside a chunk in closed form (cumulative products as [n, n] de
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 OPTIMIZERS = ("gd", "momentum", "muon")
 NS_COEFFICIENTS = {
@@ -32,9 +33,20 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])
+    m = X.shape[-2]
+    X = F.pad(X, (0, 0, 0, _row_padding(m)))  # zero rows stay zero: A, B and X_j gain zero rows (and columns)
+    X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
+
+
+def _row_padding(m: int) -> int:
+    """Zero rows that take a small m up to a multiple of 8, where batched matmul kernels run full vectors.
+
+    Measured (1 CPU thread, AVX-512, 16,384 matrices, forward+backward): 15×16 → 16×16: 1.5–1.7× faster;
+    6×8 and 7×28: 1.5×; 4×16 → 8×16: 1.2× slower; 45×180 and 153×612: no change.
+    """
+    return -m % 8 if 4 < m < 32 else 0
 
 
 NS_BLOCK_ELEMENTS = 1 << 18  # matrices per block: about 1 MiB of fp32 iterate, which stays in cache
