@@ -83,3 +83,23 @@ def test_bad_input_exits_non_zero_with_a_clear_message_and_writes_nothing(workdi
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not Path("runs").exists()
+
+
+@pytest.mark.parametrize("mixer", ["atlas", "atlas_mag", "transformer"])
+def test_memory_lr_applies_to_the_memory_mixers_only(mixer):
+    from atlas_lab.layers import MemoryMixer
+    from atlas_lab.lit import SequenceModel
+
+    model = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=5e-3)
+    groups = model.parameter_groups()
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+    memory = {id(p) for m in model.modules() if isinstance(m, MemoryMixer) for p in m.parameters()}
+    assert bool(memory) == (mixer != "transformer")
+    for g in groups:
+        assert {id(p) in memory for p in g["params"]} == {g["lr"] == 5e-3}
+        assert g["weight_decay"] == (0.1 if g["params"][0].dim() >= 2 else 0.0)
+    embedding = model.model.embed.weight
+    assert [g["lr"] for g in groups if any(p is embedding for p in g["params"])] == [1e-3]
+    default = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3)
+    assert {g["lr"] for g in default.parameter_groups()} == {1e-3}

@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from ..layers import MemoryMixer
 from ..models import PRESETS, LanguageModel, MemoryOverrides
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
 
@@ -45,6 +46,9 @@ class SequenceModel(L.LightningModule):
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
         memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
             e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
+        memory_lr: the peak learning rate of the memory mixers' parameters (memory layers and MAG's memory branch:
+            projections, gates, initial memory weights); null: lr. Models without memory layers ignore it, so one
+            config can give attention and memory layers the rates each trains best at.
         lr, weight_decay, betas, warmup_steps, min_lr_ratio: AdamW and the schedule (cosine to
             lr·min_lr_ratio over schedule_steps, by default the trainer's total steps; set it when a run will
             be stopped and resumed into a longer one, so every segment follows the same schedule).
@@ -59,7 +63,7 @@ class SequenceModel(L.LightningModule):
     def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
                  swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
-                 lr: float = 1e-3, weight_decay: float = 0.1,
+                 lr: float = 1e-3, memory_lr: Optional[float] = None, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  schedule_steps: Optional[int] = None,
                  target: Literal["next_token", "positions", "compression"] = "next_token",
@@ -139,12 +143,21 @@ class SequenceModel(L.LightningModule):
     def on_test_epoch_end(self):
         self._log_epoch("test")
 
+    def parameter_groups(self) -> list[dict]:
+        """AdamW groups: weight decay on matrices only; memory_lr (if set) on the memory mixers' parameters."""
+        memory = {id(p) for m in self.modules() if isinstance(m, MemoryMixer) for p in m.parameters()}
+        lr, memory_lr = self.hparams.lr, self.hparams.memory_lr or self.hparams.lr
+        groups = []
+        for is_memory, group_lr in ((False, lr), (True, memory_lr)):
+            for decay in (True, False):
+                params = [p for p in self.parameters() if (id(p) in memory) == is_memory and (p.dim() >= 2) == decay]
+                if params:
+                    groups.append({"params": params, "lr": group_lr,
+                                   "weight_decay": self.hparams.weight_decay if decay else 0.0})
+        return groups
+
     def configure_optimizers(self):
-        decay = [p for p in self.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=self.hparams.lr, betas=self.hparams.betas)
+        optimizer = torch.optim.AdamW(self.parameter_groups(), betas=self.hparams.betas)
         total = max(1, self.hparams.schedule_steps or int(self.trainer.estimated_stepping_batches))
         warmup, floor = min(self.hparams.warmup_steps, total // 2), self.hparams.min_lr_ratio
 
