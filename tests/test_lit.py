@@ -103,3 +103,5 @@ def test_memory_lr_applies_to_the_memory_mixers_only(mixer):
     assert [g["lr"] for g in groups if any(p is embedding for p in g["params"])] == [1e-3]
     default = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3)
     assert {g["lr"] for g in default.parameter_groups()} == {1e-3}
+    frozen = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=0.0)
+    assert {g["lr"] for g in frozen.parameter_groups()} == ({0.0, 1e-3} if memory else {1e-3})  # 0 is a rate

@@ -146,9 +146,9 @@ class SequenceModel(L.LightningModule):
     def parameter_groups(self) -> list[dict]:
         """AdamW groups: weight decay on matrices only; memory_lr (if set) on the memory mixers' parameters."""
         memory = {id(p) for m in self.modules() if isinstance(m, MemoryMixer) for p in m.parameters()}
-        lr, memory_lr = self.hparams.lr, self.hparams.memory_lr or self.hparams.lr
+        lr, memory_lr = self.hparams.lr, self.hparams.memory_lr
         groups = []
-        for is_memory, group_lr in ((False, lr), (True, memory_lr)):
+        for is_memory, group_lr in ((False, lr), (True, lr if memory_lr is None else memory_lr)):
             for decay in (True, False):
                 params = [p for p in self.parameters() if (id(p) in memory) == is_memory and (p.dim() >= 2) == decay]
                 if params:

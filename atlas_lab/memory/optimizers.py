@@ -33,8 +33,9 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    m = X.shape[-2]
-    X = F.pad(X, (0, 0, 0, _row_padding(m)))  # zero rows stay zero: A, B and X_j gain zero rows (and columns)
+    m, pad = X.shape[-2], _row_padding(X.shape[-2])
+    if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
+        X = F.pad(X, (0, 0, 0, pad))
     X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
