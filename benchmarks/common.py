@@ -105,6 +105,13 @@ def child_command(script: str, preset: str, T: int, args, *extra: str) -> list[s
     return cmd + (["--threads", str(args.threads)] if args.threads else [])
 
 
+def child_record(args, rows: list[dict], complete: bool, **extra) -> dict:
+    """The JSON of a benchmark measured by ``child_command`` processes: ``meta``, the settings the children got,
+    ``extra``, the rows so far and ``complete`` (false while a run is still adding rows)."""
+    return meta(args, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, max_gib=args.max_gib,
+                checkpoint=args.checkpoint, **extra, complete=complete, rows=rows)
+
+
 def run_child(cmd: list[str], timeout: float | None = None) -> dict:
     """Run ``cmd`` (a benchmark re-invoking itself for one measurement) in a fresh process; its last stdout line
     is a JSON dict. A failure is ``{"error": why}``: the last stderr line, the signal that killed it (SIGKILL: the

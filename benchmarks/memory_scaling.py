@@ -33,8 +33,8 @@ import json
 import resource
 import time
 
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, console,
-                    default_cap_gib, meta, out_path, preset_model, print_table, release_freed_memory, run_child,
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, child_record,
+                    console, default_cap_gib, out_path, preset_model, print_table, release_freed_memory, run_child,
                     set_threads, write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
@@ -116,10 +116,6 @@ def main():
 
     threads = set_threads(args.threads)
 
-    def record(rows, complete):
-        return dict(meta(args), d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                    max_gib=args.max_gib, checkpoint=args.checkpoint, complete=complete, rows=rows)
-
     path = out_path("memory_scaling", args)
     rows = []
     for preset in args.presets:
@@ -127,7 +123,7 @@ def main():
         for T in sorted(args.T):
             r = measure(preset, T, args)
             mine.append(r)
-            write_json(path, record(rows + mine, False), quiet=True)  # an interrupted run keeps its points
+            write_json(path, child_record(args, rows + mine, False), quiet=True)  # an interrupted run keeps its points
             console().print(f"  {preset} T={T}: " + (r["error"] if "error" in r else
                                                       f"{r['step_peak_mib']:.1f} MiB, {r['seconds']:.1f} s"),
                             style="dim", markup=False)
@@ -154,7 +150,7 @@ def main():
                 caption="each point in a fresh process; increment ratio ≈ 1: linear in T, ≈ 2 per doubling: quadratic")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
-    write_json(path, record(rows, True))
+    write_json(path, child_record(args, rows, True))
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ import math
 import torch
 import torch.nn.functional as F
 from rich.text import Text
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, console,
-                    default_cap_gib, median_time, meta, out_path, preset_model, print_table, run_child, set_threads,
+from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, child_record,
+                    console, default_cap_gib, median_time, out_path, preset_model, print_table, run_child, set_threads,
                     write_json)
 
 from atlas_lab.models import PRESETS
@@ -97,10 +97,6 @@ def main():
     threads = set_threads(args.threads)
     presets = [BASELINE] + [p for p in dict.fromkeys(args.presets) if p != BASELINE]
 
-    def record(rows, complete):
-        return dict(meta(args), d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, batch=args.batch,
-                    vocab=VOCAB, max_gib=args.max_gib, checkpoint=args.checkpoint, complete=complete, rows=rows)
-
     path = out_path("models", args)
     rows = []
     for T in args.T:
@@ -112,7 +108,8 @@ def main():
                 base = r.get("tokens_per_s")
             r["vs_transformer"] = r["tokens_per_s"] / base if "tokens_per_s" in r and base else None
             rows.append(r)
-            write_json(path, record(rows, False), quiet=True)  # an interrupted run keeps its rows
+            # an interrupted run keeps its rows
+            write_json(path, child_record(args, rows, False, batch=args.batch, vocab=VOCAB), quiet=True)
             if "error" in r:
                 cells.append([preset, None if r["params"] is None else f"{r['params']:,}", "failed", None, None,
                               r["error"]])
@@ -129,7 +126,7 @@ def main():
                     columns, cells, caption="> 1: faster than the transformer at this T")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
-    write_json(path, record(rows, True))
+    write_json(path, child_record(args, rows, True, batch=args.batch, vocab=VOCAB))
 
 
 if __name__ == "__main__":
