@@ -210,15 +210,18 @@ def test_triton_says_what_it_does_not_cover():
         memorize(q, k, v, memory="mlp", impl="triton")
 
 
+@pytest.mark.parametrize("impl", ["bmm", "kernel"])
 @pytest.mark.parametrize("coefficients", ["quintic", "cubic"])
-@pytest.mark.parametrize("shape", [(7, 5, 9), (6, 9, 5), (2, 3, 4, 4), (3, 15, 16), (2, 16, 15)])
-def test_blocked_newton_schulz_matches_autograd_through_the_literal_iteration(coefficients, shape, monkeypatch):
-    """Values and gradients of the blocked, recomputing NS against autograd through X ← aX + (bA + cA²)X.
+@pytest.mark.parametrize("shape", [(7, 5, 9), (6, 9, 5), (2, 3, 4, 4), (3, 15, 16), (2, 16, 15), (40, 1, 3),
+                                   (2, 17, 40)])
+def test_newton_schulz_matches_autograd_through_the_literal_iteration(impl, coefficients, shape, monkeypatch):
+    """Values and gradients of both NS paths against autograd through X ← aX + (bA + cA²)X, in float64.
 
-    m = 5 and 15 run with zero rows padded to a multiple of 8; m = 4 without."""
+    bmm: several blocks, the last one partial; m = 5, 15 and 17 run with zero rows padded to a multiple of 8.
+    kernel: rows padded to whole vectors inside the kernel; 40 matrices span several parallel tasks."""
     from atlas_lab.memory import optimizers
 
-    monkeypatch.setattr(optimizers, "NS_BLOCK_ELEMENTS", 50)  # several blocks, the last one partial
+    monkeypatch.setattr(optimizers, "NS_BLOCK_ELEMENTS", 50)
     a, b, c = optimizers.NS_COEFFICIENTS[coefficients]
     torch.manual_seed(0)
     G = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
@@ -228,11 +231,31 @@ def test_blocked_newton_schulz_matches_autograd_through_the_literal_iteration(co
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
     literal = X.mT if shape[-2] > shape[-1] else X
-    out = newton_schulz(G, 5, coefficients)
+    out = newton_schulz(G, 5, coefficients, impl=impl)
     assert rel_err(out, literal) < 1e-12
     weight = torch.randn_like(out)
     (g_literal,) = torch.autograd.grad((literal * weight).sum(), G)
     (g_out,) = torch.autograd.grad((out * weight).sum(), G)
     assert rel_err(g_out, g_literal) < 1e-12
-    assert torch.autograd.gradcheck(lambda G: newton_schulz(G, 3, coefficients), G[..., :3, :4].detach().clone()
-                                    .requires_grad_())
+    assert torch.autograd.gradcheck(lambda G: newton_schulz(G, 3, coefficients, impl=impl),
+                                    G[..., :3, :4].detach().clone().requires_grad_())
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 15), (64, 4, 16), (8, 45, 180)])
+def test_newton_schulz_kernel_matches_bmm_in_float32(shape):
+    torch.manual_seed(0)
+    G = torch.randn(*shape, requires_grad=True)
+    out = {impl: newton_schulz(G, impl=impl) for impl in ("kernel", "bmm")}
+    weight = torch.randn_like(out["bmm"])
+    grads = {impl: torch.autograd.grad((y * weight).sum(), G)[0] for impl, y in out.items()}
+    assert rel_err(out["kernel"], out["bmm"]) < 1e-5
+    assert rel_err(grads["kernel"], grads["bmm"]) < 1e-4
+
+
+def test_newton_schulz_kernel_says_what_it_takes():
+    with pytest.raises(ValueError, match="impl 'kernel' takes float32/float64 CPU tensors"):
+        newton_schulz(torch.randn(2, 4, 4, dtype=torch.bfloat16), impl="kernel")
+    with pytest.raises(ValueError, match="valid choices: auto, kernel, bmm"):
+        newton_schulz(torch.randn(2, 4, 4), impl="triton")
+
+

@@ -12,31 +12,45 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from . import newton_schulz_cpu
+
 OPTIMIZERS = ("gd", "momentum", "muon")
 NS_COEFFICIENTS = {
     "quintic": (3.4445, -4.7750, 2.0315),  # Muon's: fast, singular values end up in ~[0.5, 1.5]
     "cubic": (1.5, -0.5, 0.0),  # converges to the polar factor U Vᵀ as the number of steps grows
 }
+NS_IMPLS = ("auto", "kernel", "bmm")
 
 
-def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
+def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7,
+                  impl: str = "auto") -> torch.Tensor:
     """NS_k(G) for a batch of matrices G [..., m, n] (each matrix separately).
 
     X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
-    The iterations run a cache-sized block of matrices at a time, and the backward recomputes them
-    (``_NSIterations``) instead of keeping 3k intermediates per matrix.
+    impl: "bmm" runs the iterations as batched matmuls on a cache-sized block of matrices at a time, and the
+    backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "kernel" runs
+    them fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``, float32/float64 on the CPU);
+    "auto" takes the kernel where it applies and builds.
     """
     if coefficients not in NS_COEFFICIENTS:
         raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
+    if impl not in NS_IMPLS:
+        raise ValueError(f"unknown newton_schulz impl {impl!r}; valid choices: {', '.join(NS_IMPLS)}")
     transpose = G.shape[-2] > G.shape[-1]
     X = G.mT if transpose else G
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    m, pad = X.shape[-2], _row_padding(X.shape[-2])
-    if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
-        X = F.pad(X, (0, 0, 0, pad))
-    X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
+    if impl == "kernel" and not newton_schulz_cpu.applies(X):
+        raise ValueError(f"newton_schulz impl 'kernel' takes float32/float64 CPU tensors where the kernel builds, "
+                         f"not {X.dtype} on {X.device.type}; use impl 'auto' or 'bmm'")
+    if impl == "kernel" or (impl == "auto" and newton_schulz_cpu.applies(X)):
+        X = newton_schulz_cpu.NSKernel.apply(X, steps, *NS_COEFFICIENTS[coefficients])
+    else:
+        m, pad = X.shape[-2], _row_padding(X.shape[-2])
+        if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
+            X = F.pad(X, (0, 0, 0, pad))
+        X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
 

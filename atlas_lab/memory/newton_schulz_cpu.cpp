@@ -1,0 +1,196 @@
+// Newton–Schulz iterations on many small matrices, fused per matrix, for the CPU (float32 and float64).
+//
+// For each X_0 [m, n] (m ≤ n) of a batch, k times:   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X.
+// Backward (recomputation): the iterates are recomputed per matrix, then for j = k−1 … 0, with G = ∂L/∂X_{j+1}:
+//   dB = G X_jᵀ,  E = dB + dBᵀ,  ∂A + ∂Aᵀ = b E + c (E A + A E),  ∂L/∂X_j = a G + B G + (∂A + ∂Aᵀ) X_j
+// (A and B are symmetric). The PyTorch version is ``_NSIterations`` in optimizers.py; the two are tested against
+// autograd through the literal iteration.
+//
+// Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one 64-byte
+// vector; the padding stays zero through every product, and each product C = A B runs R rows of C at a time,
+// so every vector of B that is loaded feeds R fused multiply-adds.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+template <typename T> struct Vec { typedef T type __attribute__((vector_size(64))); };
+template <typename T> constexpr int kWidth = 64 / sizeof(T);
+
+template <typename T> inline typename Vec<T>::type vload(const T* p) {
+  typename Vec<T>::type v;
+  __builtin_memcpy(&v, p, 64);
+  return v;
+}
+template <typename T> inline void vstore(T* p, typename Vec<T>::type v) { __builtin_memcpy(p, &v, 64); }
+
+inline int padded(int x, int w) { return (x + w - 1) / w * w; }
+
+// C[R, ld] (= or +=) alpha · A[R, K] @ B[K, ld], row strides lda and ld; ld is a multiple of the vector width.
+template <typename T, bool ACC, int R>
+inline void product_rows(const T* __restrict A, int lda, const T* __restrict B, T* __restrict C, int ld, int K,
+                         T alpha) {
+  using V = typename Vec<T>::type;
+  for (int j0 = 0; j0 < ld; j0 += kWidth<T>) {
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = V{};
+    for (int p = 0; p < K; ++p) {
+      const V b = vload(B + p * ld + j0);
+      for (int r = 0; r < R; ++r) acc[r] += A[r * lda + p] * b;
+    }
+    for (int r = 0; r < R; ++r) {
+      V out = alpha * acc[r];
+      if (ACC) out += vload(C + r * ld + j0);
+      vstore(C + r * ld + j0, out);
+    }
+  }
+}
+
+// C[M, ld] (= or +=) alpha · A[M, K] @ B[K, ld]
+template <typename T, bool ACC>
+inline void product(const T* A, int lda, const T* B, T* C, int ld, int M, int K, T alpha = T(1)) {
+  int i = 0;
+  for (; i + 4 <= M; i += 4) product_rows<T, ACC, 4>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
+  for (; i < M; ++i) product_rows<T, ACC, 1>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
+}
+
+template <typename T>
+inline void transpose(const T* __restrict X, int ldx, T* __restrict XT, int ldt, int rows, int cols) {
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) XT[j * ldt + i] = X[i * ldx + j];
+}
+
+// The padded layout of one matrix: X [m, np], Xᵀ [n, mp], A and B [m, mp].
+template <typename T> struct Layout {
+  int m, n, np, mp;
+  Layout(int m_, int n_) : m(m_), n(n_), np(padded(n_, kWidth<T>)), mp(padded(m_, kWidth<T>)) {}
+  int x() const { return m * np; }
+  int xt() const { return n * mp; }
+  int a() const { return m * mp; }
+  void load(const T* src, T* dst) const {
+    for (int i = 0; i < m; ++i) std::copy(src + i * n, src + (i + 1) * n, dst + i * np);
+  }
+  void store(const T* src, T* dst) const {
+    for (int i = 0; i < m; ++i) std::copy(src + i * np, src + i * np + n, dst + i * n);
+  }
+};
+
+// One iteration: from X (and its transpose, written to XT) to A, B and Xn = a X + B X.
+template <typename T>
+inline void iteration(const Layout<T>& L, const T* X, T* XT, T* A, T* B, T* Xn, T a, T b, T c) {
+  transpose(X, L.np, XT, L.mp, L.m, L.n);
+  product<T, false>(X, L.np, XT, A, L.mp, L.m, L.n);
+  if (c != T(0)) {
+    product<T, false>(A, L.mp, A, B, L.mp, L.m, L.m, c);
+    for (int i = 0; i < L.a(); ++i) B[i] += b * A[i];
+  } else {
+    for (int i = 0; i < L.a(); ++i) B[i] = b * A[i];
+  }
+  for (int i = 0; i < L.x(); ++i) Xn[i] = a * X[i];
+  product<T, true>(B, L.mp, X, Xn, L.np, L.m, L.m);
+}
+
+constexpr int64_t kGrain = 16;  // matrices per parallel task
+
+void check(const torch::Tensor& X, const char* name) {
+  TORCH_CHECK(X.device().is_cpu() && X.dim() == 3, name, " must be a [M, m, n] CPU tensor");
+  TORCH_CHECK(X.size(1) <= X.size(2), name, " must have m <= n (transpose it first)");
+}
+
+}  // namespace
+
+torch::Tensor ns_forward(torch::Tensor X0, int64_t k, double a, double b, double c) {
+  check(X0, "X");
+  auto X = X0.contiguous();
+  auto out = torch::empty_like(X);
+  const int64_t M = X.size(0);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_forward", [&] {
+    using T = scalar_t;
+    const Layout<T> L(X.size(1), X.size(2));
+    const T *x = X.data_ptr<T>();
+    T* o = out.data_ptr<T>();
+    at::parallel_for(0, M, kGrain, [&](int64_t begin, int64_t end) {
+      std::vector<T> buffer(2 * L.x() + L.xt() + 2 * L.a(), T(0));
+      T* X1 = buffer.data();
+      T* X2 = X1 + L.x();
+      T* XT = X2 + L.x();
+      T* A = XT + L.xt();
+      T* B = A + L.a();
+      for (int64_t i = begin; i < end; ++i) {
+        T* cur = X1;
+        T* next = X2;
+        L.load(x + i * L.m * L.n, cur);
+        for (int j = 0; j < k; ++j) {
+          iteration<T>(L, cur, XT, A, B, next, a, b, c);
+          std::swap(cur, next);
+        }
+        L.store(cur, o + i * L.m * L.n);
+      }
+    });
+  });
+  return out;
+}
+
+torch::Tensor ns_backward(torch::Tensor X0, torch::Tensor grad, int64_t k, double a, double b, double c) {
+  check(X0, "X");
+  TORCH_CHECK(grad.sizes() == X0.sizes() && grad.scalar_type() == X0.scalar_type(), "grad must match X");
+  auto X = X0.contiguous();
+  auto G = grad.contiguous();
+  auto out = torch::empty_like(X);
+  const int64_t M = X.size(0);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_backward", [&] {
+    using T = scalar_t;
+    const Layout<T> L(X.size(1), X.size(2));
+    const T* x = X.data_ptr<T>();
+    const T* gr = G.data_ptr<T>();
+    T* o = out.data_ptr<T>();
+    const T ta = a, tb = b, tc = c;
+    at::parallel_for(0, M, kGrain, [&](int64_t begin, int64_t end) {
+      // X_0..X_k, X_0ᵀ..X_{k-1}ᵀ, A_j, B_j, then dB, E, S and two gradients
+      std::vector<T> buffer((k + 1) * L.x() + k * (L.xt() + 2 * L.a()) + 3 * L.a() + 2 * L.x(), T(0));
+      T* Xs = buffer.data();
+      T* XTs = Xs + (k + 1) * L.x();
+      T* As = XTs + k * L.xt();
+      T* Bs = As + k * L.a();
+      T* dB = Bs + k * L.a();
+      T* E = dB + L.a();
+      T* S = E + L.a();
+      T* g = S + L.a();
+      T* g_next = g + L.x();
+      for (int64_t i = begin; i < end; ++i) {
+        L.load(x + i * L.m * L.n, Xs);
+        for (int j = 0; j < k; ++j)
+          iteration<T>(L, Xs + j * L.x(), XTs + j * L.xt(), As + j * L.a(), Bs + j * L.a(), Xs + (j + 1) * L.x(),
+                       ta, tb, tc);
+        L.load(gr + i * L.m * L.n, g);
+        for (int j = k - 1; j >= 0; --j) {
+          const T* Xj = Xs + j * L.x();
+          const T* A = As + j * L.a();
+          const T* B = Bs + j * L.a();
+          product<T, false>(g, L.np, XTs + j * L.xt(), dB, L.mp, L.m, L.n);
+          for (int r = 0; r < L.m; ++r)
+            for (int s = 0; s < L.m; ++s) E[r * L.mp + s] = dB[r * L.mp + s] + dB[s * L.mp + r];
+          for (int t = 0; t < L.a(); ++t) S[t] = tb * E[t];
+          if (tc != T(0)) {
+            product<T, true>(E, L.mp, A, S, L.mp, L.m, L.m, tc);
+            product<T, true>(A, L.mp, E, S, L.mp, L.m, L.m, tc);
+          }
+          for (int t = 0; t < L.x(); ++t) g_next[t] = ta * g[t];
+          product<T, true>(B, L.mp, g, g_next, L.np, L.m, L.m);
+          product<T, true>(S, L.mp, Xj, g_next, L.np, L.m, L.m);
+          std::swap(g, g_next);
+        }
+        L.store(g, o + i * L.m * L.n);
+      }
+    });
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("forward", &ns_forward, "X_k from X_0 [M, m, n], m <= n");
+  module.def("backward", &ns_backward, "dL/dX_0 from X_0 and dL/dX_k");
+}

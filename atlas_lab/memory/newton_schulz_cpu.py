@@ -1,0 +1,79 @@
+"""The CPU kernel of the Newton–Schulz iterations (``newton_schulz_cpu.cpp``), built on first use.
+
+Each matrix of a batch runs all k iterations, and their recomputing backward, in a per-thread buffer of fused
+vector products, instead of the 3k batched matmul calls of ``optimizers._NSIterations``. It takes float32 and
+float64 CPU tensors; ``optimizers.newton_schulz`` uses it for those when it builds, and the batched-matmul path
+otherwise.
+
+The build (torch.utils.cpp_extension: a C++ compiler and ninja, about a minute) happens once per machine and
+torch version; the library is cached under $TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). A machine
+without a compiler gets one warning and the batched-matmul path. ATLAS_LAB_NS_KERNEL=0 in the environment turns the
+kernel off (impl "auto" then takes the batched-matmul path).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+SOURCE = Path(__file__).with_name("newton_schulz_cpu.cpp")
+DTYPES = (torch.float32, torch.float64)
+
+
+def _build_name() -> str:
+    """A name per source, torch, Python and CPU (the library is compiled with -march=native)."""
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    key = "|".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), cpu])
+    return "atlas_lab_newton_schulz_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def kernel():
+    """The compiled module (forward, backward), or None where it cannot be built."""
+    from torch.utils import cpp_extension
+
+    name = _build_name()
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    directory = root / name
+    if not any(directory.glob(f"{name}*.so")):
+        print(f"atlas-lab: building the CPU Newton–Schulz kernel in {directory} (once, about a minute)",
+              file=sys.stderr)
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory),
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except Exception as error:  # no compiler, no ninja, a failed build: the batched-matmul path still works
+        warnings.warn(f"the CPU Newton–Schulz kernel did not build ({type(error).__name__}: {error}); "
+                      "newton_schulz uses batched matmuls instead")
+        return None
+
+
+class NSKernel(torch.autograd.Function):
+    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel; the backward recomputes."""
+
+    @staticmethod
+    def forward(ctx, X, steps, a, b, c):
+        ctx.save_for_backward(X)
+        ctx.args = (steps, a, b, c)
+        return kernel().forward(X, steps, a, b, c)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (X,) = ctx.saved_tensors
+        return kernel().backward(X, grad, *ctx.args), None, None, None, None
+
+
+def applies(X: torch.Tensor) -> bool:
+    """Whether the kernel takes X, is not turned off (ATLAS_LAB_NS_KERNEL=0) and builds here."""
+    return X.device.type == "cpu" and X.dtype in DTYPES and os.environ.get("ATLAS_LAB_NS_KERNEL") != "0" \
+        and kernel() is not None
