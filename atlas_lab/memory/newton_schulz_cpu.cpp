@@ -7,8 +7,8 @@
 // autograd through the literal iteration.
 //
 // Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one 64-byte
-// vector; the padding stays zero through every product, and each product C = A B runs R rows of C at a time,
-// so every vector of B that is loaded feeds R fused multiply-adds.
+// vector; the padding stays zero through every product, and each product C = A B runs up to 4 rows of C at a
+// time, so every vector of B that is loaded feeds up to 4 fused multiply-adds.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -54,7 +54,8 @@ template <typename T, bool ACC>
 inline void product(const T* A, int lda, const T* B, T* C, int ld, int M, int K, T alpha = T(1)) {
   int i = 0;
   for (; i + 4 <= M; i += 4) product_rows<T, ACC, 4>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
-  for (; i < M; ++i) product_rows<T, ACC, 1>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
+  if (i + 2 <= M) { product_rows<T, ACC, 2>(A + i * lda, lda, B, C + i * ld, ld, K, alpha); i += 2; }
+  if (i < M) product_rows<T, ACC, 1>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
 }
 
 template <typename T>

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -48,9 +49,15 @@ def kernel():
         print(f"atlas-lab: building the CPU Newton–Schulz kernel in {directory} (once, about a minute)",
               file=sys.stderr)
     directory.mkdir(parents=True, exist_ok=True)
+    if shutil.which("ninja") is None:  # the pip package's binary, when its bin folder is not on PATH
+        try:
+            import ninja
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
     try:
         return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory),
-                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+                                  extra_cflags=["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, a failed build: the batched-matmul path still works
         warnings.warn(f"the CPU Newton–Schulz kernel did not build ({type(error).__name__}: {error}); "
                       "newton_schulz uses batched matmuls instead")
