@@ -26,14 +26,15 @@ from torch.autograd.function import once_differentiable
 
 SOURCE = Path(__file__).with_name("newton_schulz_cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 
 
 def _build_name() -> str:
-    """A name per source, torch, Python and CPU (the library is compiled with -march=native)."""
+    """A name per source, flags, torch, Python and CPU (the library is compiled with -march=native)."""
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
         cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
-    key = "|".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), cpu])
+    key = "|".join([SOURCE.read_text(), *CFLAGS, torch.__version__, sys.version, platform.machine(), cpu])
     return "atlas_lab_newton_schulz_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -56,8 +57,8 @@ def kernel():
         except ImportError:
             pass
     try:
-        return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory),
-                                  extra_cflags=["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory), extra_cflags=CFLAGS,
+                                  extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, a failed build: the batched-matmul path still works
         warnings.warn(f"the CPU Newton–Schulz kernel did not build ({type(error).__name__}: {error}); "
                       "newton_schulz uses batched matmuls instead")
