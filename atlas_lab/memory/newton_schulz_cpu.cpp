@@ -94,7 +94,8 @@ inline void iteration(const Layout<T>& L, const T* X, T* XT, T* A, T* B, T* Xn, 
   product<T, true>(B, L.mp, X, Xn, L.np, L.m, L.m);
 }
 
-constexpr int64_t kGrain = 16;  // matrices per parallel task
+// Matrices per parallel task: about 4K elements, so that small batches of large matrices still use every thread.
+inline int64_t grain(const torch::Tensor& X) { return std::max<int64_t>(1, 4096 / (X.size(1) * X.size(2))); }
 
 void check(const torch::Tensor& X, const char* name) {
   TORCH_CHECK(X.device().is_cpu() && X.dim() == 3, name, " must be a [M, m, n] CPU tensor");
@@ -113,7 +114,7 @@ torch::Tensor ns_forward(torch::Tensor X0, int64_t k, double a, double b, double
     const Layout<T> L(X.size(1), X.size(2));
     const T *x = X.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    at::parallel_for(0, M, kGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
       std::vector<T> buffer(2 * L.x() + L.xt() + 2 * L.a(), T(0));
       T* X1 = buffer.data();
       T* X2 = X1 + L.x();
@@ -149,7 +150,7 @@ torch::Tensor ns_backward(torch::Tensor X0, torch::Tensor grad, int64_t k, doubl
     const T* gr = G.data_ptr<T>();
     T* o = out.data_ptr<T>();
     const T ta = a, tb = b, tc = c;
-    at::parallel_for(0, M, kGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
       // X_0..X_k, X_0ᵀ..X_{k-1}ᵀ, A_j, B_j, then dB, E, S and two gradients
       std::vector<T> buffer((k + 1) * L.x() + k * (L.xt() + 2 * L.a()) + 3 * L.a() + 2 * L.x(), T(0));
       T* Xs = buffer.data();
