@@ -259,3 +259,32 @@ def test_newton_schulz_kernel_says_what_it_takes():
         newton_schulz(torch.randn(2, 4, 4), impl="triton")
 
 
+
+
+def test_newton_schulz_takes_batched_matmuls_without_the_kernel(monkeypatch, tmp_path):
+    """A failed build warns once and leaves impl "auto" on the bmm path; ATLAS_LAB_NS_KERNEL=0 turns the kernel off."""
+    from torch.utils import cpp_extension
+
+    from atlas_lab.memory import newton_schulz_cpu
+
+    G = torch.randn(6, 4, 16, dtype=torch.float64)
+    expected = newton_schulz(G, impl="bmm")
+    monkeypatch.setenv("ATLAS_LAB_NS_KERNEL", "0")
+    assert not newton_schulz_cpu.applies(G)
+    monkeypatch.delenv("ATLAS_LAB_NS_KERNEL")
+    assert newton_schulz_cpu.applies(G)
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    newton_schulz_cpu.kernel.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="did not build .*no C\\+\\+ compiler.*uses batched matmuls"):
+            assert not newton_schulz_cpu.applies(G)
+        assert rel_err(newton_schulz(G), expected) == 0.0
+        with pytest.raises(ValueError, match="where the kernel builds"):
+            newton_schulz(G, impl="kernel")
+    finally:
+        newton_schulz_cpu.kernel.cache_clear()  # the next caller loads the real build again
