@@ -66,19 +66,20 @@ def kernel():
 
 
 class NSKernel(torch.autograd.Function):
-    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel; the backward recomputes."""
+    """NS_k(G) for G [M, r, c] (CPU, float32/float64) by the compiled kernel, normalisation and the transpose
+    for r > c included; the backward recomputes."""
 
     @staticmethod
-    def forward(ctx, X, steps, a, b, c):
-        ctx.save_for_backward(X)
-        ctx.args = (steps, a, b, c)
-        return kernel().forward(X, steps, a, b, c)
+    def forward(ctx, G, steps, a, b, c, eps):
+        ctx.save_for_backward(G)
+        ctx.args = (steps, a, b, c, eps)
+        return kernel().forward(G, steps, a, b, c, eps)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (X,) = ctx.saved_tensors
-        return kernel().backward(X, grad, *ctx.args), None, None, None, None
+        (G,) = ctx.saved_tensors
+        return kernel().backward(G, grad, *ctx.args), None, None, None, None, None
 
 
 def applies(X: torch.Tensor) -> bool:
