@@ -1,13 +1,10 @@
-// Newton–Schulz NS_k on many small matrices, fused per matrix, for the CPU (float32 and float64).
+// Newton–Schulz iterations on many small matrices, fused per matrix, for the CPU (float32 and float64).
 //
-// For each G [r, c] of a batch: X_0 = G / (‖G‖_F + ε), on Gᵀ when r > c, so X is [m, n] with m ≤ n; k times
-//   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X;   the result is X_k (transposed back when G was).
-// Backward (recomputation): the iterates are recomputed per matrix, then for j = k−1 … 0, with G' = ∂L/∂X_{j+1}:
-//   dB = G' X_jᵀ,  E = dB + dBᵀ,  ∂A + ∂Aᵀ = b E + c (E A + A E),  ∂L/∂X_j = a G' + B G' + (∂A + ∂Aᵀ) X_j
-// (A and B are symmetric), and through the normalisation, with s = 1/(‖G‖ + ε):
-//   ∂L/∂G = s ∂L/∂X_0 − ⟨∂L/∂X_0, X_0⟩ / ‖G‖ · X_0.
-// The PyTorch version is ``_NSIterations`` in optimizers.py; both are tested against autograd through the literal
-// iteration.
+// For each X_0 [m, n] (m ≤ n) of a batch, k times:   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X.
+// Backward (recomputation): the iterates are recomputed per matrix, then for j = k−1 … 0, with G = ∂L/∂X_{j+1}:
+//   dB = G X_jᵀ,  E = dB + dBᵀ,  ∂A + ∂Aᵀ = b E + c (E A + A E),  ∂L/∂X_j = a G + B G + (∂A + ∂Aᵀ) X_j
+// (A and B are symmetric). The PyTorch version is ``_NSIterations`` in optimizers.py; the two are tested against
+// autograd through the literal iteration.
 //
 // Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one 64-byte
 // vector; the padding stays zero through every product, and each product C = A B runs up to 4 rows of C at a
@@ -16,7 +13,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 namespace {
@@ -68,27 +64,18 @@ inline void transpose(const T* __restrict X, int ldx, T* __restrict XT, int ldt,
     for (int j = 0; j < cols; ++j) XT[j * ldt + i] = X[i * ldx + j];
 }
 
-// The padded layout of one matrix: X [m, n], Xᵀ [n, mp], A and B [m, mp]; G is [m, n], or [n, m] when transposed.
+// The padded layout of one matrix: X [m, np], Xᵀ [n, mp], A and B [m, mp].
 template <typename T> struct Layout {
   int m, n, np, mp;
-  bool transposed;
-  Layout(int r, int c)
-      : m(std::min(r, c)), n(std::max(r, c)), np(padded(n, kWidth<T>)), mp(padded(m, kWidth<T>)), transposed(r > c) {}
+  Layout(int m_, int n_) : m(m_), n(n_), np(padded(n_, kWidth<T>)), mp(padded(m_, kWidth<T>)) {}
   int x() const { return m * np; }
   int xt() const { return n * mp; }
   int a() const { return m * mp; }
   void load(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) dst[i * np + j] = transposed ? src[j * m + i] : src[i * n + j];
+    for (int i = 0; i < m; ++i) std::copy(src + i * n, src + (i + 1) * n, dst + i * np);
   }
   void store(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) (transposed ? dst[j * m + i] : dst[i * n + j]) = src[i * np + j];
-  }
-  T norm(const T* X) const {  // the padding is zero
-    T sq = 0;
-    for (int i = 0; i < x(); ++i) sq += X[i] * X[i];
-    return std::sqrt(sq);
+    for (int i = 0; i < m; ++i) std::copy(src + i * np, src + i * np + n, dst + i * n);
   }
 };
 
@@ -111,22 +98,23 @@ inline void iteration(const Layout<T>& L, const T* X, T* XT, T* A, T* B, T* Xn, 
 inline int64_t grain(const torch::Tensor& X) { return std::max<int64_t>(1, 4096 / (X.size(1) * X.size(2))); }
 
 void check(const torch::Tensor& X, const char* name) {
-  TORCH_CHECK(X.device().is_cpu() && X.dim() == 3, name, " must be a [M, r, c] CPU tensor");
+  TORCH_CHECK(X.device().is_cpu() && X.dim() == 3, name, " must be a [M, m, n] CPU tensor");
+  TORCH_CHECK(X.size(1) <= X.size(2), name, " must have m <= n (transpose it first)");
 }
 
 }  // namespace
 
-torch::Tensor ns_forward(torch::Tensor G0, int64_t k, double a, double b, double c, double eps) {
-  check(G0, "G");
-  auto G = G0.contiguous();
-  auto out = torch::empty_like(G);
-  const int64_t M = G.size(0);
-  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_forward", [&] {
+torch::Tensor ns_forward(torch::Tensor X0, int64_t k, double a, double b, double c) {
+  check(X0, "X");
+  auto X = X0.contiguous();
+  auto out = torch::empty_like(X);
+  const int64_t M = X.size(0);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_forward", [&] {
     using T = scalar_t;
-    const Layout<T> L(G.size(1), G.size(2));
-    const T* g = G.data_ptr<T>();
+    const Layout<T> L(X.size(1), X.size(2));
+    const T *x = X.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
       std::vector<T> buffer(2 * L.x() + L.xt() + 2 * L.a(), T(0));
       T* X1 = buffer.data();
       T* X2 = X1 + L.x();
@@ -136,9 +124,7 @@ torch::Tensor ns_forward(torch::Tensor G0, int64_t k, double a, double b, double
       for (int64_t i = begin; i < end; ++i) {
         T* cur = X1;
         T* next = X2;
-        L.load(g + i * L.m * L.n, cur);
-        const T s = T(1) / (L.norm(cur) + T(eps));
-        for (int t = 0; t < L.x(); ++t) cur[t] *= s;
+        L.load(x + i * L.m * L.n, cur);
         for (int j = 0; j < k; ++j) {
           iteration<T>(L, cur, XT, A, B, next, a, b, c);
           std::swap(cur, next);
@@ -150,22 +136,21 @@ torch::Tensor ns_forward(torch::Tensor G0, int64_t k, double a, double b, double
   return out;
 }
 
-torch::Tensor ns_backward(torch::Tensor G0, torch::Tensor grad, int64_t k, double a, double b, double c,
-                          double eps) {
-  check(G0, "G");
-  TORCH_CHECK(grad.sizes() == G0.sizes() && grad.scalar_type() == G0.scalar_type(), "grad must match G");
-  auto G = G0.contiguous();
-  auto D = grad.contiguous();
-  auto out = torch::empty_like(G);
-  const int64_t M = G.size(0);
-  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_backward", [&] {
+torch::Tensor ns_backward(torch::Tensor X0, torch::Tensor grad, int64_t k, double a, double b, double c) {
+  check(X0, "X");
+  TORCH_CHECK(grad.sizes() == X0.sizes() && grad.scalar_type() == X0.scalar_type(), "grad must match X");
+  auto X = X0.contiguous();
+  auto G = grad.contiguous();
+  auto out = torch::empty_like(X);
+  const int64_t M = X.size(0);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_backward", [&] {
     using T = scalar_t;
-    const Layout<T> L(G.size(1), G.size(2));
-    const T* gin = G.data_ptr<T>();
-    const T* din = D.data_ptr<T>();
+    const Layout<T> L(X.size(1), X.size(2));
+    const T* x = X.data_ptr<T>();
+    const T* gr = G.data_ptr<T>();
     T* o = out.data_ptr<T>();
     const T ta = a, tb = b, tc = c;
-    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
       // X_0..X_k, X_0ᵀ..X_{k-1}ᵀ, A_j, B_j, then dB, E, S and two gradients
       std::vector<T> buffer((k + 1) * L.x() + k * (L.xt() + 2 * L.a()) + 3 * L.a() + 2 * L.x(), T(0));
       T* Xs = buffer.data();
@@ -178,21 +163,18 @@ torch::Tensor ns_backward(torch::Tensor G0, torch::Tensor grad, int64_t k, doubl
       T* g = S + L.a();
       T* g_next = g + L.x();
       for (int64_t i = begin; i < end; ++i) {
-        L.load(gin + i * L.m * L.n, Xs);
-        const T norm = L.norm(Xs);
-        const T s = T(1) / (norm + T(eps));
-        for (int t = 0; t < L.x(); ++t) Xs[t] *= s;
+        L.load(x + i * L.m * L.n, Xs);
         for (int j = 0; j < k; ++j)
           iteration<T>(L, Xs + j * L.x(), XTs + j * L.xt(), As + j * L.a(), Bs + j * L.a(), Xs + (j + 1) * L.x(),
                        ta, tb, tc);
-        L.load(din + i * L.m * L.n, g);
+        L.load(gr + i * L.m * L.n, g);
         for (int j = k - 1; j >= 0; --j) {
           const T* Xj = Xs + j * L.x();
           const T* A = As + j * L.a();
           const T* B = Bs + j * L.a();
           product<T, false>(g, L.np, XTs + j * L.xt(), dB, L.mp, L.m, L.n);
           for (int r = 0; r < L.m; ++r)
-            for (int q = 0; q < L.m; ++q) E[r * L.mp + q] = dB[r * L.mp + q] + dB[q * L.mp + r];
+            for (int s = 0; s < L.m; ++s) E[r * L.mp + s] = dB[r * L.mp + s] + dB[s * L.mp + r];
           for (int t = 0; t < L.a(); ++t) S[t] = tb * E[t];
           if (tc != T(0)) {
             product<T, true>(E, L.mp, A, S, L.mp, L.m, L.m, tc);
@@ -203,11 +185,6 @@ torch::Tensor ns_backward(torch::Tensor G0, torch::Tensor grad, int64_t k, doubl
           product<T, true>(S, L.mp, Xj, g_next, L.np, L.m, L.m);
           std::swap(g, g_next);
         }
-        // through X_0 = s G: ∂L/∂G = s g − ⟨g, X_0⟩ / ‖G‖ · X_0  (G = 0: X_0 = 0 and the second term is 0)
-        T dot = 0;
-        for (int t = 0; t < L.x(); ++t) dot += g[t] * Xs[t];
-        const T w = norm > T(0) ? dot / norm : T(0);
-        for (int t = 0; t < L.x(); ++t) g[t] = s * g[t] - w * Xs[t];
         L.store(g, o + i * L.m * L.n);
       }
     });
@@ -216,6 +193,6 @@ torch::Tensor ns_backward(torch::Tensor G0, torch::Tensor grad, int64_t k, doubl
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("forward", &ns_forward, "NS_k(G) for G [M, r, c]");
-  module.def("backward", &ns_backward, "dL/dG from G and dL/dNS_k(G)");
+  module.def("forward", &ns_forward, "X_k from X_0 [M, m, n], m <= n");
+  module.def("backward", &ns_backward, "dL/dX_0 from X_0 and dL/dX_k");
 }

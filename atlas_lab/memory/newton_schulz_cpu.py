@@ -66,20 +66,19 @@ def kernel():
 
 
 class NSKernel(torch.autograd.Function):
-    """NS_k(G) for G [M, r, c] (CPU, float32/float64) by the compiled kernel, normalisation and the transpose
-    for r > c included; the backward recomputes."""
+    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel; the backward recomputes."""
 
     @staticmethod
-    def forward(ctx, G, steps, a, b, c, eps):
-        ctx.save_for_backward(G)
-        ctx.args = (steps, a, b, c, eps)
-        return kernel().forward(G, steps, a, b, c, eps)
+    def forward(ctx, X, steps, a, b, c):
+        ctx.save_for_backward(X)
+        ctx.args = (steps, a, b, c)
+        return kernel().forward(X, steps, a, b, c)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (G,) = ctx.saved_tensors
-        return kernel().backward(G, grad, *ctx.args), None, None, None, None, None
+        (X,) = ctx.saved_tensors
+        return kernel().backward(X, grad, *ctx.args), None, None, None, None
 
 
 def applies(X: torch.Tensor) -> bool:

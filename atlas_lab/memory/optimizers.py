@@ -29,28 +29,28 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
     impl: "bmm" runs the iterations as batched matmuls on a cache-sized block of matrices at a time, and the
     backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "kernel" runs
-    the whole of NS_k, normalisation included, fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``,
-    float32/float64 on the CPU); "auto" takes the kernel where it applies and builds.
+    them fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``, float32/float64 on the CPU);
+    "auto" takes the kernel where it applies and builds.
     """
     if coefficients not in NS_COEFFICIENTS:
         raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
     if impl not in NS_IMPLS:
         raise ValueError(f"unknown newton_schulz impl {impl!r}; valid choices: {', '.join(NS_IMPLS)}")
-    a, b, c = NS_COEFFICIENTS[coefficients]
-    if impl == "kernel" and not newton_schulz_cpu.applies(G):
-        raise ValueError(f"newton_schulz impl 'kernel' takes float32/float64 CPU tensors where the kernel builds, "
-                         f"not {G.dtype} on {G.device.type}; use impl 'auto' or 'bmm'")
-    if impl == "kernel" or (impl == "auto" and newton_schulz_cpu.applies(G)):
-        return newton_schulz_cpu.NSKernel.apply(G.reshape(-1, *G.shape[-2:]), steps, a, b, c, eps).view(G.shape)
     transpose = G.shape[-2] > G.shape[-1]
     X = G.mT if transpose else G
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    m, pad = X.shape[-2], _row_padding(X.shape[-2])
-    if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
-        X = F.pad(X, (0, 0, 0, pad))
-    X = _NSIterations.apply(X, steps, a, b, c)[:, :m]
+    if impl == "kernel" and not newton_schulz_cpu.applies(X):
+        raise ValueError(f"newton_schulz impl 'kernel' takes float32/float64 CPU tensors where the kernel builds, "
+                         f"not {X.dtype} on {X.device.type}; use impl 'auto' or 'bmm'")
+    if impl == "kernel" or (impl == "auto" and newton_schulz_cpu.applies(X)):
+        X = newton_schulz_cpu.NSKernel.apply(X, steps, *NS_COEFFICIENTS[coefficients])
+    else:
+        m, pad = X.shape[-2], _row_padding(X.shape[-2])
+        if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
+            X = F.pad(X, (0, 0, 0, pad))
+        X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
 
