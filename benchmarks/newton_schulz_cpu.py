@@ -18,17 +18,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_common_args, apply_tiny, median_time, meta, out_path, print_table, set_threads, write_json  # noqa: E402
+from common import (add_common_args, apply_tiny, median_time, meta, out_path, print_table, rel_err,  # noqa: E402
+                    set_threads, write_json)
 
 from atlas_lab.memory import newton_schulz  # noqa: E402
 from atlas_lab.memory.feature_maps import feature_dim  # noqa: E402
 from atlas_lab.models import LanguageModel  # noqa: E402
 
 IMPLS = ("bmm", "kernel")
-
-
-def rel_err(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def ns_row(m, n, elements, repeats):
