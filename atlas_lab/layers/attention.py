@@ -12,6 +12,58 @@ from torch.nn import functional as F
 from .rope import rotary
 
 
+def full_attention(q, k, v):
+    """Causal attention of T queries over S ≥ T keys (the last T keys are the queries' own positions).
+
+    q: [B, H, T, d]; k, v: [B, H, S, d] -> [B, H, T, d]."""
+    T, S = q.shape[2], k.shape[2]
+    if S == T:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def sliding_window_attention_dense(q, k, v, window: int):
+    """Each query attends to the last ``window`` keys up to its own position, with a dense T × S mask.
+
+    q: [B, H, T, d]; k, v: [B, H, S, d] (S ≥ T, the last T keys at the queries' positions) -> [B, H, T, d].
+    O(T·S) time and memory: the oracle of ``sliding_window_attention_blocked``, and the path for T ≤ window.
+    """
+    T, S = q.shape[2], k.shape[2]
+    qpos = torch.arange(S - T, S, device=q.device)[:, None]
+    kpos = torch.arange(S, device=q.device)[None, :]
+    mask = (kpos <= qpos) & (kpos > qpos - window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def sliding_window_attention_blocked(q, k, v, window: int):
+    """The same function as ``sliding_window_attention_dense`` in O(T·w): blocks of w queries, each against its own
+    and the previous block's keys.
+
+    The keys are padded on the left to T + w (so that query i needs padded keys (i, i + w]) and on the right to a
+    whole number of blocks; block j of queries reads key blocks j and j + 1 with one [w, 2w] band mask, and the
+    left padding is masked out (it only reaches the first block).
+    """
+    B, H, T, d = q.shape
+    S, w = k.shape[2], window
+    n = -(-T // w)  # query blocks
+    left = w - (S - T)  # ≥ 1: the cache holds at most w − 1 keys
+    pad = (0, 0, left, n * w + w - (left + S))
+    k_, v_ = F.pad(k, pad), F.pad(v, pad)  # [B, H, (n + 1)·w, d]
+    q_ = F.pad(q, (0, 0, 0, n * w - T)).view(B, H, n, w, d)
+
+    def blocks(x):  # [B, H, n, 2w, d]: key blocks j and j + 1 for query block j
+        x = x.view(B, H, n + 1, w, d)
+        return torch.cat([x[:, :, :-1], x[:, :, 1:]], 3)
+
+    i = torch.arange(w, device=q.device)[:, None]
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    band = (j > i) & (j <= i + w)  # [w, 2w]
+    first = torch.arange(n, device=q.device)[:, None, None] * w + j >= left  # [n, 1, 2w]: not left padding
+    o = F.scaled_dot_product_attention(q_, blocks(k_), blocks(v_), attn_mask=band & first)
+    return o.reshape(B, H, n * w, d)[:, :, :T]
+
+
 class Attention(nn.Module):
     """Causal multi-head attention over the last ``window`` tokens (None: all). x: [B, T, d] -> [B, T, d]."""
 
@@ -31,20 +83,18 @@ class Attention(nn.Module):
         q, k = rotary(q, positions, self.rope_base), rotary(k, positions, self.rope_base)
         if cache:
             k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
-        S = k.shape[1]  # keys: positions start+T−S .. start+T−1
-        if self.window is None and S == T:
-            mask, causal = None, True
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, ·, d]
+        S = k.shape[2]  # keys: positions start+T−S .. start+T−1
+        if self.window is None:
+            o = full_attention(q, k, v)
+        elif T > self.window:
+            o = sliding_window_attention_blocked(q, k, v, self.window)
         else:
-            qpos = positions[:, None]
-            kpos = torch.arange(start + T - S, start + T, device=x.device)[None, :]
-            mask = kpos <= qpos
-            if self.window is not None:
-                mask = mask & (kpos > qpos - self.window)
-            causal = False
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=mask, is_causal=causal)
+            o = sliding_window_attention_dense(q, k, v, self.window)
         keep = S if self.window is None else min(S, self.window - 1)
-        new_cache = {"k": k[:, S - keep:], "v": v[:, S - keep:], "position": start + T}
+        new_cache = {"k": k[:, :, S - keep:].transpose(1, 2).contiguous(),
+                     "v": v[:, :, S - keep:].transpose(1, 2).contiguous(),
+                     "position": start + T}
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1)), new_cache
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:

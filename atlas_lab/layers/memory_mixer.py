@@ -35,6 +35,7 @@ class MemoryConfig:
     alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
     normalize: normalised read-out (linear memory + dot objective)
+    output_norm: MLP memories: a parameter-free layer norm on the memory's output, M = r + LN(W_L σ(…))
     checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
     """
 
@@ -57,6 +58,7 @@ class MemoryConfig:
     eta_max: float = 1.0
     chunk_size: int = 64
     normalize: bool = False
+    output_norm: bool = False
     checkpoint: bool = False
 
     def validate(self, where: str = "memory") -> "MemoryConfig":
@@ -75,6 +77,9 @@ class MemoryConfig:
         for key in ("depth", "expansion", "degree", "chunk_size"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{where}.{key}: expected an int >= 1, got {getattr(self, key)!r}")
+        if self.output_norm and self.memory == "linear":
+            raise ValueError(f"{where}.output_norm: applies to the MLP memories (mlp, gated_mlp); set it to false "
+                             f"for memory=linear")
         return self
 
     def replace(self, where: str = "memory", **overrides) -> "MemoryConfig":
@@ -115,7 +120,8 @@ class MemoryMixer(nn.Module):
                 bias = self.gate_proj.bias.view(len(self.learned_gates), n_heads)
                 for i, g in enumerate(self.learned_gates):
                     bias[i] = _logit(GATE_INIT[g])
-        mem = build_memory(config.memory, config.depth, config.expansion, config.activation, config.residual)
+        mem = build_memory(config.memory, config.depth, config.expansion, config.activation, config.residual,
+                           config.output_norm)
         D = feature_dim(config.feature_map, d, config.degree)
         d_out = d + int(config.normalize)
         self.initial_weights = nn.ParameterDict(
@@ -159,7 +165,7 @@ class MemoryMixer(nn.Module):
             optimizer=c.optimizer, chunk_size=c.chunk_size, initial_state=state, degree=c.degree,
             coefficients=coefficients, depth=c.depth, expansion=c.expansion, activation=c.activation,
             residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
-            checkpoint=c.checkpoint,
+            output_norm=c.output_norm, checkpoint=c.checkpoint,
             impl="auto", **self.gates(x))
         o = self.out_norm(o).reshape(B, T, -1) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}

@@ -10,9 +10,12 @@ Built-in memories also give their per-token loss gradients analytically as rank-
 [d_v] is a custom memory (``ModuleMemory``); its gradients come from torch.func.
 
     linear:     M(k) = W φ(k)
-    mlp:        M(k) = r(k) + W_L σ(… σ(W_1 φ(k)))          hidden width E·d_v
-    gated_mlp:  M(k) = r(k) + W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k))  (Atlas++)
+    mlp:        M(k) = r(k) + N(W_L σ(… σ(W_1 φ(k))))          hidden width E·d_v
+    gated_mlp:  M(k) = r(k) + N(W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k)))  (Atlas++)
     r(k) = k (the raw key, before φ) when residual and d_k = d_v, else 0.
+    N = the identity, or with output_norm=True the parameter-free layer norm LN(z) = (z − mean z) / √(var z + ε)
+    over the d_v outputs (the Miras form; it keeps −⟨M(φ(k)), v⟩ bounded below, docs/memory.md). Its Jacobian is
+    applied to ∂ℓ/∂y before the last layer's factor, so the gradients stay rank-1 factors.
 
 Objectives (attentional bias), with their gradient in the output y = M(φ(k)):
     l2:  ℓ = ½‖y − v‖²,  ∂ℓ/∂y = y − v
@@ -81,6 +84,22 @@ def loss_grad(objective: str, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown objective {objective!r}; valid choices: {', '.join(OBJECTIVES)}")
 
 
+LN_EPS = 1e-5
+
+
+def layer_norm(z: torch.Tensor) -> torch.Tensor:
+    """Parameter-free layer norm over the last dim: (z − μ) / √(σ² + ε)."""
+    return F.layer_norm(z, z.shape[-1:], eps=LN_EPS)
+
+
+def layer_norm_backward(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """J_LN(z)ᵀ g = (g − mean g − n · mean(g ⊙ n)) / √(σ² + ε), n = LN(z): ∂ℓ/∂z from ∂ℓ/∂LN(z)."""
+    zc = z - z.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(zc.pow(2).mean(-1, keepdim=True) + LN_EPS)
+    n = zc * rstd
+    return rstd * (g - g.mean(-1, keepdim=True) - n * (g * n).mean(-1, keepdim=True))
+
+
 def fixed_apply(W):
     """apply(name, u) = u @ W[name]ᵀ; works for u [in] with W [out, in] and for batched u [N, L, in] with W [N, out, in]."""
     return lambda n, u: u @ W[n].mT
@@ -114,11 +133,15 @@ def _normal_init(H, shapes, generator, dtype, device):
 
 
 class MLPMemory:
-    """M(k) = r(k) + W_L σ(… σ(W_1 φ(k))); W_1: [E·d_v, D], W_l: [E·d_v, E·d_v], W_L: [d_v, E·d_v]."""
+    """M(k) = r(k) + N(W_L σ(… σ(W_1 φ(k)))); W_1: [E·d_v, D], W_l: [E·d_v, E·d_v], W_L: [d_v, E·d_v].
+
+    output_norm: N = parameter-free layer norm over the outputs (else the identity)."""
 
     name = "mlp"
 
-    def __init__(self, depth: int = 2, expansion: int = 4, activation: str = "gelu", residual: bool = True):
+    def __init__(self, depth: int = 2, expansion: int = 4, activation: str = "gelu", residual: bool = True,
+                 output_norm: bool = False):
+        self.output_norm = output_norm
         if depth < 1:
             raise ValueError(f"mlp memory depth must be >= 1, got {depth}")
         if expansion < 1:
@@ -135,15 +158,22 @@ class MLPMemory:
     def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
         return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
 
-    def _residual(self, x, y):
+    def _output(self, x, z):
+        """y = r(x) + N(z) from the last layer's pre-output z."""
+        y = layer_norm(z) if self.output_norm else z
         return y + x if self.residual and x.shape[-1] == y.shape[-1] else y
+
+    def _output_grad(self, objective, x, z, v):
+        """∂ℓ/∂z at the last layer's pre-output z."""
+        dy = loss_grad(objective, self._output(x, z), v)
+        return layer_norm_backward(z, dy) if self.output_norm else dy
 
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]
         h = phi
         for l in range(1, self.depth):
             h = act(apply(f"W{l}", h))
-        return self._residual(x, apply(f"W{self.depth}", h))
+        return self._output(x, apply(f"W{self.depth}", h))
 
     def gradient_factors(self, W, phi, x, v, objective):
         act, dact = ACTIVATIONS[self.activation]
@@ -151,8 +181,7 @@ class MLPMemory:
         for l in range(1, self.depth):
             zs.append(hs[-1] @ W[f"W{l}"].mT)
             hs.append(act(zs[-1]))
-        y = self._residual(x, hs[-1] @ W[f"W{self.depth}"].mT)
-        delta = loss_grad(objective, y, v)
+        delta = self._output_grad(objective, x, hs[-1] @ W[f"W{self.depth}"].mT, v)
         factors = {}
         for l in range(self.depth, 0, -1):
             factors[f"W{l}"] = (delta, hs[l - 1])
@@ -162,12 +191,14 @@ class MLPMemory:
 
 
 class GatedMLPMemory(MLPMemory):
-    """Atlas++: M(k) = r(k) + W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k)); W_1: [d_v, E·d_v], W_2, W_3: [E·d_v, D]."""
+    """Atlas++: M(k) = r(k) + N(W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k))); W_1: [d_v, E·d_v], W_2, W_3: [E·d_v, D]."""
 
     name = "gated_mlp"
 
-    def __init__(self, expansion: int = 4, activation: str = "gelu", residual: bool = True):
-        super().__init__(depth=2, expansion=expansion, activation=activation, residual=residual)
+    def __init__(self, expansion: int = 4, activation: str = "gelu", residual: bool = True,
+                 output_norm: bool = False):
+        super().__init__(depth=2, expansion=expansion, activation=activation, residual=residual,
+                         output_norm=output_norm)
 
     def shapes(self, D, d_k, d_v):
         h = self.expansion * d_v
@@ -175,13 +206,13 @@ class GatedMLPMemory(MLPMemory):
 
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]
-        return self._residual(x, apply("W1", act(apply("W2", phi)) * apply("W3", phi)))
+        return self._output(x, apply("W1", act(apply("W2", phi)) * apply("W3", phi)))
 
     def gradient_factors(self, W, phi, x, v, objective):
         act, dact = ACTIVATIONS[self.activation]
         z2, z3 = phi @ W["W2"].mT, phi @ W["W3"].mT
         u = act(z2) * z3
-        dy = loss_grad(objective, self._residual(x, u @ W["W1"].mT), v)
+        dy = self._output_grad(objective, x, u @ W["W1"].mT, v)
         du = dy @ W["W1"]
         return {"W1": (dy, u), "W2": (du * z3 * dact(z2), phi), "W3": (du * act(z2), phi)}
 
@@ -209,18 +240,26 @@ class ModuleMemory:
         return torch.func.functional_call(self.module, W, (phi,))
 
 
-def build_memory(memory, depth=2, expansion=4, activation="gelu", residual=True):
-    """A memory object from its name (or a custom nn.Module, or an already built memory)."""
+def build_memory(memory, depth=2, expansion=4, activation="gelu", residual=True, output_norm=False):
+    """A memory object from its name (or a custom nn.Module, or an already built memory).
+
+    output_norm applies to the MLP memories only (ValueError for the linear memory)."""
     if isinstance(memory, torch.nn.Module):
+        if output_norm:
+            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp); a custom nn.Module memory "
+                             "normalises inside its own forward")
         return ModuleMemory(memory)
     if isinstance(memory, (LinearMemory, MLPMemory, ModuleMemory)):
         return memory
     if memory == "linear":
+        if output_norm:
+            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp), not memory='linear'; "
+                             "set output_norm=False")
         return LinearMemory()
     if memory == "mlp":
-        return MLPMemory(depth, expansion, activation, residual)
+        return MLPMemory(depth, expansion, activation, residual, output_norm)
     if memory == "gated_mlp":
-        return GatedMLPMemory(expansion, activation, residual)
+        return GatedMLPMemory(expansion, activation, residual, output_norm)
     raise ValueError(f"unknown memory {memory!r}; valid choices: {', '.join(MEMORIES)}, or an nn.Module")
 
 

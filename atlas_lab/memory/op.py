@@ -65,7 +65,7 @@ def _implementation(impl, q, mem, optimizer, chunk_size, W):
 def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
              alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
              degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
-             ns_steps=5, ns_coefficients="quintic", normalize=False, checkpoint=False):
+             ns_steps=5, ns_coefficients="quintic", normalize=False, output_norm=False, checkpoint=False):
     """Read a sequence with a memory that is trained while it reads (MEMORY.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
@@ -83,6 +83,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
                   weights, or the MemoryState of a previous call to continue the sequence.
     depth, expansion, activation, residual: options of the MLP memories.
+    output_norm:  MLP memories: M(x) = r(x) + LN(last layer), a parameter-free layer norm over the outputs (keeps
+                  the dot objective bounded below; docs/memory.md).
     normalize:    linear memory + dot objective (gd or momentum): divide the read-out by z_tᵀφ(q_t), z
                   updated by the same rule on the constant value 1 (normalised linear attention).
     checkpoint:   chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
@@ -107,7 +109,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
-    mem = build_memory(memory, depth, expansion, activation, residual)
+    mem = build_memory(memory, depth, expansion, activation, residual, output_norm)
     if normalize and not (isinstance(mem, LinearMemory) and objective == "dot" and optimizer in ("gd", "momentum")):
         raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or 'momentum'")
     D = feature_dim(feature_map, d_k, degree)

@@ -2,7 +2,14 @@
 
 A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag)
 and ``memory`` (fields of MemoryConfig that differ from its defaults). Any field can be overridden.
-Gates not listed as "learned" are constants; window presets use c = 8, every memory uses chunk 16.
+Gates not listed as "learned" are constants; window presets use c = 8.
+
+Chunk size (docs/memory.md, "Chunks"): a preset whose published model is the exact online rule uses it — DeltaNet
+and Gated DeltaNet take chunk 1 (the WY path computes it 64 tokens at a time), and linear memories with the dot
+objective are exact at any chunk size (their gradient does not depend on the weights). The deep memories are
+chunk-parallel models, as their papers train them (TTT: inner mini-batch b = 16; Titans, Atlas, OmegaNet, DLA,
+the DeepTransformers and DoT take chunk-start gradients over chunks without fixing b in their main text): b = 16
+here, part of the model's definition.
 """
 from __future__ import annotations
 
@@ -26,16 +33,21 @@ PRESETS: dict[str, dict] = {
     # linear memory
     "linear_attention": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=1.0, eta=1.0)),
     "gla": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=1.0)),
-    "deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=1.0, eta=_L)),
-    "gated_deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=_L, eta=_L)),
+    # DeltaNet (Schlag et al. 2021; Yang et al. 2024) and Gated DeltaNet (Yang et al. 2025): the exact delta rule,
+    # chunk 1. Chunk-start gradients over b > 1 tokens are another, unstable model (I − Σ η_i k_i k_iᵀ can have
+    # eigenvalues far below −1); `--model.memory.chunk_size=16` still asks for it.
+    "deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=1.0, eta=_L, chunk_size=1)),
+    "gated_deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=_L, eta=_L,
+                                                          chunk_size=1)),
     "swla": dict(layers=["memory"], memory=dict(memory="linear", feature_map="polynomial", objective="dot",
                                                 window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
     "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L, eta_max=0.1)),
     "titans": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="momentum", alpha=_L,
                                                   eta=_L, theta=_L, eta_max=_STABLE_ETA_MAX)),
+    # the dot objective has no minimum for an MLP: its deep presets normalise the memory's output (output_norm)
     "dla": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="dot", alpha=_L,
-                                               eta=_L, eta_max=_STABLE_ETA_MAX)),
+                                               eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "omeganet": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
                                                     window=_WINDOW, alpha=_L, eta=_L, gamma=_L,
                                                     eta_max=_STABLE_ETA_MAX)),
@@ -46,10 +58,10 @@ PRESETS: dict[str, dict] = {
                                                     window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
                                                     theta=_L, gamma=_L, eta_max=0.1)),
     "deep_transformer": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot",
-                                                            alpha=1.0, eta=1.0)),
+                                                            alpha=1.0, eta=1.0, output_norm=True)),
     # MEMORY.md fixes only α = 1 for SWDT; η = 1 (DeepTransformer's) overflows within 200 tokens at head dim 16
     "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
-                                                alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX)),
+                                                alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
                                                alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
@@ -84,6 +96,7 @@ class MemoryOverrides:
     eta_max: Optional[float] = None
     chunk_size: Optional[int] = None
     normalize: Optional[bool] = None
+    output_norm: Optional[bool] = None
     checkpoint: Optional[bool] = None
 
     def as_dict(self) -> dict:

@@ -1,0 +1,78 @@
+"""Long-context stability: read a long sequence in streaming pieces and watch the logits and memory weights.
+
+A model is *stable* on a sequence when every logit is finite and the memories' weights stay bounded. Reading in
+pieces (the streaming cache carries the state) is how a long document is evaluated, and it costs memory in the
+piece length only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..memory import MemoryState
+
+
+@dataclass
+class LongRead:
+    """What ``read_long`` saw: the first piece with a non-finite logit (its first token index, or None), the largest
+    |logit| and the largest |memory weight| over all finite pieces read, and how many tokens were read."""
+
+    tokens: int
+    first_nonfinite: int | None
+    max_abs_logit: float
+    max_abs_weight: float
+
+    @property
+    def finite(self) -> bool:
+        return self.first_nonfinite is None
+
+
+def memory_states(cache):
+    """Every MemoryState inside a model's streaming cache (nested dicts and lists)."""
+    if isinstance(cache, MemoryState):
+        yield cache
+    elif isinstance(cache, dict):
+        for value in cache.values():
+            yield from memory_states(value)
+    elif isinstance(cache, (list, tuple)):
+        for value in cache:
+            yield from memory_states(value)
+
+
+def max_abs_weight(cache) -> float:
+    """max |w| over the weights (and momenta) of every memory in the cache; 0 when there is none."""
+    out = 0.0
+    for state in memory_states(cache):
+        for group in (state.weights, state.momentum or {}):
+            for w in group.values():
+                out = max(out, w.detach().abs().max().item())
+    return out
+
+
+@torch.no_grad()
+def read_long(model, input_ids: torch.Tensor, piece: int = 512) -> LongRead:
+    """Stream ``input_ids`` [B, T] through ``model`` (a LanguageModel) ``piece`` tokens at a time.
+
+    Stops at the first piece whose logits are not all finite.
+    """
+    cache, max_logit, max_weight = None, 0.0, 0.0
+    T = input_ids.shape[1]
+    for start in range(0, T, piece):
+        logits, cache = model(input_ids[:, start:start + piece], cache)
+        weight = max_abs_weight(cache)
+        if not torch.isfinite(logits).all() or not math.isfinite(weight):
+            return LongRead(T, start, max_logit, max_weight)
+        max_logit = max(max_logit, logits.abs().max().item())
+        max_weight = max(max_weight, weight)
+    return LongRead(T, None, max_logit, max_weight)
+
+
+def held_out_bytes(length: int, cache_dir: str = "~/.cache/atlas_lab") -> torch.Tensor:
+    """[1, length] byte ids of the validation plays of the LM task (the text repeats if it is shorter)."""
+    from ..data.corpus import load_corpus
+
+    text = "".join(load_corpus(None, cache_dir)["val"]).encode("utf-8")
+    text = text * (length // len(text) + 1)
+    return torch.tensor(list(text[:length]), dtype=torch.long)[None]
