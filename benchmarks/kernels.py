@@ -1,4 +1,4 @@
-"""Forward+backward time of the Triton kernels against the chunked PyTorch path (MEMORY.md §5.3).
+"""Forward+backward time of the Triton kernels against the chunked PyTorch path (docs/memory.md §5.3).
 
     python benchmarks/kernels.py [--T 1024 4096 16384] [--cases ...] [--repeats 10]     (on a GPU)
     python benchmarks/kernels.py --interpret --tiny                                      (CPU, Triton interpreter)

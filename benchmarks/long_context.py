@@ -5,7 +5,8 @@
 
 The text is the held-out Shakespeare of experiments/lm.yaml (bytes); the model is the lm.yaml size (float32, no grad).
 For each preset: the first token of the piece whose logits are not all finite ("finite" when none), the largest
-|logit| and the largest |memory weight| (weights and momenta of every memory layer) over the pieces read, and the
+|logit| and the largest |memory weight| (weights and momenta of every memory layer) over the pieces read, its growth
+(whole read / first quarter: 4 is linear growth), whether that is bounded (atlas_lab.models.stability), and the
 seconds it took. Writes runs/bench/long_context.json after every row. The same check is a test
 (tests/test_stability.py); this script prints the table for every preset at once.
 """
@@ -48,15 +49,17 @@ def main() -> None:
         start = time.perf_counter()
         r = read_long(model, x, args.piece)
         rows.append(dict(preset=preset, first_nonfinite=r.first_nonfinite, max_abs_logit=r.max_abs_logit,
-                         max_abs_weight=r.max_abs_weight, seconds=time.perf_counter() - start))
+                         max_abs_weight=r.max_abs_weight, growth=r.growth, bounded=r.bounded,
+                         seconds=time.perf_counter() - start))
         write_json(path, meta(args, threads=threads, length=args.length, piece=args.piece, rows=rows), quiet=True)
         print(rows[-1], flush=True)
     print_table(f"{args.length} tokens in pieces of {args.piece}, d_model {args.d_model}, {args.n_layers} layers, "
                 f"{args.n_heads} attention / {args.memory_heads} memory heads, float32",
-                ["preset", "first non-finite piece", "max |logit|", "max |memory weight|", "s"],
+                ["preset", "first non-finite piece", "max |logit|", "max |memory weight|", "growth", "bounded", "s"],
                 [(r["preset"], "finite" if r["first_nonfinite"] is None else
                   f"{r['first_nonfinite']}–{r['first_nonfinite'] + args.piece - 1}",
-                  f"{r['max_abs_logit']:.3g}", f"{r['max_abs_weight']:.3g}", f"{r['seconds']:.1f}") for r in rows])
+                  f"{r['max_abs_logit']:.3g}", f"{r['max_abs_weight']:.3g}", f"{r['growth']:.2f}",
+                  "yes" if r["bounded"] else "no", f"{r['seconds']:.1f}") for r in rows])
     write_json(path, meta(args, threads=threads, length=args.length, piece=args.piece, rows=rows))
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/memory_ops.py [--T 1024] [--repeats 3] [--threads N] [--tiny]
 
-Settings (MEMORY.md §5; the engine issue's speed table):
+Settings (docs/memory.md §5; the engine issue's speed table):
   titans: B=2, T, H=4, d_k=d_v=64, mlp depth 2 expansion 4, l2, window 1, momentum, chunk 64
   atlas:  B=2, T, H=4, d_k=d_v=16, polynomial degree 2 (D=153), mlp depth 2 expansion 4, l2, window 8,
           muon (quintic, 5 steps), chunk 16

@@ -1,4 +1,4 @@
-"""Triton kernels for atlas-lab's hot paths (MEMORY.md §5.3), imported as ``atlas_lab.kernels``.
+"""Triton kernels for atlas-lab's hot paths (docs/memory.md §5.3), imported as ``atlas_lab.kernels``.
 
     newton_schulz        batched NS_k (quintic / cubic), k steps fused, forward + recomputation backward
     chunk_linear_memory  linear memory, l2 / dot, Omega window, gates, gd / momentum, one launch per pass

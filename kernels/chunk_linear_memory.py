@@ -1,4 +1,4 @@
-"""Chunked linear memory: one fused kernel for every chunk of a sequence (MEMORY.md §3–§5).
+"""Chunked linear memory: one fused kernel for every chunk of a sequence (docs/memory.md §3–§5).
 
 Linear memory M_W(u) = W u, W: [d_v, D]; u = φ(k), queries φ(q) (the feature map is applied outside).
 Chunk of n tokens starting at W_p (S_p for momentum), gradients at W̃ (= W_p, except for a chunk

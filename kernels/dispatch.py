@@ -1,4 +1,4 @@
-"""``memorize(..., impl="triton")``: the memory op on the Triton kernels (MEMORY.md §5.3).
+"""``memorize(..., impl="triton")``: the memory op on the Triton kernels (docs/memory.md §5.3).
 
 Covered (same function as ``impl="chunked"``, same arguments and results as ``memorize_reference``):
   * memory="linear", objective "l2" or "dot", any window (c ≥ 1 or global), optimizer "gd" or

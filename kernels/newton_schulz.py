@@ -1,4 +1,4 @@
-"""Batched Newton–Schulz: NS_k on many small matrices in one launch (MEMORY.md §3, muon).
+"""Batched Newton–Schulz: NS_k on many small matrices in one launch (docs/memory.md §3, muon).
 
     X_0 = G / (‖G‖_F + ε)      (on Gᵀ when rows > cols, so X is [r, c] with r ≤ c)
     k times:  A = X Xᵀ,  X ← a X + (b A + c A²) X

@@ -1,4 +1,4 @@
-"""Triton kernels (MEMORY.md §5.3) against the PyTorch paths: batched Newton–Schulz against ``newton_schulz``;
+"""Triton kernels (docs/memory.md §5.3) against the PyTorch paths: batched Newton–Schulz against ``newton_schulz``;
 the chunk kernel against its PyTorch twin; ``memorize(impl="triton")`` against ``reference`` and ``chunked``
 (outputs, final state, gradients; odd lengths, several windows, state passed between calls).
 

@@ -1,4 +1,4 @@
-"""chunked == reference (MEMORY.md §5): outputs, final state and gradients, for every combination of
+"""chunked == reference (docs/memory.md §5): outputs, final state and gradients, for every combination of
 memory × feature map × objective × window × optimiser, in float64 and float32, with T not a multiple of
 the chunk, chunk 1, and a sequence split into calls that pass the state on."""
 import itertools

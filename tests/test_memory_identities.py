@@ -1,4 +1,4 @@
-"""Known models and mathematical identities (MEMORY.md §3, §6), each against an independent computation."""
+"""Known models and mathematical identities (docs/memory.md §3, §6), each against an independent computation."""
 import math
 
 import pytest

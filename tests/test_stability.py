@@ -2,9 +2,10 @@
 experiments/lm.yaml size (d_model 128, 4 layers, 8 attention / 32 memory heads, float32) give finite logits and
 bounded memory weights, freshly built and after 200 training steps of `atlas-lab fit` on experiments/lm.yaml.
 
-"Bounded": no memory weight (or momentum) entry exceeds the number of tokens read. Linear attention's state is a
-plain sum of the tokens' writes and grows linearly (2.4e3 at 16K); a diverging memory passes any such bound by
-orders of magnitude (chunk-start DeltaNet reached 1.7e35 by token 1,024).
+"Bounded" (``LongRead.bounded``): the largest memory weight (or momentum) entry grows at most linearly from the first
+quarter of the read to its end and stays below 1e6. Linear attention's state is a plain sum of its writes and grows
+linearly (2.4e3 at 16K freshly built, 2.7e4 after training); a diverging memory grows geometrically (chunk-start
+DeltaNet reached 1.7e35 by token 1,024).
 """
 import subprocess
 import sys
@@ -28,7 +29,8 @@ SLOW_AT_INIT = ("atlas_pp", "atlas_mag", "atlas_mal")
 def assert_stable(preset: str, model: LanguageModel):
     r = read_long(model.eval(), held_out_bytes(LENGTH), PIECE)
     assert r.finite, f"{preset}: non-finite logits from token {r.first_nonfinite} of {LENGTH}"
-    assert r.max_abs_weight <= LENGTH, f"{preset}: memory weights reach {r.max_abs_weight:.3g} in {LENGTH} tokens"
+    assert r.bounded, (f"{preset}: memory weights reach {r.max_abs_weight:.3g} in {LENGTH} tokens, "
+                       f"{r.growth:.3g}× their size after the first quarter")
 
 
 @pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_AT_INIT else p
@@ -45,14 +47,14 @@ def test_model_trained_200_steps_on_lm_yaml_stays_finite_and_bounded(preset, tmp
     run), then the trained model reads 16K tokens. Runs in a temporary directory (runs/ lands there)."""
     cmd = [sys.executable, "-m", "atlas_lab.cli", "fit", "-c", str(ROOT / "lightning_config.yaml"), "-c",
            str(ROOT / "experiments" / "lm.yaml"), f"--model.mixer={preset}", "--trainer.max_steps=200",
-           "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false"]
+           "--trainer.limit_val_batches=0"]
     if preset == "transformer":  # lm.yaml's comparison: the transformer of the atlas size has one more layer
         cmd.append("--model.n_layers=5")
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, f"{preset}: fit failed:\n{p.stderr[-3000:]}"
-    module = SequenceModel.load_from_checkpoint(tmp_path / "runs" / "checkpoints" / "last.ckpt")
-    assert module.global_step == 200
-    assert_stable(preset, module.model)
+    ckpt = tmp_path / "runs" / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 200
+    assert_stable(preset, SequenceModel.load_from_checkpoint(ckpt).model)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -73,4 +75,4 @@ def test_chunk_start_deltanet_is_still_reachable_and_diverges():
     model = LanguageModel(256, "deltanet", **LM_SIZE, memory={"chunk_size": 16}).eval()
     assert model.blocks[0].mixer.config.chunk_size == 16
     r = read_long(model, held_out_bytes(2048), PIECE)
-    assert not r.finite or r.max_abs_weight > 1e6
+    assert not r.bounded

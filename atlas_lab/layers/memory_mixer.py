@@ -1,4 +1,4 @@
-"""The memory mixer: a token mixer whose state is a memory trained while it reads (MEMORY.md §2, §8).
+"""The memory mixer: a token mixer whose state is a memory trained while it reads (docs/memory.md §2, §8).
 
 x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per head
   -> data-dependent gates α, η, θ, γ (one scalar per head per token) -> memorize(...)

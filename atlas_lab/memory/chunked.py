@@ -1,4 +1,4 @@
-"""The fast PyTorch path: the same function as ``reference`` (MEMORY.md §4–§5), a chunk at a time.
+"""The fast PyTorch path: the same function as ``reference`` (docs/memory.md §4–§5), a chunk at a time.
 
 Inside a chunk every gradient is taken at the same point W̃, so for the n chunk tokens and the
 c−1 window tokens before them all per-token gradients G_i = ∇ℓ_i(W̃) are formed at once — for the

@@ -1,4 +1,4 @@
-"""Memory architectures M_W: R^D -> R^{d_v} and attentional biases (MEMORY.md §3).
+"""Memory architectures M_W: R^D -> R^{d_v} and attentional biases (docs/memory.md §3).
 
 A memory is a function of weights W (a dict of matrices [out, in]) written once, in terms of
 ``apply(name, u) = u @ W[name]ᵀ``. The same ``forward`` then serves every place it is needed:

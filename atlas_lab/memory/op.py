@@ -66,7 +66,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
              alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
              degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
              ns_steps=5, ns_coefficients="quintic", normalize=False, output_norm=False, checkpoint=False):
-    """Read a sequence with a memory that is trained while it reads (MEMORY.md).
+    """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
 

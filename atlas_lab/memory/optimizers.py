@@ -1,4 +1,4 @@
-"""Memory optimisers: the rule that turns the window gradient g_t into new memory weights (MEMORY.md §3).
+"""Memory optimisers: the rule that turns the window gradient g_t into new memory weights (docs/memory.md §3).
 
     gd:        W_t = α_t W_{t-1} − η_t g_t
     momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)

@@ -1,4 +1,4 @@
-"""The oracle: MEMORY.md §2–§4 followed literally, one token at a time, gradients by torch.func.
+"""The oracle: docs/memory.md §2–§4 followed literally, one token at a time, gradients by torch.func.
 
 For t = 1..T (chunks of b tokens; W̃ = the weights at the end of the previous chunk):
     g_t = Σ_{i = t−c+1..t} γ_i ∇ℓ_i(W̃)        ℓ_i(W) = loss(M_W(φ(k_i)), v_i)

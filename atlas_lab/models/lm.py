@@ -1,4 +1,4 @@
-"""Llama-style language model around any token mixer (MEMORY.md §8).
+"""Llama-style language model around any token mixer (docs/memory.md §8).
 
 Embedding -> N × [RMSNorm -> mixer -> residual -> RMSNorm -> SwiGLU -> residual] -> RMSNorm -> LM head.
 Every call takes and returns a streaming cache (one entry per layer), so a sequence can be read in

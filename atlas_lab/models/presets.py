@@ -1,10 +1,10 @@
-"""Named models (MEMORY.md §6): each is a layer pattern plus the five memory components and gates.
+"""Named models (docs/memory.md §6): each is a layer pattern plus the five memory components and gates.
 
 A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag)
 and ``memory`` (fields of MemoryConfig that differ from its defaults). Any field can be overridden.
 Gates not listed as "learned" are constants; window presets use c = 8.
 
-Chunk size (docs/memory.md, "Chunks"): a preset whose published model is the exact online rule uses it — DeltaNet
+Chunk size (docs/memory.md §4, §9): a preset whose published model is the exact online rule uses it — DeltaNet
 and Gated DeltaNet take chunk 1 (the WY path computes it 64 tokens at a time), and linear memories with the dot
 objective are exact at any chunk size (their gradient does not depend on the weights). The deep memories are
 chunk-parallel models, as their papers train them (TTT: inner mini-batch b = 16; Titans, Atlas, OmegaNet, DLA,
@@ -59,7 +59,7 @@ PRESETS: dict[str, dict] = {
                                                     theta=_L, gamma=_L, eta_max=0.1)),
     "deep_transformer": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot",
                                                             alpha=1.0, eta=1.0, output_norm=True)),
-    # MEMORY.md fixes only α = 1 for SWDT; η = 1 (DeepTransformer's) overflows within 200 tokens at head dim 16
+    # docs/memory.md fixes only α = 1 for SWDT; η = 1 (DeepTransformer's) overflows within 200 tokens at head dim 16
     "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
                                                 alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,

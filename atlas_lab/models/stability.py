@@ -1,8 +1,9 @@
 """Long-context stability: read a long sequence in streaming pieces and watch the logits and memory weights.
 
-A model is *stable* on a sequence when every logit is finite and the memories' weights stay bounded. Reading in
-pieces (the streaming cache carries the state) is how a long document is evaluated, and it costs memory in the
-piece length only.
+A model is *stable* on a sequence when every logit is finite and the memories' weights stay bounded: they grow no
+faster than linearly in the tokens read (a memory without forgetting, like linear attention, is a sum of its writes
+and grows linearly; a diverging one grows geometrically) and stay below ``WEIGHT_LIMIT``. Reading in pieces (the
+streaming cache carries the state) is how a long document is evaluated, and it costs memory in the piece length only.
 """
 from __future__ import annotations
 
@@ -13,20 +14,37 @@ import torch
 
 from ..memory import MemoryState
 
+# Past 1e6 a float32 weight rounds a unit-size write to 1e6 · 2^-23 ≈ 0.12: the memory no longer stores what it reads.
+WEIGHT_LIMIT = 1e6
+# Linear growth multiplies the largest weight by 4 from a quarter of the read to all of it; 25 % slack for noise.
+LINEAR_GROWTH = 4 * 1.25
+
 
 @dataclass
 class LongRead:
     """What ``read_long`` saw: the first piece with a non-finite logit (its first token index, or None), the largest
-    |logit| and the largest |memory weight| over all finite pieces read, and how many tokens were read."""
+    |logit| and |memory weight| over all finite pieces read, the tokens read, and ``weights``: the largest |memory
+    weight| after each piece."""
 
     tokens: int
     first_nonfinite: int | None
     max_abs_logit: float
     max_abs_weight: float
+    weights: list[float]
 
     @property
     def finite(self) -> bool:
         return self.first_nonfinite is None
+
+    @property
+    def growth(self) -> float:
+        """max |weight| over the whole read / over its first quarter (1 when the model has no memory weights)."""
+        quarter = max(self.weights[:max(1, len(self.weights) // 4)])
+        return self.max_abs_weight / quarter if quarter > 0 else 1.0
+
+    @property
+    def bounded(self) -> bool:
+        return self.finite and self.max_abs_weight < WEIGHT_LIMIT and self.growth <= LINEAR_GROWTH
 
 
 def memory_states(cache):
@@ -57,16 +75,16 @@ def read_long(model, input_ids: torch.Tensor, piece: int = 512) -> LongRead:
 
     Stops at the first piece whose logits are not all finite.
     """
-    cache, max_logit, max_weight = None, 0.0, 0.0
+    cache, max_logit, weights = None, 0.0, []
     T = input_ids.shape[1]
     for start in range(0, T, piece):
         logits, cache = model(input_ids[:, start:start + piece], cache)
         weight = max_abs_weight(cache)
         if not torch.isfinite(logits).all() or not math.isfinite(weight):
-            return LongRead(T, start, max_logit, max_weight)
+            return LongRead(T, start, max_logit, max(weights, default=0.0), weights)
         max_logit = max(max_logit, logits.abs().max().item())
-        max_weight = max(max_weight, weight)
-    return LongRead(T, None, max_logit, max_weight)
+        weights.append(weight)
+    return LongRead(T, None, max_logit, max(weights, default=0.0), weights)
 
 
 def held_out_bytes(length: int, cache_dir: str = "~/.cache/atlas_lab") -> torch.Tensor:
