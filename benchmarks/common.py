@@ -68,6 +68,17 @@ def default_cap_gib() -> float:
         return 0.0
 
 
+def add_child_args(ap: argparse.ArgumentParser, names: tuple[str, str]) -> argparse.ArgumentParser:
+    """The flags of a benchmark that measures each point in a fresh process: ``--max-gib`` (the child's address-space
+    cap, so that running out of memory is a row with its error instead of a kill by the out-of-memory killer) and the
+    hidden ``--child NAME T`` by which the script re-invokes itself for one point."""
+    ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
+                    help="address-space cap of each measurement's process (GiB; 0: none; default 3/4 of the machine's "
+                         "memory): a point that needs more fails as a row instead of calling the out-of-memory killer")
+    ap.add_argument("--child", nargs=2, metavar=names, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
 def cap_address_space(gib: float | None) -> None:
     """Limit this process's address space (RLIMIT_AS) to ``gib`` GiB (None or 0: no limit). An allocation past it
     fails with a Python exception (torch: "DefaultCPUAllocator: can't allocate memory"), which a benchmark reports as

@@ -33,8 +33,8 @@ import json
 import resource
 import time
 
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, child_record,
-                    console, default_cap_gib, out_path, preset_model, print_table, release_freed_memory, run_child,
+from common import (add_checkpoint_arg, add_child_args, add_common_args, apply_tiny, cap_address_space, child_command,
+                    child_record, console, out_path, preset_model, print_table, release_freed_memory, run_child,
                     set_threads, write_json)
 
 TINY = dict(T=[16, 32, 64], d_model=32, n_layers=2, n_heads=2)
@@ -101,12 +101,9 @@ def main():
     ap.add_argument("--d-model", dest="d_model", type=int, default=256)
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
-    ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
-                    help="address-space cap of each child (GiB; 0: none; default 3/4 of the machine's memory), so a "
-                         "too-large T fails as a row instead of calling the out-of-memory killer")
     add_checkpoint_arg(ap)
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each child")
-    ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
+    add_child_args(ap, ("PRESET", "T"))
     add_common_args(ap, repeats=1)  # --repeats is accepted for uniformity; each point is one step in a fresh process
     args = ap.parse_args()
     if args.child is not None:  # keep the child free of rich and of anything it does not need

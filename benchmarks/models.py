@@ -28,8 +28,8 @@ import math
 import torch
 import torch.nn.functional as F
 from rich.text import Text
-from common import (add_checkpoint_arg, add_common_args, apply_tiny, cap_address_space, child_command, child_record,
-                    console, default_cap_gib, median_time, out_path, preset_model, print_table, run_child, set_threads,
+from common import (add_checkpoint_arg, add_child_args, add_common_args, apply_tiny, cap_address_space, child_command,
+                    child_record, console, median_time, out_path, preset_model, print_table, run_child, set_threads,
                     write_json)
 
 from atlas_lab.models import PRESETS
@@ -84,10 +84,7 @@ def main():
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     add_checkpoint_arg(ap)
-    ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
-                    help="address-space cap of each measurement's process (GiB; 0: none; default 3/4 of the machine's "
-                         "memory): a preset that needs more fails as a row instead of calling the out-of-memory killer")
-    ap.add_argument("--child", nargs=2, metavar=("PRESET", "T"), default=None, help=argparse.SUPPRESS)
+    add_child_args(ap, ("PRESET", "T"))
     add_common_args(ap, repeats=3)
     args = ap.parse_args()
     if args.child is not None:

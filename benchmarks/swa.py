@@ -18,7 +18,7 @@ import resource
 import sys
 import time
 
-from common import (add_common_args, apply_tiny, cap_address_space, default_cap_gib, meta, out_path, print_table,
+from common import (add_child_args, add_common_args, apply_tiny, cap_address_space, meta, out_path, print_table,
                     release_freed_memory, run_child, set_threads, write_json)
 
 TINY = dict(T=[256, 1024], window=16, d_model=32, n_heads=2)
@@ -55,10 +55,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--d-model", dest="d_model", type=int, default=128)
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=8)
-    ap.add_argument("--max-gib", dest="max_gib", type=float, default=default_cap_gib(),
-                    help="address-space cap of each child (GiB; 0: none; default 3/4 of the machine's memory)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each child")
-    ap.add_argument("--child", nargs=2, metavar=("PATH", "T"), default=None, help=argparse.SUPPRESS)
+    add_child_args(ap, ("PATH", "T"))
     add_common_args(ap, repeats=1)
     args = ap.parse_args()
     if args.child is not None:
@@ -77,7 +75,9 @@ def main() -> None:
             write_json(out, meta(args, threads=threads, window=args.window, rows=rows), quiet=True)
 
     def cell(r, key, fmt):
-        return r.get("error", "")[:40] if "error" in r else fmt.format(r[key])
+        if "error" not in r:
+            return fmt.format(r[key])
+        return "out of memory" if "allocate" in r["error"] else r["error"][:30]
 
     table = []
     for T in args.T:

@@ -54,7 +54,7 @@ def test_shakespeare_corpus(cache):
     plays = shakespeare_plays(cache)
     assert len(plays) == 38 and list(plays) == sorted(plays)
     text = "".join(plays.values())
-    assert 4_600_000 < len(text) < 5_000_000  # TASKS.md: about 4.8 MB
+    assert 4_600_000 < len(text) < 5_000_000  # docs/tasks.md: about 4.8 MB
     assert text.isascii() and not set(text) & set("*_#[]\\")
     assert all(line == line.rstrip() for line in text.splitlines())
     assert plays["tragedies/hamlet"].count("HAMLET:") > 300

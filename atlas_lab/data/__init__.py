@@ -1,4 +1,4 @@
-"""LightningDataModules for every task of TASKS.md, generated or read offline.
+"""LightningDataModules for every task of docs/tasks.md, generated or read offline.
 
 The contract the training code relies on
 ----------------------------------------

@@ -1,4 +1,4 @@
-"""Memory-capacity probe (TASKS.md §6): how many random key -> value pairs one memory can hold.
+"""Memory-capacity probe (docs/tasks.md §6): how many random key -> value pairs one memory can hold.
 
 For each N: write N random pairs (unit-norm keys and values, d_k and d_v dims) with `memorize`, then read
 the memory at every key. Writing and reading is one `memorize` call over 2N tokens: the first N tokens are

@@ -1,4 +1,4 @@
-"""Language modelling on Shakespeare (default) or any text file/folder, byte-level or BPE (TASKS.md §1)."""
+"""Language modelling on Shakespeare (default) or any text file/folder, byte-level or BPE (docs/tasks.md §1)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""MAD: the mechanistic architecture design suite (Poli et al. 2024; TASKS.md §5), vectorised.
+"""MAD: the mechanistic architecture design suite (Poli et al. 2024; docs/tasks.md §5), vectorised.
 
 Token layout per task (V = vocab_size, L = seq_len; special tokens take the highest ids):
 - in_context_recall: keys [0, V/2), values [V/2, V). L/2 slots "k v"; keys drawn with replacement, a key's

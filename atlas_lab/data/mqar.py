@@ -1,4 +1,4 @@
-"""MQAR: multi-query associative recall (Zoology, Arora et al. 2023; TASKS.md §2)."""
+"""MQAR: multi-query associative recall (Zoology, Arora et al. 2023; docs/tasks.md §2)."""
 from __future__ import annotations
 
 import numpy as np

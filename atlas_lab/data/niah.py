@@ -1,4 +1,4 @@
-"""S-NIAH: single needle in a haystack, RULER's S-NIAH-1/2/3 (Hsieh et al. 2024; TASKS.md §3)."""
+"""S-NIAH: single needle in a haystack, RULER's S-NIAH-1/2/3 (Hsieh et al. 2024; docs/tasks.md §3)."""
 from __future__ import annotations
 
 import uuid
