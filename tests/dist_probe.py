@@ -27,3 +27,13 @@ class Probe(Callback):
         (self.out / f"rank-{trainer.global_rank}.json").write_text(json.dumps(info))
         if trainer.global_rank == 0:
             torch.save({k: v.detach().cpu() for k, v in pl_module.state_dict().items()}, self.out / "params.pt")
+
+
+class Fail(Callback):
+    """Fails a run at its first training batch with the given message."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        raise RuntimeError(self.message)

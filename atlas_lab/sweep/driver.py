@@ -81,6 +81,24 @@ def worker_env(n_workers: int) -> dict:
     return env
 
 
+def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_failed: bool = False):
+    """Under the storage's lock: create or load the study, find or create its MLflow parent run (marked RUNNING),
+    enqueue the missing work (and, with retry_failed, the failed trials). Returns (study, parent run id, enqueued,
+    enqueued again). Any number of sweep commands may call it at once: each point is enqueued once, one parent run."""
+    with studies.study_lock(storage):
+        study = studies.load_study(spec, storage, create=True)
+        studies.record_spec(study, spec)
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+        if parent is None:
+            parent = parent_run(client, spec.study, storage)
+            study.set_user_attr("mlflow_parent_run_id", parent)
+        else:
+            client.update_run(parent, status="RUNNING")
+        added = studies.enqueue_missing(study, spec)
+        retried = studies.retry_failed(study) if retry_failed else 0
+    return study, parent, added, retried
+
+
 def _start_worker(spec: SweepSpec, storage: str, log_uri: str, parent: str, workers: int, logs: Path):
     """One worker process with a fresh id, in a process group of its own (its job's ranks stay with it)."""
     worker_id = uuid.uuid4().hex
@@ -122,17 +140,7 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
             server, log_uri = start_server(tracking_uri, log_path=f"runs/mlflow-server-{spec.study}.log")
             console.print(f"MLflow tracking server for the workers: {escape(log_uri)}")
         client = MlflowClient(log_uri)
-        with lock:
-            study = studies.load_study(spec, storage, create=True)
-            studies.record_spec(study, spec)
-            parent = study.user_attrs.get("mlflow_parent_run_id")
-            if parent is None:
-                parent = parent_run(client, spec.study, storage)
-                study.set_user_attr("mlflow_parent_run_id", parent)
-            else:
-                client.update_run(parent, status="RUNNING")
-            added = studies.enqueue_missing(study, spec)
-            retried = studies.retry_failed(study) if retry_failed else 0
+        study, parent, added, retried = prepare_study(spec, storage, client, retry_failed)
         console.print(Text(f"study {spec.study!r} ({studies.shown(storage)}): {added} new trial(s) enqueued"
                            + (f", {retried} failed trial(s) enqueued again" if retried else "")))
 
