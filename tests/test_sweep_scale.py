@@ -7,7 +7,6 @@ an MLflow tracking server.
 """
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
