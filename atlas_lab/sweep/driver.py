@@ -175,6 +175,7 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
             elif not waiting and not running and not alive:
                 break
             time.sleep(1.0)  # trials of workers here or elsewhere: wait for them
+        _report_finished(study, reported, console)
         summarize(study, client, parent, console=console)
         client.set_terminated(parent, status="FINISHED")
     except BaseException:
