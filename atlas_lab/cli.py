@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file", help="a sweep YAML file, e.g. sweeps/demo.yaml")
     p.add_argument("--workers", type=int, default=1, help="local worker processes")
     p.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default "
-                                                   "runs/optuna/<study>.journal) or postgresql://...")
+                                                   "runs/optuna/<study>.journal) or postgresql://user@host/db "
+                                                   "(shares a study across machines; pip install "
+                                                   "'atlas-lab[postgres]')")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
     p.add_argument("--retry-failed", action="store_true", help="run failed trials again")
     p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")

@@ -6,7 +6,7 @@ import functools
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
 IGNORE_INDEX = -100
 SPLITS = ("train", "val", "test")
@@ -94,36 +94,56 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_id: int | None = None) -
     return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
 
-class GroupedBatchSampler(Sampler[list[int]]):
-    """Batches drawn from one group at a time (e.g. one sequence length per batch).
+class GroupedBatchSampler(BatchSampler):
+    """Batches drawn from one group at a time (e.g. one sequence length per batch), sharded across ranks.
 
-    shuffle: a new order of samples within groups and of batches every epoch, drawn from (seed, epoch), so a
-    run is reproducible from its seed and resumable from a checkpoint. Without shuffle: groups and samples in order.
+    The batches are formed globally, the same on every rank: the samples of a group (shuffled or in order) are cut
+    into global batches of batch_size × num_replicas, whose order is shuffled; rank r takes part r of each global
+    batch. So every rank sees its own samples, every rank has the same number of batches (DDP needs it), and a run
+    on W processes sees, step by step, the batches of one process with batch_size × W. A global batch with fewer
+    samples than ranks (the tail of a small group) repeats samples, as DistributedSampler pads.
+
+    shuffle: a new order every epoch, drawn from (seed, epoch), so a run is reproducible from its seed and
+    resumable from a checkpoint. Without shuffle: groups and samples in order.
+    sampler: a DistributedSampler naming this process's shard (num_replicas, rank) and carrying the epoch; Lightning
+    calls its set_epoch, and with ``use_distributed_sampler`` puts its own in its place. Only those three are read:
+    the order is this class's. None: one process.
     """
 
-    def __init__(self, group: np.ndarray, batch_size: int, shuffle: bool, seed: int):
-        self.group, self.batch_size, self.shuffle, self.seed = np.asarray(group), batch_size, shuffle, seed
-        self.epoch = 0
+    def __init__(self, group: np.ndarray, batch_size: int, shuffle: bool, seed: int,
+                 sampler: DistributedSampler | None = None):
+        group = np.asarray(group)
+        sampler = sampler if sampler is not None else DistributedSampler(group, num_replicas=1, rank=0, shuffle=False)
+        if not isinstance(sampler, DistributedSampler):
+            raise TypeError(f"GroupedBatchSampler: sampler must be a DistributedSampler, got {type(sampler).__name__}")
+        super().__init__(sampler, batch_size, drop_last=False)
+        self.group, self.shuffle, self.seed = group, shuffle, seed
 
     def set_epoch(self, epoch: int) -> None:
-        """Lightning calls this every epoch: the order depends on (seed, epoch) only, so a run resumed from a
-        checkpoint sees the same batches as an uninterrupted one."""
-        self.epoch = epoch
+        """The order depends on (seed, epoch) only, so a run resumed from a checkpoint sees the same batches as an
+        uninterrupted one."""
+        self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return sum(-(-int(n) // self.batch_size) for n in np.unique(self.group, return_counts=True)[1])
+        size = self.batch_size * self.sampler.num_replicas
+        return sum(-(-int(n) // size) for n in np.unique(self.group, return_counts=True)[1])
 
     def __iter__(self):
-        rng = np.random.default_rng([self.seed, self.epoch])
+        replicas, rank = self.sampler.num_replicas, self.sampler.rank
+        rng = np.random.default_rng([self.seed, self.sampler.epoch])
+        size = self.batch_size * replicas
         batches = []
         for g in np.unique(self.group):
             idx = np.flatnonzero(self.group == g)
             if self.shuffle:
                 idx = rng.permutation(idx)
-            batches += [idx[i:i + self.batch_size].tolist() for i in range(0, len(idx), self.batch_size)]
+            batches += [idx[i:i + size] for i in range(0, len(idx), size)]
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        return iter(batches)
+        for batch in batches:
+            if len(batch) < replicas:
+                batch = np.resize(batch, replicas)
+            yield np.array_split(batch, replicas)[rank].tolist()
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -159,7 +179,10 @@ class TaskDataModule(L.LightningDataModule):
         common = dict(num_workers=self.num_workers, collate_fn=functools.partial(collate, pad_id=self.pad_id),
                       persistent_workers=self.num_workers > 0)
         group = ds.group if ds.group is not None else np.zeros(len(ds), dtype=np.int64)
-        sampler = GroupedBatchSampler(group, self.batch_size, shuffle=train, seed=self.seed)
+        trainer = self.trainer  # None outside a Trainer
+        shard = DistributedSampler(ds, num_replicas=trainer.world_size if trainer else 1,
+                                   rank=trainer.global_rank if trainer else 0, shuffle=False)
+        sampler = GroupedBatchSampler(group, self.batch_size, shuffle=train, seed=self.seed, sampler=shard)
         return DataLoader(ds, batch_sampler=sampler, **common)
 
     def train_dataloader(self) -> DataLoader:

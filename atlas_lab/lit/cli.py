@@ -1,6 +1,7 @@
 """LightningCLI for ``atlas-lab fit|validate|test``: one run from YAML configs and dotted overrides."""
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -35,18 +36,27 @@ class SaveConfigToTracking(SaveConfigCallback):
             if isinstance(logger, MLFlowLogger):
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
                 return
-        directory = Path(trainer.log_dir or trainer.default_root_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.yaml").write_text(text)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "config.yaml").write_text(text)
 
     def setup(self, trainer, pl_module, stage):
-        if trainer.is_global_zero and not getattr(self, "already_saved", False):
+        if getattr(self, "already_saved", False):
+            return
+        # trainer.log_dir is a collective under DDP (rank 0 broadcasts it): every rank asks, rank 0 writes
+        self.directory = Path(trainer.log_dir or trainer.default_root_dir)
+        if trainer.is_global_zero:
             self.save_config(trainer, pl_module, stage)
-            self.already_saved = True
+        self.already_saved = True
+
+
+def _data_value(name: str, default, data):
+    return getattr(data, name, default)
 
 
 def _data_attribute(name, default=None):
-    return lambda data: getattr(data, name, default)
+    """A link's compute_fn reading one attribute of the data module; a partial of a module-level function, so
+    that ``ddp_spawn`` can pickle the trainer's callbacks (the config saver holds the parser and its links)."""
+    return functools.partial(_data_value, name, default)
 
 
 class AtlasCLI(LightningCLI):

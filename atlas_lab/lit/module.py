@@ -100,7 +100,7 @@ class SequenceModel(L.LightningModule):
         loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the mean over ranks under DDP
         return loss
 
     def _eval_step(self, stage: str, batch):
@@ -125,16 +125,17 @@ class SequenceModel(L.LightningModule):
 
     def _log_epoch(self, stage: str):
         values = self.token_metrics[stage].compute()
-        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=True)
+        # values are global already (torchmetrics syncs on compute); sync_dist only tells Lightning so under DDP
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=True, sync_dist=True)
         self.token_metrics[stage].reset()
         if self.slice_metrics is not None:
             per_slice = self.slice_metrics[stage].compute().reshape(-1)  # torchmetrics squeezes a single slice
             counts = self.slice_metrics[stage].count.reshape(-1)
             self.log_dict({metric_key(f"{stage}/acc/{name}"): acc for name, acc, n in
-                           zip(self.hparams.slice_names, per_slice, counts) if n > 0})
+                           zip(self.hparams.slice_names, per_slice, counts) if n > 0}, sync_dist=True)
             self.slice_metrics[stage].reset()
         if self.exact_match[stage].total > 0:
-            self.log(f"{stage}/exact_match", self.exact_match[stage].compute())
+            self.log(f"{stage}/exact_match", self.exact_match[stage].compute(), sync_dist=True)
         self.exact_match[stage].reset()
 
     def on_validation_epoch_end(self):

@@ -1,29 +1,35 @@
 """``atlas-lab sweep FILE``: check everything, create or resume the study, run its workers, summarise.
 
 Order of work, so that bad input never half-runs: (1) the sweep file and every grid value / search
-bound are checked against the real run configuration; (2) only then are the Optuna study and the
-MLflow parent run created (or found again); (3) missing work is enqueued, lost trials are failed
-and enqueued again; (4) N worker processes run the queue (logging through one MLflow server on
-loopback when several share a SQLite store); (5) the summary goes to the terminal, to files and to
-the parent run.
+bound are checked against the real run configuration, and the storage opened; (2) only then, under
+the storage's lock, are the Optuna study and the MLflow parent run created (or found again) and the
+missing work enqueued — so any number of sweep commands, on any machines, enqueue each point once
+and create one parent run; (3) N worker processes run the queue (logging through one MLflow server
+on loopback when several share a SQLite store), while lost trials are failed and enqueued again,
+under the lock; (4) the summary goes to the terminal, to files and to the parent run, which ends
+FINISHED, or FAILED if the command itself fails.
 """
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import optuna
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from . import study as studies
 from .report import summarize
 from .spec import SweepError, SweepSpec, cli_args, load_sweep
-from .tracking import finish_run, parent_run, resolve_uri, start_server, stop_server
+from .tracking import finish_run, init_store, parent_run, resolve_uri, start_server, stop_server
 
 
 def validate_configs(spec: SweepSpec) -> None:
@@ -48,16 +54,20 @@ def validate_configs(spec: SweepSpec) -> None:
 
 
 def _report_finished(study, reported: set, console: Console) -> set:
-    """Print one line per trial that finished since the last call; returns their numbers."""
+    """Print one line per trial that finished since the last call; returns their numbers. Labels and failure
+    reasons are printed as plain text, never as markup (a reason such as ``[/__w/…/pair.cc:553]`` is text)."""
     new = set()
     for t in study.get_trials(deepcopy=False, states=studies.FINISHED):
         if t.number in reported or studies.is_superseded(study, t):
             continue
         new.add(t.number)
         labels = t.user_attrs.get("labels") or t.params
-        what = f"value {t.value:.4f}" if t.state == TrialState.COMPLETE else \
-            f"[red]{t.state.name}[/red] {t.user_attrs.get('fail_reason', '')}"
-        console.print(f"trial {t.number} {labels}: {what}")
+        line = Text(f"trial {t.number} {labels}: ")
+        if t.state == TrialState.COMPLETE:
+            line.append(f"value {t.value:.4f}")
+        else:
+            line.append(t.state.name, style="red").append(f" {t.user_attrs.get('fail_reason', '')}")
+        console.print(line)
     return new
 
 
@@ -71,6 +81,45 @@ def worker_env(n_workers: int) -> dict:
     return env
 
 
+def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_failed: bool = False):
+    """Under the storage's lock: create or load the study, find or create its MLflow parent run (marked RUNNING),
+    enqueue the missing work (and, with retry_failed, the failed trials). Returns (study, parent run id, enqueued,
+    enqueued again). Any number of sweep commands may call it at once: each point is enqueued once, one parent run."""
+    with studies.study_lock(storage):
+        study = studies.load_study(spec, storage, create=True)
+        studies.record_spec(study, spec)
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+        if parent is None:
+            parent = parent_run(client, spec.study, storage)
+            study.set_user_attr("mlflow_parent_run_id", parent)
+        else:
+            client.update_run(parent, status="RUNNING")
+        added = studies.enqueue_missing(study, spec)
+        retried = studies.retry_failed(study) if retry_failed else 0
+    return study, parent, added, retried
+
+
+def _start_worker(spec: SweepSpec, storage: str, log_uri: str, parent: str, workers: int, logs: Path):
+    """One worker process with a fresh id, in a process group of its own (its job's ranks stay with it)."""
+    worker_id = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path), "--storage", storage,
+                             "--tracking-uri", log_uri, "--parent", parent, "--worker-id", worker_id,
+                             "--driver-pid", str(os.getpid())],
+                            stdout=open(logs / f"worker-{worker_id[:8]}.log", "ab"), stderr=subprocess.STDOUT,
+                            env=worker_env(workers), start_new_session=True)
+    return worker_id, proc
+
+
+def _stop_workers(procs: dict) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
 def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_uri: str | None = None,
               retry_failed: bool = False, console: Console | None = None) -> int:
     console = console or Console()
@@ -79,56 +128,61 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
     validate_configs(spec)
     storage = storage or studies.default_storage(spec.study)
     tracking_uri = resolve_uri(tracking_uri)
+    lock = studies.study_lock(storage)  # an unsupported storage is a SweepError before anything is created
+    studies.open_storage(storage)  # likewise a missing driver or an unreachable server
     Path("runs").mkdir(exist_ok=True)
+    init_store(tracking_uri)
 
-    study = studies.load_study(spec, storage, create=True)
-    studies.record_spec(study, spec)
-    server = None
+    server, parent, client, procs = None, None, None, {}
     try:
         log_uri = tracking_uri
         if workers > 1 and tracking_uri.startswith("sqlite:"):  # never several writers on one SQLite file
             server, log_uri = start_server(tracking_uri, log_path=f"runs/mlflow-server-{spec.study}.log")
-            console.print(f"MLflow tracking server for the workers: {log_uri}")
+            console.print(f"MLflow tracking server for the workers: {escape(log_uri)}")
         client = MlflowClient(log_uri)
-        parent = study.user_attrs.get("mlflow_parent_run_id")
-        if parent is None:
-            parent = parent_run(client, spec.study, storage)
-            study.set_user_attr("mlflow_parent_run_id", parent)
-        added = studies.enqueue_missing(study, spec)
-        retried = studies.retry_failed(study) if retry_failed else 0
-        console.print(f"study {spec.study!r} ({storage}): {added} new trial(s) enqueued"
-                      + (f", {retried} failed trial(s) enqueued again" if retried else ""))
+        study, parent, added, retried = prepare_study(spec, storage, client, retry_failed)
+        console.print(Text(f"study {spec.study!r} ({studies.shown(storage)}): {added} new trial(s) enqueued"
+                           + (f", {retried} failed trial(s) enqueued again" if retried else "")))
 
+        logs = Path("runs") / "sweeps" / spec.study
+        logs.mkdir(parents=True, exist_ok=True)
+        find_lost = studies.LostTrials()
+        reported = {t.number for t in study.get_trials(deepcopy=False, states=studies.FINISHED)}
         while True:
-            for lost in studies.lost_trials(study):
-                reason = "worker lost (process gone or no heartbeat)"
-                for run_id in lost.user_attrs.get("mlflow_run_ids", [])[-1:]:
-                    finish_run(client, run_id, "FAIL", reason)
-                studies.requeue(study, lost, reason)
-                console.print(f"[yellow]trial {lost.number}: {reason}; enqueued again")
+            exited = {wid for wid, p in procs.items() if p.poll() is not None}
+            lost = find_lost(study, exited)
+            if lost:
+                with lock:
+                    for t in lost:
+                        if not studies.fail_lost(study, t):
+                            continue
+                        reason = f"worker lost (worker {t.user_attrs.get('worker_id', '?')[:8]} on " \
+                                 f"{t.user_attrs.get('host', '?')}: exited, or no heartbeat for " \
+                                 f"{studies.grace_seconds():g} s)"
+                        for run_id in t.user_attrs.get("mlflow_run_ids", [])[-1:]:
+                            finish_run(client, run_id, "FAIL", reason)
+                        console.print(Text(f"trial {t.number}: {reason}; enqueued again", style="yellow"))
+            reported |= _report_finished(study, reported, console)
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if waiting:
-                logs = Path("runs") / "sweeps" / spec.study
-                logs.mkdir(parents=True, exist_ok=True)
-                n = min(workers, len(waiting))
-                procs = [subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path),
-                                           "--storage", storage, "--tracking-uri", log_uri, "--parent", parent],
-                                          stdout=open(logs / f"worker-{i}.log", "ab"), stderr=subprocess.STDOUT,
-                                          env=worker_env(n))
-                         for i in range(n)]
-                console.print(f"{len(procs)} worker(s) running {len(waiting)} trial(s); logs in {logs}/worker-*.log")
-                reported = {t.number for t in study.get_trials(deepcopy=False, states=studies.FINISHED)}
-                while any(p.poll() is None for p in procs):
-                    time.sleep(2.0)
-                    reported |= _report_finished(study, reported, console)
-                _report_finished(study, reported, console)
-            elif running:  # trials of workers elsewhere (or not yet known to be lost): wait for them
-                time.sleep(min(5.0, studies.HEARTBEAT_SECONDS))
-            else:
+            alive = [p for p in procs.values() if p.poll() is None]
+            if waiting and len(alive) < workers:
+                for _ in range(min(workers - len(alive), len(waiting))):
+                    worker_id, proc = _start_worker(spec, storage, log_uri, parent, workers, logs)
+                    procs[worker_id] = proc
+                console.print(f"{len(procs)} worker(s) started, {len(waiting)} trial(s) waiting; "
+                              f"logs in {escape(str(logs))}/worker-*.log")
+            elif not waiting and not running and not alive:
                 break
+            time.sleep(1.0)  # trials of workers here or elsewhere: wait for them
+        _report_finished(study, reported, console)
         summarize(study, client, parent, console=console)
         client.set_terminated(parent, status="FINISHED")
+    except BaseException:
+        _stop_workers(procs)
+        if parent is not None:
+            client.set_terminated(parent, status="FAILED")
+        raise
     finally:
         stop_server(server)
     return 0

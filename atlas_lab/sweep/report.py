@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .study import is_superseded
 
@@ -129,12 +130,12 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
         table.add_column(c, overflow="fold")
     for r in rows:
         style = "red" if "FAIL" in r["status"] else "yellow" if r["status"] != "ok" else None
-        table.add_row(*[_fmt(r[c]) for c in columns], _fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"],
-                      style=style)
+        cells = [_fmt(r[c]) for c in columns] + [_fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"]]
+        table.add_row(*map(Text, cells), style=style)  # text, never markup: labels may hold brackets
     console.print(table)
     if client is not None and parent is not None:
         for f in files:
             client.log_artifact(parent, str(f), "summary")
-    console.print(f"files: {', '.join(str(f) for f in files)}")
+    console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
     console.print("browse every run: [bold]make ui[/bold]  (or: atlas-lab ui)")
     return out

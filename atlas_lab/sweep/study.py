@@ -1,10 +1,12 @@
 """The Optuna side of a sweep: storage, the study, its queue of trials, heartbeats and lost workers.
 
 Every trial is enqueued by the sweep command (a grid point × repeat, or an empty trial that the
-sampler fills for tpe/random) and claimed atomically by one worker, so no point runs twice under
-concurrency. Workers write a heartbeat into their running trial; a trial whose worker is gone (its
-process is dead on this host, or its heartbeat is older than the grace period) is failed and
-enqueued again.
+sampler fills for tpe/random), under the storage's lock, and claimed atomically by one worker, so no
+point runs twice under concurrency, whatever the number of sweep commands. A worker has a unique id and
+writes a heartbeat into its running trial; a trial is lost when its worker is a local one that has
+exited, or when its heartbeat has not changed for the grace period. Host names and process ids are
+kept for people to read and never used to decide: two containers may share a host name, and a PID
+means nothing in another PID namespace. A lost trial is failed and its work enqueued again.
 """
 from __future__ import annotations
 
@@ -14,27 +16,70 @@ import time
 from pathlib import Path
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from .spec import SweepSpec
+from .locks import is_postgres, storage_lock
+from .spec import SweepError, SweepSpec
 
-HEARTBEAT_SECONDS = float(os.environ.get("ATLAS_LAB_HEARTBEAT_SECONDS", "10"))
-GRACE_SECONDS = float(os.environ.get("ATLAS_LAB_HEARTBEAT_GRACE_SECONDS", str(6 * HEARTBEAT_SECONDS)))
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def heartbeat_seconds() -> float:
+    """How often a worker beats (``ATLAS_LAB_HEARTBEAT_SECONDS``, default 10)."""
+    return float(os.environ.get("ATLAS_LAB_HEARTBEAT_SECONDS", "10"))
+
+
+def grace_seconds() -> float:
+    """How long a heartbeat may stand still before its trial is lost (``ATLAS_LAB_HEARTBEAT_GRACE_SECONDS``,
+    default six beats)."""
+    return float(os.environ.get("ATLAS_LAB_HEARTBEAT_GRACE_SECONDS", str(6 * heartbeat_seconds())))
 
 
 def default_storage(study: str) -> str:
     return str(Path("runs") / "optuna" / f"{study}.journal")
 
 
+def shown(url: str) -> str:
+    """A storage or tracking URL as printed: without its password."""
+    if "://" not in url or "@" not in url:
+        return url
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL (http://user:pw@host): drop the credentials entirely
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
 def open_storage(url: str):
-    """A journal file path (safe for several local processes) or an RDB URL such as postgresql://…"""
-    if "://" in url:
+    """A journal file path (safe for several local processes) or a database URL (``postgresql://…`` shares a study
+    across machines). A missing database driver or an unreachable server is a SweepError (one line, exit 2)."""
+    if "://" not in url:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(url))
+    import sqlalchemy.exc
+
+    try:
         return optuna.storages.RDBStorage(url)
-    Path(url).parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(url))
+    except ImportError as e:
+        hint = " For PostgreSQL: pip install 'atlas-lab[postgres]' (psycopg 3)." if is_postgres(url) else ""
+        raise SweepError(f"--storage {shown(url)}: the database driver is not installed ({e}).{hint}") from None
+    except sqlalchemy.exc.SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise SweepError(f"--storage {shown(url)}: cannot open the database: {reason}") from None
+
+
+def study_lock(url: str):
+    """The storage's lock (see ``locks``): held while the study is created, the grid enqueued, the parent run found
+    or created, and lost trials failed and enqueued again."""
+    try:
+        return storage_lock(url, "atlas-lab optuna storage")
+    except ValueError as e:
+        raise SweepError(f"--storage {e}") from None
 
 
 def make_sampler(spec: SweepSpec, seed: int = 0):
@@ -75,7 +120,8 @@ def trial_key(trial) -> tuple:
 
 
 def enqueue_missing(study: optuna.Study, spec: SweepSpec) -> int:
-    """Enqueue every piece of work not yet in the study (once: a re-run adds nothing new). Returns the count."""
+    """Enqueue every piece of work not yet in the study (once: a re-run adds nothing new). Returns the count.
+    Reads, then writes: call it under ``study_lock``."""
     present = {trial_key(t) for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)}
     added = 0
     if spec.sampler == "grid":
@@ -105,34 +151,44 @@ def beat(study: optuna.Study, trial_id: int) -> None:
     study._storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
 
 
-def owner_attrs() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+def owner_attrs(worker_id: str) -> dict:
+    """Who runs a trial: the worker's unique id (what counts), and its host and PID (for people to read)."""
+    return {"worker_id": worker_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class LostTrials:
+    """Finds RUNNING trials whose worker is gone, by identity: the trial's worker is one of this command's that has
+    exited, or its heartbeat has not changed for ``grace_seconds()`` as timed by this process's clock — so the
+    machines' clocks need not agree, and a live worker, which beats every ``heartbeat_seconds()``, is never lost.
+    A command that starts while another machine runs a trial watches that trial's heartbeat move before judging it."""
 
+    def __init__(self):
+        self.seen: dict[int, tuple[object, float]] = {}  # trial id -> (heartbeat, when this process saw it change)
 
-def lost_trials(study: optuna.Study) -> list:
-    """RUNNING trials whose worker is gone: dead process on this host, or no heartbeat within the grace period."""
-    lost, now, host = [], time.time(), socket.gethostname()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        attrs = t.user_attrs
-        if "pid" not in attrs:  # claimed a moment ago, owner not written yet
-            started = t.datetime_start.timestamp() if t.datetime_start else now
-            if now - started > GRACE_SECONDS:
+    def __call__(self, study: optuna.Study, exited_workers: set[str] = frozenset()) -> list:
+        now, lost, running = time.monotonic(), [], set()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            running.add(t._trial_id)
+            value = t.user_attrs.get("heartbeat")  # None: claimed a moment ago, owner not written yet
+            if self.seen.get(t._trial_id, (object(),))[0] != value:
+                self.seen[t._trial_id] = (value, now)
+            if t.user_attrs.get("worker_id") in exited_workers or now - self.seen[t._trial_id][1] > grace_seconds():
                 lost.append(t)
-            continue
-        dead_here = attrs.get("host") == host and not _process_alive(int(attrs["pid"]))
-        if dead_here or now - float(attrs.get("heartbeat", 0)) > GRACE_SECONDS:
-            lost.append(t)
-    return lost
+        self.seen = {k: v for k, v in self.seen.items() if k in running}
+        return lost
+
+
+def fail_lost(study: optuna.Study, frozen) -> bool:
+    """Fail a lost trial and enqueue its work again; False (nothing done) when it finished in the meantime. The
+    state moves first (RUNNING -> FAIL, atomic in the storage), then the study records it as superseded (a
+    finished trial takes no attributes). Call it under ``study_lock``, so two commands never enqueue it twice."""
+    try:
+        study._storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
+    study.set_user_attr("superseded_trials", superseded_numbers(study) + [frozen.number])
+    _enqueue_again(study, frozen)
+    return True
 
 
 def _enqueue_again(study: optuna.Study, frozen) -> None:
@@ -140,15 +196,6 @@ def _enqueue_again(study: optuna.Study, frozen) -> None:
     attrs = frozen.user_attrs
     study.enqueue_trial(attrs.get("labels", {}), user_attrs={k: attrs[k] for k in ("labels", "repeat", "slot")
                                                              if k in attrs})
-
-
-def requeue(study: optuna.Study, frozen, reason: str) -> None:
-    """Fail a trial (with its reason) and enqueue the same work again."""
-    storage = study._storage  # attributes first: a finished trial cannot be updated
-    storage.set_trial_user_attr(frozen._trial_id, "fail_reason", reason)
-    storage.set_trial_user_attr(frozen._trial_id, "superseded", True)
-    storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL)
-    _enqueue_again(study, frozen)
 
 
 def retry_failed(study: optuna.Study) -> int:

@@ -15,6 +15,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from ..lit.cli import DEFAULT_TRACKING_URI, resolve_uri  # noqa: F401  (re-exported for the sweep command)
+from .locks import SQLITE, is_postgres, storage_lock
+
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
 
@@ -61,6 +63,16 @@ def stop_server(proc) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def init_store(uri: str) -> None:
+    """Create and migrate a database tracking store (``sqlite:///…``, ``postgresql://…``) once, under the store's lock,
+    before any server or worker opens it: MLflow builds and migrates a fresh database on first open, and two
+    processes doing it at once collide (``duplicate column name``). Other URIs (an http server) are left alone."""
+    if not (uri.startswith(SQLITE) or is_postgres(uri)):
+        return
+    with storage_lock(uri, "atlas-lab mlflow store"):
+        MlflowClient(uri).search_experiments(max_results=1)
+
+
 def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -74,7 +86,8 @@ def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
 
 
 def parent_run(client: MlflowClient, study: str, storage: str) -> str:
-    """The study's parent run: found by its tag, or created."""
+    """The study's parent run: found by its tag, or created (marked RUNNING either way). Reads, then writes: the sweep
+    command calls it under the storage's lock, so several commands create one parent run."""
     exp = experiment_id(client)
     found = client.search_runs([exp], filter_string=f"tags.`atlas_lab.study` = '{study}' and "
                                                     f"tags.`atlas_lab.role` = 'study'", max_results=1)

@@ -1,17 +1,28 @@
 """A sweep worker: claims waiting trials one at a time and runs each as a Lightning fit.
 
-    python -m atlas_lab.sweep.worker SWEEP_FILE --storage URL --tracking-uri URI --parent RUN_ID
+    python -m atlas_lab.sweep.worker SWEEP_FILE --storage URL --tracking-uri URI --parent RUN_ID \
+        --worker-id ID --driver-pid PID
 
-A trial's exception or non-finite loss fails that trial (reason kept in Optuna and MLflow) and the
-worker goes on with the next one.
+The sweep command starts it. A trial's exception or non-finite loss fails that trial (reason kept in
+Optuna and MLflow) and the worker goes on with the next one. A trial of one process is fitted in the
+worker; a trial of several (``trainer.devices`` or ``num_nodes`` above 1) is one job
+(``atlas_lab.sweep.job``) whose ranks Lightning's launcher starts, so the worker claims it once and no
+rank ever claims anything. While it lives the worker beats into its trial, and it ends itself, and
+its job's processes, as soon as the sweep command that started it is gone.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import traceback
+from pathlib import Path
 
 import lightning as L
 import optuna
@@ -19,7 +30,9 @@ from lightning.pytorch.callbacks import Callback
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
-from ..lit.cli import AtlasCLI, SaveConfigToTracking
+from optuna.exceptions import UpdateFinishedTrialError
+
+from ..lit.cli import AtlasCLI, SaveConfigToTracking, parse_config
 from ..lit.module import SequenceModel
 from . import study as studies
 from .spec import SweepSpec, cli_args, load_sweep
@@ -27,7 +40,8 @@ from .tracking import child_run, finish_run, flatten
 
 
 class OptunaPruning(Callback):
-    """Reports the sweep metric to Optuna after every validation epoch and stops a trial the pruner prunes."""
+    """Reports the sweep metric to Optuna after every validation epoch and stops a trial the pruner prunes. Under
+    DDP rank 0 reports and decides, and every rank stops together."""
 
     def __init__(self, trial: optuna.Trial, metric: str):
         self.trial, self.metric = trial, metric
@@ -35,9 +49,11 @@ class OptunaPruning(Callback):
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
-        epoch = trainer.current_epoch
-        self.trial.report(float(trainer.callback_metrics[self.metric]), step=epoch)
-        if self.trial.should_prune():
+        epoch, prune = trainer.current_epoch, False
+        if trainer.is_global_zero:
+            self.trial.report(float(trainer.callback_metrics[self.metric]), step=epoch)
+            prune = self.trial.should_prune()
+        if trainer.strategy.broadcast(prune):
             raise optuna.TrialPruned(f"pruned at epoch {epoch}")
 
 
@@ -99,32 +115,84 @@ def _log_slices(client: MlflowClient, run_id: str, metrics: dict) -> None:
 
 
 def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str, tracking_uri: str,
-             prune: bool) -> float:
-    """One Lightning fit logged to MLflow run ``run_id``; returns the final value of ``spec.metric``."""
-    client = MlflowClient(tracking_uri)
+             prune: bool) -> dict[str, float]:
+    """One Lightning fit logged to MLflow run ``run_id``; returns the trainer's final metrics. Under DDP every rank
+    runs it (metrics are reduced across ranks); rank 0 alone logs to MLflow."""
     callbacks = [OptunaPruning(trial, spec.metric)] if prune else []
     cli = TrialCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
                    args=cli_args(spec.base, overrides), save_config_callback=SaveConfigToTracking,
                    save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": callbacks},
                    run_id=run_id, tracking_uri=tracking_uri,
                    root_dir=f"runs/sweeps/{spec.study}/trial-{trial.number}")
-    params = flatten(cli.config)
-    items = [Param(k, v) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[i:i + 100])
+    if cli.trainer.is_global_zero:
+        client = MlflowClient(tracking_uri)
+        items = [Param(k, v) for k, v in flatten(cli.config).items()]
+        for i in range(0, len(items), 100):
+            client.log_batch(run_id, params=items[i:i + 100])
+        client.set_tag(run_id, "trainer.world_size", str(cli.trainer.world_size))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    metrics = {k: v for k, v in cli.trainer.callback_metrics.items()}
+    return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+
+
+def is_one_process(spec: SweepSpec, overrides: dict) -> bool:
+    """Whether a trial's resolved trainer surely runs in one process (devices 1 or one listed device, num_nodes 1);
+    anything else ("auto", "0,", 2, …) runs as a job of its own, which is right for one process too."""
+    trainer = parse_config(cli_args(spec.base, overrides))["trainer"]
+    devices = trainer.get("devices")
+    one = devices in (1, "1") or isinstance(devices, (list, tuple)) and len(devices) == 1
+    return one and trainer.get("num_nodes", 1) == 1
+
+
+def fit_in_job(spec: SweepSpec, storage: str, trial: optuna.Trial, overrides: dict, run_id: str, tracking_uri: str,
+               prune: bool, watchdog: "Watchdog") -> dict[str, float]:
+    """``fit_once`` in a job of its own (``atlas_lab.sweep.job``), for a trial of several processes: Lightning's
+    launcher starts the other ranks from the job's command line, so they join this trial. Rank 0 writes the
+    outcome to a file; a job that dies without one fails the trial with the end of its log."""
+    folder = Path("runs") / "sweeps" / spec.study / f"trial-{trial.number}"
+    folder.mkdir(parents=True, exist_ok=True)
+    result, log = folder / f"result-{run_id}.json", folder / f"job-{run_id}.log"
+    result.unlink(missing_ok=True)
+    with open(log, "ab") as out:
+        job = subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.job", str(spec.path), "--storage", storage,
+                                "--tracking-uri", tracking_uri, "--trial-id", str(trial._trial_id), "--run-id", run_id,
+                                "--overrides", json.dumps(overrides), "--result", str(result),
+                                "--parent-pid", str(os.getpid())] + (["--prune"] if prune else []),
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        watchdog.job = job
+        try:
+            code = job.wait()
+        finally:
+            watchdog.job = None
+            kill_group(job.pid)  # ranks left behind by a rank that died
+    if not result.exists():
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+        raise RuntimeError(f"trial job exited with code {code} and no result (log {log}): " + " | ".join(tail))
+    outcome = json.loads(result.read_text())
+    if "pruned" in outcome:
+        raise optuna.TrialPruned(outcome["pruned"])
+    if "error" in outcome:
+        raise TrialJobError(outcome["error"])
+    return outcome["metrics"]
+
+
+class TrialJobError(RuntimeError):
+    """A trial's job failed; the message is the job's own ``Type: message``."""
+
+
+def finish_fit(client: MlflowClient, run_id: str, metric: str, metrics: dict[str, float]) -> float:
+    """The per-slice table and learning curves of a finished fit; returns the sweep metric's value."""
     _log_slices(client, run_id, metrics)
-    if spec.metric not in metrics:
-        raise KeyError(f"metric {spec.metric!r} was not logged; logged metrics: {sorted(metrics)}")
-    value = float(metrics[spec.metric])
+    if metric not in metrics:
+        raise KeyError(f"metric {metric!r} was not logged; logged metrics: {sorted(metrics)}")
+    value = float(metrics[metric])
     if not math.isfinite(value):
-        raise FloatingPointError(f"{spec.metric} is {value}")
-    _log_learning_curves(client, run_id, spec.metric)
+        raise FloatingPointError(f"{metric} is {value}")
+    _log_learning_curves(client, run_id, metric)
     return value
 
 
-def run_trial(spec: SweepSpec, study: optuna.Study, trial: optuna.Trial, tracking_uri: str, parent: str) -> None:
+def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.Trial, tracking_uri: str,
+              parent: str, watchdog: "Watchdog") -> None:
     """Run a claimed trial to the end and tell Optuna its state; never raises for a failing trial."""
     client = MlflowClient(tracking_uri)
     labels = {k: trial.suggest_categorical(k, list(spec.grid[k])) for k in spec.grid}
@@ -139,43 +207,80 @@ def run_trial(spec: SweepSpec, study: optuna.Study, trial: optuna.Trial, trackin
             trial.set_user_attr("mlflow_run_ids", run_ids)
             client.set_tag(run_id, "sweep.labels", json.dumps(labels))
             overrides = {**spec.overrides(labels, sampled), "seed_everything": seed}
-            values.append(fit_once(spec, trial, overrides, run_id, tracking_uri, prune=seed == seeds[0]))
+            prune = seed == seeds[0]
+            if is_one_process(spec, overrides):
+                metrics = fit_once(spec, trial, overrides, run_id, tracking_uri, prune)
+            else:
+                metrics = fit_in_job(spec, storage, trial, overrides, run_id, tracking_uri, prune, watchdog)
+            values.append(finish_fit(client, run_id, spec.metric, metrics))
             finish_run(client, run_id, "COMPLETE")
+        outcome = dict(values=[sum(values) / len(values)])
     except optuna.TrialPruned as e:
         finish_run(client, run_id, "PRUNED", str(e))
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        return
+        outcome = dict(state=optuna.trial.TrialState.PRUNED)
     except Exception as e:  # the trial fails, the study goes on
-        reason = f"{type(e).__name__}: {e}"
+        reason = str(e) if isinstance(e, TrialJobError) else f"{type(e).__name__}: {e}"
         trial.set_user_attr("fail_reason", reason[:2000])
         trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
         if run_id is not None:
             finish_run(client, run_id, "FAIL", reason)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return
-    study.tell(trial, sum(values) / len(values))
+        outcome = dict(state=optuna.trial.TrialState.FAIL)
+    try:
+        study.tell(trial, **outcome)
+    except UpdateFinishedTrialError:  # its heartbeat stood still past the grace period: failed and enqueued again
+        print(f"trial {trial.number}: already failed as lost by a sweep command; this result is dropped", flush=True)
 
 
-def work(spec: SweepSpec, storage: str, tracking_uri: str, parent: str) -> int:
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Watchdog(threading.Thread):
+    """Beats into the worker's current trial every ``heartbeat_seconds()``, and ends the worker, and the job of its
+    trial, as soon as the sweep command that started it is gone (the worker is then an orphan: its parent PID
+    changes), so a SIGKILLed command leaves nothing behind that claims trials."""
+
+    def __init__(self, study: optuna.Study, driver_pid: int):
+        super().__init__(daemon=True)
+        self.study, self.driver_pid = study, driver_pid
+        self.trial_id: int | None = None
+        self.job: subprocess.Popen | None = None
+
+    def run(self):
+        last = 0.0
+        while True:
+            time.sleep(min(1.0, studies.heartbeat_seconds()))
+            if os.getppid() != self.driver_pid:
+                print(f"sweep command (PID {self.driver_pid}) gone: worker stops", flush=True)
+                if self.job is not None:
+                    kill_group(self.job.pid)
+                os.kill(os.getpid(), signal.SIGKILL)
+            trial_id = self.trial_id
+            if trial_id is not None and time.monotonic() - last >= studies.heartbeat_seconds():
+                try:
+                    studies.beat(self.study, trial_id)
+                    last = time.monotonic()
+                except Exception as e:  # a storage hiccup: the next beat tries again
+                    print(f"heartbeat of trial id {trial_id} failed: {type(e).__name__}: {e}", flush=True)
+
+
+def work(spec: SweepSpec, storage: str, tracking_uri: str, parent: str, worker_id: str, driver_pid: int) -> int:
     """Claim and run trials until the queue is empty; returns how many this worker ran."""
     study = studies.load_study(spec, storage)
+    watchdog = Watchdog(study, driver_pid)
+    watchdog.start()
     done = 0
     while (trial := studies.claim_waiting_trial(study)) is not None:
-        for key, value in studies.owner_attrs().items():
+        for key, value in studies.owner_attrs(worker_id).items():
             trial.set_user_attr(key, value)
-        stop = threading.Event()
-
-        def heartbeat(trial_id=trial._trial_id):
-            while not stop.wait(studies.HEARTBEAT_SECONDS):
-                studies.beat(study, trial_id)
-
-        thread = threading.Thread(target=heartbeat, daemon=True)
-        thread.start()
+        watchdog.trial_id = trial._trial_id
         try:
-            run_trial(spec, study, trial, tracking_uri, parent)
+            run_trial(spec, storage, study, trial, tracking_uri, parent, watchdog)
         finally:
-            stop.set()
-            thread.join()
+            watchdog.trial_id = None
         done += 1
     return done
 
@@ -186,8 +291,10 @@ def main(argv=None):
     ap.add_argument("--storage", required=True)
     ap.add_argument("--tracking-uri", required=True)
     ap.add_argument("--parent", required=True)
+    ap.add_argument("--worker-id", required=True)
+    ap.add_argument("--driver-pid", type=int, required=True)
     args = ap.parse_args(argv)
-    work(load_sweep(args.sweep), args.storage, args.tracking_uri, args.parent)
+    work(load_sweep(args.sweep), args.storage, args.tracking_uri, args.parent, args.worker_id, args.driver_pid)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""Locks that every process of a study takes in the same place: the storage itself.
+
+A journal file or a SQLite database is guarded by an exclusive ``flock`` on a file next to it (processes of one
+machine, or of machines sharing a POSIX file system); a PostgreSQL database by a session advisory lock, which
+every machine that reaches the server shares. Work that reads and then writes shared state (enqueue the grid,
+find or create the MLflow parent run, fail and re-enqueue a lost trial, create and migrate a fresh store) runs
+under one of these, so two processes can never both decide to write.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+from pathlib import Path
+
+SQLITE = "sqlite:///"
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgresql+", "postgres://"))
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path):
+    """An exclusive flock on ``path`` (created if missing), released on exit or when the process dies."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str):
+    """A PostgreSQL session advisory lock keyed by ``name``, held on a connection of its own; the server drops it
+    if the process dies, so a crashed holder never blocks the others."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    finally:
+        engine.dispose()
+
+
+def storage_lock(url: str, name: str):
+    """The lock of one store: a journal file path, ``sqlite:///path`` or ``postgresql://…``; ``name`` tells apart
+    locks that share a PostgreSQL server (the Optuna storage and the MLflow store may be one database)."""
+    if is_postgres(url):
+        return advisory_lock(url, name)
+    if url.startswith(SQLITE):
+        return file_lock(url[len(SQLITE):] + ".lock")
+    if "://" in url:
+        raise ValueError(f"{url}: no lock for this kind of store (use a journal file, sqlite:/// or postgresql://)")
+    return file_lock(url + ".lock")
