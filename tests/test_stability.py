@@ -7,6 +7,7 @@ quarter of the read to its end and stays below 1e6. Linear attention's state is 
 linearly (2.4e3 at 16K freshly built, 2.7e4 after training); a diverging memory grows geometrically (chunk-start
 DeltaNet reached 1.7e35 by token 1,024).
 """
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,15 @@ def test_chunk_start_deltanet_is_still_reachable_and_diverges():
     assert model.blocks[0].mixer.config.chunk_size == 16
     r = read_long(model, held_out_bytes(2048), PIECE)
     assert not r.bounded
+
+
+def test_a_nan_memory_weight_is_not_finite():
+    """A NaN weight in one layer's memory is reported as NaN (and the read as non-finite), never skipped."""
+    from atlas_lab.models.stability import max_abs_weight
+    torch.manual_seed(0)
+    model = LanguageModel(256, "ttt_mlp", d_model=32, n_layers=2, n_heads=2).eval()
+    with torch.no_grad():
+        _, cache = model(torch.zeros(1, 8, dtype=torch.long))
+    assert math.isfinite(max_abs_weight(cache))
+    cache[1]["memory"].weights["W1"][0, 0, 0, 0] = float("nan")
+    assert math.isnan(max_abs_weight(cache))

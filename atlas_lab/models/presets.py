@@ -22,10 +22,14 @@ LAYER_KINDS = ("memory", "attention", "swa", "mag")
 _L = "learned"
 _WINDOW = 8
 _COMMON = dict(chunk_size=16)
-# η_max of the deep gd/momentum memories whose chunked updates diverge at η_max = 0.1: with 16 gradients per
-# chunk taken at one point (and momentum, or an 8-token window, on top) the memory's outputs reach inf within a
-# few hundred tokens at initialisation (d_model 128–256, head dim 16–64, T ≥ 256); at 0.01 they stay finite.
+# η_max of the deep gd/momentum memories. Chunk-start gradients take b = 16 steps at one point: the chunk's update
+# is stable while η · Σ_i ‖h_i‖² (over the chunk's tokens and their windows, h the memory's hidden activations)
+# stays below 2. At η_max = 0.1 the memories reach inf within a few hundred tokens at initialisation (d_model
+# 128–256, head dim 16–64, T ≥ 256); ttt_mlp at 0.1 trains to step 15 of experiments/lm.yaml before one sequence's
+# memory diverges geometrically over chunks (×10⁵ per chunk by token 160). 0.01 keeps them finite.
 _STABLE_ETA_MAX = 0.01
+# Momentum multiplies the steady step by 1/(1 − θ) ≈ 10 (θ ≈ 0.9): titans at 0.01 diverged like ttt_mlp at 0.1.
+_STABLE_MOMENTUM_ETA_MAX = 0.001
 
 PRESETS: dict[str, dict] = {
     "transformer": dict(layers=["attention"], memory=None),
@@ -42,9 +46,10 @@ PRESETS: dict[str, dict] = {
     "swla": dict(layers=["memory"], memory=dict(memory="linear", feature_map="polynomial", objective="dot",
                                                 window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
-    "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L, eta_max=0.1)),
+    "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L,
+                                                   eta_max=_STABLE_ETA_MAX)),
     "titans": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="momentum", alpha=_L,
-                                                  eta=_L, theta=_L, eta_max=_STABLE_ETA_MAX)),
+                                                  eta=_L, theta=_L, eta_max=_STABLE_MOMENTUM_ETA_MAX)),
     # the dot objective has no minimum for an MLP: its deep presets normalise the memory's output (output_norm)
     "dla": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="dot", alpha=_L,
                                                eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),

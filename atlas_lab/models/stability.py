@@ -60,12 +60,16 @@ def memory_states(cache):
 
 
 def max_abs_weight(cache) -> float:
-    """max |w| over the weights (and momenta) of every memory in the cache; 0 when there is none."""
+    """max |w| over the weights (and momenta) of every memory in the cache; 0 when there is none, NaN when any
+    weight is NaN (Python's max would skip it)."""
     out = 0.0
     for state in memory_states(cache):
         for group in (state.weights, state.momentum or {}):
             for w in group.values():
-                out = max(out, w.detach().abs().max().item())
+                m = w.detach().abs().max().item()
+                if math.isnan(m):
+                    return m
+                out = max(out, m)
     return out
 
 
