@@ -110,7 +110,7 @@ def changed_fields(a: MemoryConfig, b: MemoryConfig):
 
 @pytest.mark.parametrize("a,b,expected", [
     ("atlas", "omeganet", {"optimizer", "eta_max"}),  # gd diverges at atlas's η_max 0.1 (muon steps are bounded)
-    ("omeganet", "dla", {"objective", "window", "gamma", "output_norm"}),
+    ("omeganet", "dla", {"objective", "window", "gamma", "output_norm", "eta_max"}),
     ("atlas", "atlas_pp", {"memory"}),
     ("deltanet", "gated_deltanet", {"alpha"}),
     ("linear_attention", "gla", {"alpha"}),

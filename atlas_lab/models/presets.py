@@ -28,8 +28,10 @@ _COMMON = dict(chunk_size=16)
 # 128–256, head dim 16–64, T ≥ 256); ttt_mlp at 0.1 trains to step 15 of experiments/lm.yaml before one sequence's
 # memory diverges geometrically over chunks (×10⁵ per chunk by token 160). 0.01 keeps them finite.
 _STABLE_ETA_MAX = 0.01
-# Momentum multiplies the steady step by 1/(1 − θ) ≈ 10 (θ ≈ 0.9): titans at 0.01 diverged like ttt_mlp at 0.1.
-_STABLE_MOMENTUM_ETA_MAX = 0.001
+# Momentum multiplies the steady step by 1/(1 − θ) ≈ 10 (θ ≈ 0.9), an Omega window of c tokens sums c gradients per
+# step: titans at 0.01 and omeganet at 0.01 (c = 8) diverged like ttt_mlp at 0.1.
+_STABLE_MOMENTUM_ETA_MAX = _STABLE_ETA_MAX / 10
+_STABLE_WINDOW_ETA_MAX = _STABLE_ETA_MAX / _WINDOW
 
 PRESETS: dict[str, dict] = {
     "transformer": dict(layers=["attention"], memory=None),
@@ -55,7 +57,7 @@ PRESETS: dict[str, dict] = {
                                                eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "omeganet": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
                                                     window=_WINDOW, alpha=_L, eta=_L, gamma=_L,
-                                                    eta_max=_STABLE_ETA_MAX)),
+                                                    eta_max=_STABLE_WINDOW_ETA_MAX)),
     "atlas": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
                                                  window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
                                                  theta=_L, gamma=_L, eta_max=0.1)),
@@ -68,7 +70,7 @@ PRESETS: dict[str, dict] = {
     "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
                                                 alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
-                                               alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_ETA_MAX)),
+                                               alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_WINDOW_ETA_MAX)),
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
