@@ -99,6 +99,7 @@ def check_race(out, storages, tracking_uri, workdir):
         MlflowClient(f"sqlite:///{workdir}/fresh-{r}.db").search_experiments()  # the raced store is whole
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores; the PostgreSQL race and the PID-namespace case stay in the default suite
 def test_racing_commands_enqueue_once_and_create_one_parent_on_a_journal(workdir, mlflow_server):
     storages = [f"runs/optuna/race-{r}.journal" for r in range(ROUNDS)]
     check_race(race(workdir, storages, mlflow_server), storages, mlflow_server, workdir)
@@ -166,6 +167,7 @@ def test_a_live_trial_in_another_pid_namespace_is_never_lost(workdir, monkeypatc
     assert "worker lost" not in outs[1]
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores; the PostgreSQL race and the PID-namespace case stay in the default suite
 def test_a_killed_driver_takes_its_worker_along_and_the_resume_reruns_the_lost_trial(workdir, monkeypatch):
     """SIGKILL the sweep command alone: its worker (and trial) stops within seconds instead of running on as an
     orphan; the same command again fails the lost trial (stale heartbeat) and completes every point once."""
