@@ -1,6 +1,8 @@
 """Shared test setup. Without a GPU, atlas_lab.kernels runs under Triton's interpreter; TRITON_INTERPRET must be
 set before triton is first imported (by any module: lightning imports it too), hence here, before collection."""
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,3 +19,14 @@ def postgres():
     server = Server()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A temporary working directory holding copies of lightning_config.yaml and experiments/ (runs/ lands there).
+    tests/test_sweep.py defines its own (a tiny experiment instead of the real ones)."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
+    shutil.copytree(root / "experiments", tmp_path / "experiments")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

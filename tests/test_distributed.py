@@ -9,7 +9,6 @@ relative 1e-4 on the losses, absolute 1e-4 on the weights (they move by ~1e-3 pe
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import types
@@ -109,14 +108,6 @@ def fit_args(task, out, batch_size, *extra, checkpoint=False):
             "--trainer.val_check_interval=null", "--trainer.limit_val_batches=1", "--trainer.accelerator=cpu",
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             f"--trainer.callbacks={probe}", *extra]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
-    shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.mark.parametrize("task,strategy", [("mqar", "ddp"), ("lm", "ddp_spawn")])

@@ -1,5 +1,4 @@
 """One run through the CLI: every experiment config fits, checkpoints resume exactly, bad input exits cleanly."""
-import shutil
 from pathlib import Path
 
 import pytest
@@ -9,16 +8,7 @@ from mlflow.tracking import MlflowClient
 from atlas_lab.cli import main
 from atlas_lab.lit.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["mqar", "lm", "niah", "babilong", "mad", "capacity"]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
-    shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def quiet():
