@@ -22,9 +22,8 @@ from atlas_lab.models.stability import held_out_bytes, read_long
 ROOT = Path(__file__).resolve().parent.parent
 LENGTH, PIECE = 16_384, 512
 LM_SIZE = dict(d_model=128, n_layers=4, n_heads=8, memory_heads=32)  # experiments/lm.yaml
-# ~20–45 s each at 16K on 2 CPU cores (Newton–Schulz on every token's momentum): slow. atlas itself stays in the
-# default suite; atlas_mag and atlas_mal use its memory configuration unchanged.
-SLOW_AT_INIT = ("atlas_pp", "atlas_mag", "atlas_mal")
+# The muon presets orthogonalise every token's momentum: their 16K reads take 40–120 s each on 2 CPU cores (slow).
+SLOW_AT_INIT = ("atlas", "atlas_pp", "atlas_mag", "atlas_mal")
 
 
 def assert_stable(preset: str, model: LanguageModel):
