@@ -26,7 +26,7 @@ def presets_table(d_model: int, n_layers: int, n_heads: int, vocab_size: int, sw
 
     table = Table(title=f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
                         f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1)")
-    for col in ("preset", "layers", "memory", "feature map", "objective", "window", "optimizer", "gates",
+    for col in ("preset", "layers", "memory", "feature map", "objective", "window", "chunk", "optimizer", "gates",
                 "parameters", "state (bytes)", "+bytes/token"):
         table.add_column(col, justify="right" if col in ("parameters", "state (bytes)", "+bytes/token") else "left")
     for name in PRESETS:
@@ -34,13 +34,14 @@ def presets_table(d_model: int, n_layers: int, n_heads: int, vocab_size: int, sw
                               swa_window=swa_window)
         c = model.memory_config
         if c is None:
-            components = ["—"] * 6
+            components = ["—"] * 7
         else:
-            memory = c.memory if c.memory == "linear" else f"{c.memory}(L={c.depth},E={c.expansion})"
+            memory = c.memory if c.memory == "linear" else \
+                f"{c.memory}(L={c.depth},E={c.expansion}{',LN' if c.output_norm else ''})"
             fmap = c.feature_map if c.feature_map == "identity" else f"{c.feature_map}(p={c.degree})"
             opt = c.optimizer if c.optimizer != "muon" else f"muon(k={c.ns_steps},{c.ns_coefficients})"
-            components = [memory, fmap, c.objective, "global" if c.window is None else str(c.window), opt,
-                          gates_text(c)]
+            components = [memory, fmap, c.objective, "global" if c.window is None else str(c.window),
+                          str(c.chunk_size), opt, gates_text(c)]
         layers = "+".join(dict.fromkeys(model.layer_kinds))
         table.add_row(name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
                       f"{model.cache_bytes_per_token():,}")
