@@ -26,7 +26,7 @@ _COMMON = dict(chunk_size=16)
 # is stable while η · Σ_i ‖h_i‖² (over the chunk's tokens and their windows, h the memory's hidden activations)
 # stays below 2. At η_max = 0.1 the memories reach inf within a few hundred tokens at initialisation (d_model
 # 128–256, head dim 16–64, T ≥ 256); ttt_mlp at 0.1 trains to step 15 of experiments/lm.yaml before one sequence's
-# memory diverges geometrically over chunks (×10⁵ per chunk by token 160). 0.01 keeps them finite.
+# memory diverges geometrically over chunks (×4·10³ from one chunk to the next by token 160). 0.01 keeps it finite.
 _STABLE_ETA_MAX = 0.01
 # Momentum multiplies the steady step by 1/(1 − θ) ≈ 10 (θ ≈ 0.9), an Omega window of c tokens sums c gradients per
 # step: titans at 0.01 and omeganet at 0.01 (c = 8) diverged like ttt_mlp at 0.1.
