@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from atlas_lab.cli import main
-from atlas_lab.sweep.study import open_storage, trial_key
+from atlas_lab.sweep.study import open_storage, study_lock, trial_key
 from atlas_lab.sweep.tracking import start_server, stop_server
 from test_sweep import ROOT, load, runs_of, store_uri, workdir, write_sweep  # noqa: F401  (workdir: a fixture)
 
@@ -99,6 +99,18 @@ def check_race(out, storages, tracking_uri, workdir):
         MlflowClient(f"sqlite:///{workdir}/fresh-{r}.db").search_experiments()  # the raced store is whole
 
 
+def test_the_study_lock_of_a_journal_is_not_optunas_own_lock(workdir):
+    """Optuna's journal writes take ``STORE.lock`` themselves; the study lock must be another file, or every write
+    made under it (enqueueing the grid, a heartbeat beside it) waits 30 s and then breaks Optuna's lock."""
+    storage = "runs/optuna/s.journal"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage))
+    with study_lock(storage):
+        started = time.monotonic()
+        study.enqueue_trial({"x": 1.0})
+        assert time.monotonic() - started < 5.0
+    assert len(study.get_trials()) == 1 and not Path(storage + ".lock").exists()
+
+
 @pytest.mark.slow  # ~2 minutes on 2 cores; the PostgreSQL race and the PID-namespace case stay in the default suite
 def test_racing_commands_enqueue_once_and_create_one_parent_on_a_journal(workdir, mlflow_server):
     storages = [f"runs/optuna/race-{r}.journal" for r in range(ROUNDS)]
@@ -149,7 +161,7 @@ def test_machines_share_one_study_on_postgresql_and_one_mlflow_server(workdir, p
 def test_a_live_trial_in_another_pid_namespace_is_never_lost(workdir, monkeypatch):
     """Two commands on one host name, each in its own PID namespace (containers with host networking): the second
     finds the first's trial running under a PID it cannot see, and waits for it instead of declaring it lost."""
-    fast_heartbeats(monkeypatch, beat=0.5, grace=3.0)
+    fast_heartbeats(monkeypatch, beat=0.5, grace=6.0)
     sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3]}, fixed={"trainer.max_epochs": 25})
     first = subprocess.Popen(command(["sweep", sweep], hostname="node"), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -163,7 +175,8 @@ def test_a_live_trial_in_another_pid_namespace_is_never_lost(workdir, monkeypatc
     outs = [p.communicate(timeout=600)[0] for p in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outs
     trials = load().get_trials()
-    assert [t.state for t in trials] == [TrialState.COMPLETE], outs  # run once, never failed as lost
+    reasons = [t.user_attrs.get("fail_reason") for t in trials]
+    assert [t.state for t in trials] == [TrialState.COMPLETE], (reasons, outs)  # run once, never failed as lost
     assert "worker lost" not in outs[1]
 
 

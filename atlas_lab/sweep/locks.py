@@ -1,8 +1,9 @@
 """Locks that every process of a study takes in the same place: the storage itself.
 
-A journal file or a SQLite database is guarded by an exclusive ``flock`` on a file next to it (processes of one
-machine, or of machines sharing a POSIX file system); a PostgreSQL database by a session advisory lock, which
-every machine that reaches the server shares. Work that reads and then writes shared state (enqueue the grid,
+A journal file or a SQLite database is guarded by an exclusive ``flock`` on ``STORE.atlas-lab.lock`` next to it
+(processes of one machine, or of machines sharing a POSIX file system; ``STORE.lock`` is Optuna's own journal lock,
+which Optuna waits 30 s for and then deletes); a PostgreSQL database by a session advisory lock, which every
+machine that reaches the server shares. Work that reads and then writes shared state (enqueue the grid,
 find or create the MLflow parent run, fail and re-enqueue a lost trial, create and migrate a fresh store) runs
 under one of these, so two processes can never both decide to write.
 """
@@ -14,6 +15,7 @@ import hashlib
 from pathlib import Path
 
 SQLITE = "sqlite:///"
+LOCK_SUFFIX = ".atlas-lab.lock"
 
 
 def is_postgres(url: str) -> bool:
@@ -58,7 +60,7 @@ def storage_lock(url: str, name: str):
     if is_postgres(url):
         return advisory_lock(url, name)
     if url.startswith(SQLITE):
-        return file_lock(url[len(SQLITE):] + ".lock")
+        return file_lock(url[len(SQLITE):] + LOCK_SUFFIX)
     if "://" in url:
         raise ValueError(f"{url}: no lock for this kind of store (use a journal file, sqlite:/// or postgresql://)")
-    return file_lock(url + ".lock")
+    return file_lock(url + LOCK_SUFFIX)
