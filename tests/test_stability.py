@@ -28,6 +28,8 @@ SLOW_AT_INIT = ("atlas", "atlas_pp", "atlas_mag", "atlas_mal")
 
 def assert_stable(preset: str, model: LanguageModel):
     r = read_long(model.eval(), held_out_bytes(LENGTH), PIECE)
+    print(f"{preset}: first non-finite {r.first_nonfinite or 'none'}, max|logit| {r.max_abs_logit:.3g}, "
+          f"max|w| {r.max_abs_weight:.3g}, growth {r.growth:.3g}")  # the table of the note (pytest -s)
     assert r.finite, f"{preset}: non-finite logits from token {r.first_nonfinite} of {LENGTH}"
     assert r.bounded, (f"{preset}: memory weights reach {r.max_abs_weight:.3g} in {LENGTH} tokens, "
                        f"{r.growth:.3g}× their size after the first quarter")
