@@ -111,6 +111,20 @@ def test_the_study_lock_of_a_journal_is_not_optunas_own_lock(workdir):
     assert len(study.get_trials()) == 1 and not Path(storage + ".lock").exists()
 
 
+def test_fits_started_at_one_instant_on_a_fresh_store_both_run(workdir):
+    """Two `atlas-lab fit` commands, released together, both create the fresh runs/mlflow.db: it is created and
+    migrated once, under its lock (otherwise one of them may crash in MLflow's migration, `duplicate column`)."""
+    start = time.time() + 15  # past both interpreters' imports
+    args = ["fit", "-c", "lightning_config.yaml", "-c", "experiments/tiny.yaml", "--trainer.max_steps=1",
+            "--trainer.limit_val_batches=1", "--trainer.callbacks=[]"]
+    procs = [subprocess.Popen(command(args, start), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-1500:] for o in outs)
+    client = MlflowClient(store_uri())
+    assert len(client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id])) == 2
+
+
 @pytest.mark.slow  # ~2 minutes on 2 cores; the PostgreSQL race and the PID-namespace case stay in the default suite
 def test_racing_commands_enqueue_once_and_create_one_parent_on_a_journal(workdir, mlflow_server):
     storages = [f"runs/optuna/race-{r}.journal" for r in range(ROUNDS)]

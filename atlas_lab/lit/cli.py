@@ -72,7 +72,10 @@ class AtlasCLI(LightningCLI):
         if logger and not isinstance(logger, bool) and str(logger.get("class_path", "")).endswith("MLFlowLogger"):
             uri = logger["init_args"].get("tracking_uri")
             if uri:
-                logger["init_args"]["tracking_uri"] = resolve_uri(uri, create=False)
+                logger["init_args"]["tracking_uri"] = uri = resolve_uri(uri)
+                from ..sweep.tracking import init_store  # (the sweep package imports this module)
+
+                init_store(uri)  # created and migrated once, under its lock, before the logger opens it
 
     def instantiate_classes(self) -> None:
         """Build data, model and trainer; a bad value met only now (a missing data path, an impossible size, a
