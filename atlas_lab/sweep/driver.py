@@ -102,11 +102,11 @@ def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_fai
 def _start_worker(spec: SweepSpec, storage: str, log_uri: str, parent: str, workers: int, logs: Path):
     """One worker process with a fresh id, in a process group of its own (its job's ranks stay with it)."""
     worker_id = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path), "--storage", storage,
-                             "--tracking-uri", log_uri, "--parent", parent, "--worker-id", worker_id,
-                             "--driver-pid", str(os.getpid())],
-                            stdout=open(logs / f"worker-{worker_id[:8]}.log", "ab"), stderr=subprocess.STDOUT,
-                            env=worker_env(workers), start_new_session=True)
+    with open(logs / f"worker-{worker_id[:8]}.log", "ab") as log:  # the worker keeps its own copy of the file
+        proc = subprocess.Popen([sys.executable, "-m", "atlas_lab.sweep.worker", str(spec.path), "--storage", storage,
+                                 "--tracking-uri", log_uri, "--parent", parent, "--worker-id", worker_id,
+                                 "--driver-pid", str(os.getpid())],
+                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(workers), start_new_session=True)
     return worker_id, proc
 
 

@@ -31,11 +31,11 @@ def start_server(backend_uri: str, port: int | None = None, artifacts: str = ART
     """Start ``mlflow server`` on loopback; returns (process, http URI) once it answers /health."""
     port = port or free_port()
     Path(artifacts).mkdir(parents=True, exist_ok=True)
-    log = open(log_path or os.devnull, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--artifacts-destination",
-         artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path or os.devnull, "ab") as log:  # the server keeps its own copy of the file
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--artifacts-destination",
+             artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
