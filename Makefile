@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --durations=30
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -81,6 +81,16 @@ def worker_env(n_workers: int) -> dict:
     return env
 
 
+def open_checked(storage: str):
+    """The storage's lock, after opening the storage once under it: a fresh database gets Optuna's tables once (two
+    commands creating them at once collide). An unsupported storage, a missing driver or an unreachable server is a
+    SweepError, before anything is created."""
+    lock = studies.study_lock(storage)
+    with lock:
+        studies.open_storage(storage)
+    return lock
+
+
 def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_failed: bool = False):
     """Under the storage's lock: create or load the study, find or create its MLflow parent run (marked RUNNING),
     enqueue the missing work (and, with retry_failed, the failed trials). Returns (study, parent run id, enqueued,
@@ -128,8 +138,7 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
     validate_configs(spec)
     storage = storage or studies.default_storage(spec.study)
     tracking_uri = resolve_uri(tracking_uri)
-    lock = studies.study_lock(storage)  # an unsupported storage is a SweepError before anything is created
-    studies.open_storage(storage)  # likewise a missing driver or an unreachable server
+    lock = open_checked(storage)
     Path("runs").mkdir(exist_ok=True)
     init_store(tracking_uri)
 
