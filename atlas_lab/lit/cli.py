@@ -1,7 +1,9 @@
 """LightningCLI for ``atlas-lab fit|validate|test``: one run from YAML configs and dotted overrides."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import sys
 from pathlib import Path
 
@@ -98,11 +100,24 @@ class AtlasCLI(LightningCLI):
                               apply_on="instantiate")
 
 
+@contextlib.contextmanager
+def command_line(args: list[str]):
+    """``sys.argv[1:]`` set to ``args`` for the duration: LightningCLI parses the command line it is meant to (given no
+    ``args``, so it does not warn that both were given), and Lightning's DDP launcher starts the other ranks with it."""
+    saved = sys.argv[:]
+    sys.argv[1:] = list(args)
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved
+
+
 def run_cli(args: list[str]) -> AtlasCLI:
     """``atlas-lab fit|validate|test ...``: LightningCLI with the project's defaults; returns the CLI (its
     trainer, model and data)."""
-    return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True, args=args,
-                    save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
+    with command_line(args):
+        return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True,
+                        save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
 
 
 class _ParseOnly(AtlasCLI):
@@ -125,13 +140,10 @@ def parse_config(args: list[str]):
 
     Raises ValueError with the parser's message (the key, the expected type, the valid choices).
     """
-    import contextlib
-    import io
-
     err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
-            cli = _ParseOnly(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False, args=args,
+        with contextlib.redirect_stderr(err), command_line(args):
+            cli = _ParseOnly(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
                              save_config_callback=None)
     except SystemExit:
         text = err.getvalue()
