@@ -104,11 +104,13 @@ def test_the_study_lock_of_a_journal_is_not_optunas_own_lock(workdir):
     made under it (enqueueing the grid, a heartbeat beside it) waits 30 s and then breaks Optuna's lock."""
     storage = "runs/optuna/s.journal"
     study = optuna.create_study(study_name="s", storage=open_storage(storage))
-    with study_lock(storage):
-        started = time.monotonic()
-        study.enqueue_trial({"x": 1.0})
-        assert time.monotonic() - started < 5.0
-    assert len(study.get_trials()) == 1 and not Path(storage + ".lock").exists()
+    lock = study_lock(storage)
+    for x in (1.0, 2.0):  # one lock, taken as often as the sweep command needs it
+        with lock:
+            started = time.monotonic()
+            study.enqueue_trial({"x": x})
+            assert time.monotonic() - started < 5.0
+    assert len(study.get_trials()) == 2 and not Path(storage + ".lock").exists()
 
 
 def test_fits_started_at_one_instant_on_a_fresh_store_both_run(workdir):

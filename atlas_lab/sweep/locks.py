@@ -54,13 +54,26 @@ def advisory_lock(url: str, name: str):
         engine.dispose()
 
 
-def storage_lock(url: str, name: str):
+class StorageLock:
     """The lock of one store: a journal file path, ``sqlite:///path`` or ``postgresql://…``; ``name`` tells apart
-    locks that share a PostgreSQL server (the Optuna storage and the MLflow store may be one database)."""
-    if is_postgres(url):
-        return advisory_lock(url, name)
-    if url.startswith(SQLITE):
-        return file_lock(url[len(SQLITE):] + LOCK_SUFFIX)
-    if "://" in url:
-        raise ValueError(f"{url}: no lock for this kind of store (use a journal file, sqlite:/// or postgresql://)")
-    return file_lock(url + LOCK_SUFFIX)
+    locks that share a PostgreSQL server (the Optuna storage and the MLflow store may be one database). Taken with
+    ``with``, as often as needed (one holder at a time); an unsupported store is a ValueError when it is made."""
+
+    def __init__(self, url: str, name: str):
+        if is_postgres(url):
+            self._open = lambda: advisory_lock(url, name)
+        elif url.startswith(SQLITE):
+            self._open = lambda: file_lock(url[len(SQLITE):] + LOCK_SUFFIX)
+        elif "://" in url:
+            raise ValueError(f"{url}: no lock for this kind of store (use a journal file, sqlite:/// or postgresql://)")
+        else:
+            self._open = lambda: file_lock(url + LOCK_SUFFIX)
+        self._held = None
+
+    def __enter__(self):
+        self._held = self._open()
+        return self._held.__enter__()
+
+    def __exit__(self, *exc):
+        held, self._held = self._held, None
+        return held.__exit__(*exc)

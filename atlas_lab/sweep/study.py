@@ -21,7 +21,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from .locks import is_postgres, storage_lock
+from .locks import StorageLock, is_postgres
 from .spec import SweepError, SweepSpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -77,7 +77,7 @@ def study_lock(url: str):
     """The storage's lock (see ``locks``): held while the study is created, the grid enqueued, the parent run found
     or created, and lost trials failed and enqueued again."""
     try:
-        return storage_lock(url, "atlas-lab optuna storage")
+        return StorageLock(url, "atlas-lab optuna storage")
     except ValueError as e:
         raise SweepError(f"--storage {e}") from None
 

@@ -15,7 +15,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from ..lit.cli import DEFAULT_TRACKING_URI, resolve_uri  # noqa: F401  (re-exported for the sweep command)
-from .locks import SQLITE, is_postgres, storage_lock
+from .locks import SQLITE, StorageLock, is_postgres
 
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
@@ -69,7 +69,7 @@ def init_store(uri: str) -> None:
     processes doing it at once collide (``duplicate column name``). Other URIs (an http server) are left alone."""
     if not (uri.startswith(SQLITE) or is_postgres(uri)):
         return
-    with storage_lock(uri, "atlas-lab mlflow store"):
+    with StorageLock(uri, "atlas-lab mlflow store"):
         MlflowClient(uri).search_experiments(max_results=1)
 
 
