@@ -5,7 +5,8 @@ import argparse
 import sys
 
 from rich.console import Console
-from rich.table import Table
+
+from .tables import print_table
 
 GATE_SYMBOLS = {"alpha": "α", "eta": "η", "theta": "θ", "gamma": "γ"}
 
@@ -21,14 +22,16 @@ def gates_text(config) -> str:
     return " ".join(parts)
 
 
-def presets_table(d_model: int, n_layers: int, n_heads: int, vocab_size: int, swa_window: int) -> Table:
+PRESET_COLUMNS = ("preset", "layers", "memory", "feature map", "objective", "window", "chunk", "optimizer", "gates",
+                  "parameters", "state (bytes)", "+bytes/token")
+
+
+def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, vocab_size: int,
+                  swa_window: int) -> None:
+    """Every preset with its components and sizes (``atlas-lab presets``), readable at any width."""
     from .models import PRESETS, LanguageModel
 
-    table = Table(title=f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
-                        f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1)")
-    for col in ("preset", "layers", "memory", "feature map", "objective", "window", "chunk", "optimizer", "gates",
-                "parameters", "state (bytes)", "+bytes/token"):
-        table.add_column(col, justify="right" if col in ("parameters", "state (bytes)", "+bytes/token") else "left")
+    rows = []
     for name in PRESETS:
         model = LanguageModel(vocab_size, name, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                               swa_window=swa_window)
@@ -43,9 +46,11 @@ def presets_table(d_model: int, n_layers: int, n_heads: int, vocab_size: int, sw
             components = [memory, fmap, c.objective, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c)]
         layers = "+".join(dict.fromkeys(model.layer_kinds))
-        table.add_row(name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
-                      f"{model.cache_bytes_per_token():,}")
-    return table
+        rows.append([name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
+                     f"{model.cache_bytes_per_token():,}"])
+    print_table(console, f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
+                         f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1)",
+                PRESET_COLUMNS, rows, right=PRESET_COLUMNS[-3:])
 
 
 RUN_COMMANDS = ("fit", "validate", "test")
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tracking-uri", default=None)
     args = parser.parse_args(argv)
     if args.command == "presets":
-        Console().print(presets_table(args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window))
+        print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window)
         return 0
     if args.command == "ui":
         return ui(args.port, args.tracking_uri)

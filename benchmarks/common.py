@@ -185,17 +185,12 @@ def meta(args: argparse.Namespace | None = None, **extra) -> dict:
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1,
                 caption: str | None = None, left_named: Sequence[str] = ("error", "note")) -> None:
-    """A rich table; the first ``left`` columns and those named in ``left_named`` are left-aligned, the others
-    right-aligned; None is shown as "—"."""
-    from rich.table import Table
-    from rich.text import Text
+    """A table (``atlas_lab.tables``: nothing cut at any width); the first ``left`` columns and those named in
+    ``left_named`` are left-aligned, the others right-aligned; None is shown as "—"."""
+    from atlas_lab.tables import print_table as print_any
 
-    table = Table(title=title, caption=caption)
-    for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i < left or col in left_named else "right")
-    for row in rows:  # cells are plain text: an error message's "[...]" is not rich markup
-        table.add_row(*(Text("—" if c is None else str(c)) for c in row))
-    console().print(table)
+    right = [c for i, c in enumerate(columns) if i >= left and c not in left_named]
+    print_any(console(), title, columns, list(rows), right=right, keys=left, caption=caption)
 
 
 def write_json(path: Path | str, payload, quiet: bool = False) -> Path:

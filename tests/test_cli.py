@@ -1,13 +1,14 @@
 """The atlas-lab command."""
+import pytest
 from rich.console import Console
 
-from atlas_lab.cli import presets_table
+from atlas_lab.cli import PRESET_COLUMNS, print_presets
 from atlas_lab.models import PRESETS
 
 
 def test_presets_table_lists_every_preset_with_its_columns():
     console = Console(record=True, width=400)
-    console.print(presets_table(d_model=32, n_layers=2, n_heads=4, vocab_size=64, swa_window=8))
+    print_presets(console, d_model=32, n_layers=2, n_heads=4, vocab_size=64, swa_window=8)
     text = console.export_text()
     for column in ("memory", "feature map", "objective", "window", "chunk", "optimizer", "gates", "parameters",
                    "state (bytes)", "+bytes/token"):
@@ -19,3 +20,18 @@ def test_presets_table_lists_every_preset_with_its_columns():
     assert "mlp(L=2,E=4,LN)" in rows["deep_transformer"] and "mlp(L=2,E=4)" in rows["atlas"]
     chunk = [c.strip() for c in rows["deltanet"].split("│")][7], [c.strip() for c in rows["atlas"].split("│")][7]
     assert chunk == ("1", "16")
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_presets_table_in_a_narrow_pipe_cuts_nothing(width):
+    """At 80 columns (a pipe) the columns are spread over several tables, each naming every preset in full."""
+    console = Console(record=True, width=width, force_terminal=False)
+    print_presets(console, d_model=32, n_layers=2, n_heads=4, vocab_size=64, swa_window=8)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    parts = text.count("atlas-lab presets (")
+    assert parts > 1
+    names = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert [n for n in names if n] == list(PRESETS) * parts
+    for column in PRESET_COLUMNS[1:]:
+        assert all(word in text for word in column.split())

@@ -8,9 +8,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from ..tables import print_table
 from .study import is_superseded
 
 MARK = {TrialState.FAIL: "FAIL", TrialState.PRUNED: "PRUNED", TrialState.RUNNING: "RUNNING",
@@ -125,14 +125,11 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             path = out / "importances.csv"
             path.write_text("parameter,importance\n" + "".join(f"{k},{v:.6f}\n" for k, v in importances.items()))
             files.append(path)
-    table = Table(title=f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first")
-    for c in short_names(columns) + [f"{metric}", "± std", "complete", "status"]:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        style = "red" if "FAIL" in r["status"] else "yellow" if r["status"] != "ok" else None
-        cells = [_fmt(r[c]) for c in columns] + [_fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"]]
-        table.add_row(*map(Text, cells), style=style)  # text, never markup: labels may hold brackets
-    console.print(table)
+    print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first",
+                short_names(columns) + [f"{metric}", "± std", "complete", "status"],
+                [[_fmt(r[c]) for c in columns] + [_fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"]]
+                 for r in rows], keys=len(columns),
+                styles=["red" if "FAIL" in r["status"] else "yellow" if r["status"] != "ok" else None for r in rows])
     if client is not None and parent is not None:
         for f in files:
             client.log_artifact(parent, str(f), "summary")
