@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,23 @@ def test_the_study_lock_of_a_journal_is_not_optunas_own_lock(workdir):
             study.enqueue_trial({"x": x})
             assert time.monotonic() - started < 5.0
     assert len(study.get_trials()) == 2 and not Path(storage + ".lock").exists()
+
+
+def test_a_journal_writer_killed_holding_the_write_lock_blocks_nobody(workdir):
+    """SIGKILL a process while it holds the journal's write lock: the next write goes through at once (with Optuna's
+    symbolic-link lock and a relative path, every later writer spun forever)."""
+    storage = "runs/optuna/s.journal"
+    optuna.create_study(study_name="s", storage=open_storage(storage))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom atlas_lab.sweep.study import open_storage\n"
+                               "open_storage(sys.argv[1])._backend._lock.acquire()\nprint('held', flush=True)\n"
+                               "time.sleep(600)", storage], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    write = threading.Thread(target=lambda: load().enqueue_trial({"x": 1.0}), daemon=True)
+    write.start()
+    write.join(timeout=30)
+    assert not write.is_alive() and len(load().get_trials()) == 1
 
 
 def test_fits_started_at_one_instant_on_a_fresh_store_both_run(workdir):

@@ -21,7 +21,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from .locks import StorageLock, is_postgres
+from .locks import JournalFlock, StorageLock, is_postgres
 from .spec import SweepError, SweepSpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -59,8 +59,9 @@ def open_storage(url: str):
     """A journal file path (safe for several local processes) or a database URL (``postgresql://…`` shares a study
     across machines). A missing database driver or an unreachable server is a SweepError (one line, exit 2)."""
     if "://" not in url:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(url))
+        path = Path(url).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path))))
     import sqlalchemy.exc
 
     try:
