@@ -12,6 +12,7 @@ kernel off (impl "auto" then takes the batched-matmul path).
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -38,14 +39,17 @@ def _build_name() -> str:
     return "atlas_lab_newton_schulz_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def build_directory() -> Path:
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    return root / _build_name()
+
+
 @functools.cache
 def kernel():
     """The compiled module (forward, backward), or None where it cannot be built."""
     from torch.utils import cpp_extension
 
-    name = _build_name()
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    directory = root / name
+    name, directory = _build_name(), build_directory()
     if not any(directory.glob(f"{name}*.so")):
         print(f"atlas-lab: building the CPU Newton–Schulz kernel in {directory} (once, about a minute)",
               file=sys.stderr)
@@ -57,8 +61,13 @@ def kernel():
         except ImportError:
             pass
     try:
-        return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory), extra_cflags=CFLAGS,
-                                  extra_ldflags=["-fopenmp"])
+        with open(directory / "atlas-lab.flock", "a") as guard:  # released by the kernel if this process dies
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            # torch's own build lock: a file that a process killed while loading leaves behind, after which every
+            # load waits for it forever; under the flock no other loader holds it, so one found here is stale
+            (directory / "lock").unlink(missing_ok=True)
+            return cpp_extension.load(name, [str(SOURCE)], build_directory=str(directory), extra_cflags=CFLAGS,
+                                      extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, a failed build: the batched-matmul path still works
         warnings.warn(f"the CPU Newton–Schulz kernel did not build ({type(error).__name__}: {error}); "
                       "newton_schulz uses batched matmuls instead")
