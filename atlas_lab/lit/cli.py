@@ -28,6 +28,20 @@ def resolve_uri(uri: str | None, create: bool = True) -> str:
         return prefix + str(path)
     return uri
 
+class StoreCreatingMLFlowLogger(MLFlowLogger):
+    """Lightning's MLFlowLogger, which first creates and migrates a fresh database store once, under its lock
+    (several commands may start at once on one store). Built after the model and data, so a bad value writes
+    nothing; the CLI puts it in place of ``lightning.pytorch.loggers.MLFlowLogger``."""
+
+    def __init__(self, *args, tracking_uri: str | None = None, **kwargs):
+        if tracking_uri:
+            from ..sweep.tracking import init_store  # (the sweep package imports this module)
+
+            tracking_uri = resolve_uri(tracking_uri)
+            init_store(tracking_uri)
+        super().__init__(*args, tracking_uri=tracking_uri, **kwargs)
+
+
 class SaveConfigToTracking(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml``: an MLflow artifact of the run (the file-based saver
     cannot write next to a database tracking URI), or a file in the log directory without MLflow."""
@@ -74,10 +88,9 @@ class AtlasCLI(LightningCLI):
         if logger and not isinstance(logger, bool) and str(logger.get("class_path", "")).endswith("MLFlowLogger"):
             uri = logger["init_args"].get("tracking_uri")
             if uri:
-                logger["init_args"]["tracking_uri"] = uri = resolve_uri(uri)
-                from ..sweep.tracking import init_store  # (the sweep package imports this module)
-
-                init_store(uri)  # created and migrated once, under its lock, before the logger opens it
+                logger["init_args"]["tracking_uri"] = resolve_uri(uri, create=False)
+            if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
+                logger["class_path"] = f"{__name__}.{StoreCreatingMLFlowLogger.__name__}"
 
     def instantiate_classes(self) -> None:
         """Build data, model and trainer; a bad value met only now (a missing data path, an impossible size, a

@@ -86,7 +86,7 @@ def open_checked(storage: str):
     commands creating them at once collide). An unsupported storage, a missing driver or an unreachable server is a
     SweepError, before anything is created."""
     lock = studies.study_lock(storage)
-    with lock:
+    with studies.storage_errors(storage), lock:  # taking a PostgreSQL lock needs the driver and the server too
         studies.open_storage(storage)
     return lock
 

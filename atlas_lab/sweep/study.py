@@ -10,6 +10,7 @@ means nothing in another PID namespace. A lost trial is failed and its work enqu
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -62,10 +63,17 @@ def open_storage(url: str):
         path = Path(url).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path))))
+    with storage_errors(url):
+        return optuna.storages.RDBStorage(url)
+
+
+@contextlib.contextmanager
+def storage_errors(url: str):
+    """A missing database driver or an unreachable server, met inside, as a SweepError (one line, exit 2)."""
     import sqlalchemy.exc
 
     try:
-        return optuna.storages.RDBStorage(url)
+        yield
     except ImportError as e:
         hint = " For PostgreSQL: pip install 'atlas-lab[postgres]' (psycopg 3)." if is_postgres(url) else ""
         raise SweepError(f"--storage {shown(url)}: the database driver is not installed ({e}).{hint}") from None
