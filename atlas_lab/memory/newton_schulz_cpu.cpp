@@ -6,8 +6,9 @@
 // (A and B are symmetric). The PyTorch version is ``_NSIterations`` in optimizers.py; the two are tested against
 // autograd through the literal iteration.
 //
-// Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one vector; the padding stays zero through every product, and each product C = A B runs blocks of up to 4 rows × 2 vectors of C, so every
-// vector of B that is loaded feeds up to 4 fused multiply-adds and 8 of them are in flight.
+// Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one vector; the
+// padding stays zero through every product, and each product C = A B runs blocks of up to 4 rows × 2 vectors of C,
+// so every vector of B that is loaded feeds up to 4 fused multiply-adds and 8 of them are in flight.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

@@ -88,16 +88,14 @@ class JournalFlock:
 
     def __init__(self, journal: str):
         self.path = journal + ".flock"
-        self._file = None
+        self._held = None
 
     def acquire(self) -> bool:
-        f = open(self.path, "a")
-        fcntl.flock(f, fcntl.LOCK_EX)
-        self._file = f
+        self._held = file_lock(self.path)
+        self._held.__enter__()
         return True
 
     def release(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+        held, self._held = self._held, None
+        if held is not None:
+            held.__exit__(None, None, None)
