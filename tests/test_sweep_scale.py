@@ -119,9 +119,9 @@ def test_a_journal_writer_killed_holding_the_write_lock_blocks_nobody(workdir):
     symbolic-link lock and a relative path, every later writer spun forever)."""
     storage = "runs/optuna/s.journal"
     optuna.create_study(study_name="s", storage=open_storage(storage))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom atlas_lab.sweep.study import open_storage\n"
-                               "open_storage(sys.argv[1])._backend._lock.acquire()\nprint('held', flush=True)\n"
-                               "time.sleep(600)", storage], stdout=subprocess.PIPE, text=True)
+    code = ("import sys, time\nfrom atlas_lab.sweep.study import open_storage\n"
+            "open_storage(sys.argv[1])._backend._lock.acquire()\nprint('held', flush=True)\ntime.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, storage], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()

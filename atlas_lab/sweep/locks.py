@@ -2,10 +2,10 @@
 
 A journal file or a SQLite database is guarded by an exclusive ``flock`` on ``STORE.atlas-lab.lock`` next to it
 (processes of one machine, or of machines sharing a POSIX file system; Optuna's journal writes take another,
-``JournalFlock``); a PostgreSQL database by a session advisory lock, which every
-machine that reaches the server shares. Work that reads and then writes shared state (enqueue the grid,
-find or create the MLflow parent run, fail and re-enqueue a lost trial, create and migrate a fresh store) runs
-under one of these, so two processes can never both decide to write.
+``JournalFlock``); a PostgreSQL database by a session advisory lock, which every machine that reaches the server
+shares. Work that reads and then writes shared state (enqueue the grid, find or create the MLflow parent run,
+fail and re-enqueue a lost trial, create and migrate a fresh store) runs under one of these, so two processes can
+never both decide to write.
 """
 from __future__ import annotations
 
@@ -80,11 +80,12 @@ class StorageLock:
 
 
 class JournalFlock:
-    """Optuna's journal write lock (``JournalFileBackend(lock_obj=...)``: acquire, release) as an ``flock`` on ``JOURNAL.flock``, which the kernel releases when its holder
-    dies: a process killed while it writes (the ranks of a trial's job, killed when the job ends) never blocks the
-    study. Optuna's default, a symbolic link ``JOURNAL.lock``, stays behind when its holder is killed, and with a
-    relative journal path Optuna never sees it as stale: every writer then waits forever, spinning. Every process
-    that writes the journal must be atlas-lab's (plain Optuna takes the other lock); readers take none."""
+    """Optuna's journal write lock (``JournalFileBackend(lock_obj=...)``: acquire, release) as an ``flock`` on
+    ``JOURNAL.flock``, which the kernel releases when its holder dies: a process killed while it writes (the ranks
+    of a trial's job, killed when the job ends) never blocks the study. Optuna's default, a symbolic link
+    ``JOURNAL.lock``, stays behind when its holder is killed, and with a relative journal path Optuna never sees it
+    as stale: every writer then waits forever, spinning. Every process that writes the journal must be atlas-lab's
+    (plain Optuna takes the other lock); readers take none."""
 
     def __init__(self, journal: str):
         self.path = journal + ".flock"
