@@ -59,9 +59,13 @@ RUN_COMMANDS = ("fit", "validate", "test")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in RUN_COMMANDS:  # one run through LightningCLI
-        from .lit.cli import run_cli
+        from .lit.cli import ConfigError, run_cli
 
-        run_cli(argv)
+        try:
+            run_cli(argv)
+        except ConfigError as e:
+            print(f"error: {e}  (atlas-lab {argv[0]} --help lists the options)", file=sys.stderr)
+            return 2
         return 0
     parser = argparse.ArgumentParser(prog="atlas-lab", description="Test-time-memory models: experiments and ablations.",
                                      epilog="atlas-lab fit|validate|test -c lightning_config.yaml -c experiments/<x>.yaml "

@@ -60,7 +60,7 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model.mixer=atlass"], "Expected a typing.Literal['transformer', 'swa'"),
+    (["--model.mixer=atlass"], "model.mixer: expected 'transformer', 'swa'"),
     (["--model.memory.window=0.5"], "model.memory"),
     (["--model.colour=red"], "--model.colour"),
     (["--data.init_args.vocab_size=8"], "vocab_size"),
@@ -68,9 +68,7 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
      "/no/such/file.txt"),
 ])
 def test_bad_input_exits_non_zero_with_a_clear_message_and_writes_nothing(workdir, capsys, args, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", *args])
-    assert exit_info.value.code == 2
+    assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", *args]) == 2
     assert message in capsys.readouterr().err
     assert not Path("runs").exists()
 

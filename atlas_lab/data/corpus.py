@@ -126,15 +126,27 @@ def check_data_path(data_path: str | None) -> None:
               f"expected an existing text file or folder, got {data_path!r}")
 
 
+def _read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; a binary or otherwise encoded file is a ValueError naming it."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data_path: {str(path)!r} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start});"
+                         f" expected a text file or a folder of text files") from None
+    check("\x00" not in text, "data_path", f"{str(path)!r} holds NUL bytes: a binary file, expected text")
+    return text
+
+
 def _read_user_text(data_path: str) -> str:
     path = Path(data_path).expanduser()
     check_data_path(data_path)
     if path.is_file():
-        return path.read_text(encoding="utf-8", errors="replace")
+        return _read_text(path)
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
         part.startswith(".") for part in p.relative_to(path).parts))
     check(bool(files), "data_path", f"the folder {data_path!r} contains no files")
-    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace").strip("\n") for f in files) + "\n"
+    return "\n\n".join(_read_text(f).strip("\n") for f in files) + "\n"
 
 
 def _line_cut(text: str, at: int) -> int:

@@ -22,6 +22,9 @@ Gate = Union[float, Literal["learned"]]
 GATES = ("alpha", "eta", "theta", "gamma")
 # initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
 GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
+# the values a constant gate may take: retention and momentum decay are fractions (θ = 1 never forgets a step)
+GATE_RANGES = {"alpha": (lambda x: 0 <= x <= 1, "in [0, 1]"), "eta": (lambda x: x >= 0, ">= 0"),
+               "theta": (lambda x: 0 <= x < 1, "in [0, 1)"), "gamma": (lambda x: x >= 0, ">= 0")}
 
 
 @dataclass
@@ -69,14 +72,23 @@ class MemoryConfig:
             if getattr(self, key) not in valid:
                 raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; valid choices: {', '.join(valid)}")
         for g in GATES:
-            value = getattr(self, g)
-            if value != "learned" and not isinstance(value, (int, float)):
-                raise ValueError(f"{where}.{g}: expected 'learned' or a number, got {value!r}")
-        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
+            if value != "learned" and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                       or not holds(value)):
+                raise ValueError(f"{where}.{g}: expected 'learned' or a constant {expected}, got {value!r}")
+        if not isinstance(self.eta_max, (int, float)) or self.eta_max <= 0:
+            raise ValueError(f"{where}.eta_max: expected a number > 0 (the largest learned η), got {self.eta_max!r}")
+        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
+                                        or self.window < 1):
             raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
-        for key in ("depth", "expansion", "degree", "chunk_size"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"{where}.{key}: expected an int >= 1, got {getattr(self, key)!r}")
+        for key in ("depth", "expansion", "degree", "chunk_size", "ns_steps"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{where}.{key}: expected an int >= 1, got {value!r}")
+        if self.normalize and not (self.memory == "linear" and self.objective == "dot"
+                                   and self.optimizer in ("gd", "momentum")):
+            raise ValueError(f"{where}.normalize: needs memory=linear, objective=dot and optimizer gd or momentum "
+                             f"(got {self.memory}, {self.objective}, {self.optimizer}); set it to false")
         if self.output_norm and self.memory == "linear":
             raise ValueError(f"{where}.output_norm: applies to the MLP memories (mlp, gated_mlp); set it to false "
                              f"for memory=linear")

@@ -1,19 +1,33 @@
-"""LightningCLI for ``atlas-lab fit|validate|test``: one run from YAML configs and dotted overrides."""
+"""LightningCLI for ``atlas-lab fit|validate|test``: one run from YAML configs and dotted overrides.
+
+Bad input never half-runs: the config files are read, the arguments parsed, and the data module and model built
+(and, for a run, the data set up) before the MLflow store, a run or a checkpoint is created. A problem found on the
+way is a ``ConfigError``: one line that names the key, what was expected and what was given.
+"""
 from __future__ import annotations
 
 import contextlib
 import functools
 import io
+import re
 import sys
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+import yaml
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
 
 from .module import SequenceModel
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot run: one line naming the key, the expectation and the given value."""
 
 
 def resolve_uri(uri: str | None, create: bool = True) -> str:
@@ -28,10 +42,60 @@ def resolve_uri(uri: str | None, create: bool = True) -> str:
         return prefix + str(path)
     return uri
 
+
+def _expected(kind: str) -> str:
+    """A jsonargparse type as a person writes it: ``typing.Literal['a', 'b']`` -> 'a', 'b'; ``<class 'int'>`` -> int."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", kind)
+    if literal:
+        return literal.group(1)
+    cls = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", kind)
+    return {"NoneType": "null"}.get(cls.group(1), cls.group(1)) if cls else kind
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
+    was expected (every alternative), and the value given."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
+                                  for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
+    given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
+    if not keys or not expected:
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
+    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
+    return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
+
+
+def check_config_files(args: list[str]) -> None:
+    """Each ``-c``/``--config`` file exists and is valid YAML; the error names the file, line and column."""
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else \
+            arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _reason(e: Exception) -> str:
+    """A bad value's exception as the line to print. The project's ValueErrors start with their argument's name:
+    the model's as ``model.<key>``, a data module's as ``<key>``, shown here as ``data.init_args.<key>``."""
+    if type(e) is not ValueError:
+        return f"{type(e).__name__}: {e}"
+    text = str(e)
+    return text if text.startswith("model.") or not re.match(r"\w+: ", text) else f"data.init_args.{text}"
+
+
 class StoreCreatingMLFlowLogger(MLFlowLogger):
     """Lightning's MLFlowLogger, which first creates and migrates a fresh database store once, under its lock
-    (several commands may start at once on one store). Built after the model and data, so a bad value writes
-    nothing; the CLI puts it in place of ``lightning.pytorch.loggers.MLFlowLogger``."""
+    (several commands may start at once on one store). The CLI builds it only once data and model are known to be
+    good, so a bad value writes nothing; it puts it in place of ``lightning.pytorch.loggers.MLFlowLogger``."""
 
     def __init__(self, *args, tracking_uri: str | None = None, **kwargs):
         if tracking_uri:
@@ -75,34 +139,134 @@ def _data_attribute(name, default=None):
     return functools.partial(_data_value, name, default)
 
 
+def _is_class(value, suffix: str) -> bool:
+    """Whether a config value is a class given by class_path (a Namespace or a dict) whose name ends in suffix."""
+    return not isinstance(value, (bool, str, list)) and value is not None and \
+        str(value.get("class_path", "")).endswith(suffix)
+
+
+def task_name(config) -> str:
+    """The task of a config, from its data class: ``atlas_lab.data.MQARDataModule`` -> ``mqar``."""
+    return str(config["data"].get("class_path", "data")).rsplit(".", 1)[-1].removesuffix("DataModule").lower()
+
+
 class AtlasCLI(LightningCLI):
     """The model is always ``SequenceModel``; the data module is chosen by ``data.class_path``.
 
     Linked from the instantiated data module into the model (and so saved in checkpoints):
     vocab_size, slice_names, bytes_per_token, target.
+
+    Paths follow ``trainer.default_root_dir`` (default ``runs``): a ModelCheckpoint without ``dirpath`` writes to
+    ``<root>/checkpoints`` and the MLflow experiment, when it is created, keeps artifacts in ``<root>/artifacts``.
+    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<mixer>``.
     """
+
+    def __init__(self, *args, **kwargs):
+        strict = {"exit_on_error": False}  # a parse error raises, and becomes one ConfigError line
+        kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in ("fit", "validate", "test", "predict")}})
+        super().__init__(*args, **kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        if isinstance(args, list) or args is None:
+            check_config_files(sys.argv[1:] if args is None else args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            raise ConfigError(one_line(str(e))) from None
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        logger = config["trainer"].get("logger")
-        if logger and not isinstance(logger, bool) and str(logger.get("class_path", "")).endswith("MLFlowLogger"):
-            uri = logger["init_args"].get("tracking_uri")
-            if uri:
-                logger["init_args"]["tracking_uri"] = resolve_uri(uri, create=False)
+        trainer = config["trainer"]
+        root = Path(trainer.get("default_root_dir") or "runs")
+        for callback in trainer.get("callbacks") or []:
+            if _is_class(callback, "ModelCheckpoint") and callback["init_args"].get("dirpath") is None:
+                callback["init_args"]["dirpath"] = str(root / "checkpoints")
+        logger = trainer.get("logger")
+        if _is_class(logger, "MLFlowLogger"):
+            init = logger["init_args"]
+            if init.get("tracking_uri"):
+                init["tracking_uri"] = resolve_uri(init["tracking_uri"], create=False)
+            if init.get("artifact_location") is None:
+                init["artifact_location"] = str(root / "artifacts")
+            if init.get("run_name") is None:  # else MLflow draws a name from the seeded RNG: the same every run
+                init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['mixer']}"
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
                 logger["class_path"] = f"{__name__}.{StoreCreatingMLFlowLogger.__name__}"
+        self.check_checkpoint(config)
+
+    def check_checkpoint(self, config) -> None:
+        """validate/test score a checkpoint (``--ckpt_path``), or a freshly built model given ``--untrained=true``."""
+        ckpt, untrained = config.get("ckpt_path"), config.get("untrained", False)
+        if self.subcommand in EVALUATIONS:
+            if ckpt is None and not untrained:
+                raise ConfigError(f"{self.subcommand}: --ckpt_path is required: a checkpoint of a fit, e.g. "
+                                  "runs/checkpoints/last.ckpt (or --untrained=true to score a freshly built model)")
+            if ckpt is not None and untrained:
+                raise ConfigError(f"{self.subcommand}: --ckpt_path and --untrained=true exclude each other")
+        elif untrained:
+            raise ConfigError(f"{self.subcommand}: --untrained applies to validate and test only")
+        if ckpt is not None and ckpt not in ("best", "last", "hpc") and "://" not in ckpt and not Path(ckpt).is_file():
+            raise ConfigError(f"--ckpt_path: no such checkpoint file: {ckpt}")
+
+    def build(self, stage: str | None) -> None:
+        """Build data and model, with the logger held back (it creates the MLflow store); with a stage, set the
+        data up and check the trainer against it. Raises ConfigError for a bad value; writes nothing."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        logger = config["trainer"].get("logger")
+        held_back = _is_class(logger, "Logger")
+        if held_back:
+            config["trainer"]["logger"] = False
+        try:
+            self.config_init = self.parser.instantiate_classes(self.config)
+            self.datamodule = self._get(self.config_init, "data")
+            self.model = self._get(self.config_init, "model")
+            if stage is not None:
+                self.datamodule.prepare_data()
+                self.datamodule.setup(stage)
+                if stage == "fit":
+                    self.check_val_interval(config["trainer"])
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, FileNotFoundError, MisconfigurationException) as e:
+            raise ConfigError(_reason(e)) from None
+        finally:
+            config["trainer"]["logger"] = logger
+        self.held_back_logger = logger if held_back else None
+
+    def check_val_interval(self, trainer) -> None:
+        """An int ``val_check_interval`` must fit in the epoch's training batches (Lightning checks it only after
+        the run has started)."""
+        every = trainer.get("val_check_interval")
+        if not isinstance(every, int) or isinstance(every, bool) or trainer.get("check_val_every_n_epoch") is None:
+            return
+        batches, limit = len(self.datamodule.train_dataloader()), trainer.get("limit_train_batches")
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            batches = min(batches, limit)
+        elif isinstance(limit, float):
+            batches = int(batches * limit)
+        if every > batches:
+            raise ConfigError(f"trainer.val_check_interval: {every} is more than the {batches} training batches of an "
+                              f"epoch; expected at most {batches}, a fraction of the epoch (e.g. 0.5), or "
+                              "--trainer.check_val_every_n_epoch=1 --trainer.val_check_interval=null")
 
     def instantiate_classes(self) -> None:
-        """Build data, model and trainer; a bad value met only now (a missing data path, an impossible size, a
-        model field out of range) is one clear message and exit code 2, before any run is created."""
+        """Build and check data and model (``build``), then the logger and the trainer."""
+        self.build({"fit": "fit", "validate": "validate", "test": "test"}.get(self.subcommand))
+        trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         try:
-            super().instantiate_classes()
-        except (ValueError, FileNotFoundError) as e:
-            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        Path("runs").mkdir(exist_ok=True)  # the default tracking store and checkpoints live there
+            logger = self.held_back_logger
+            if logger is not None:
+                init = logger.get("init_args")
+                trainer["logger"] = instantiate_class((), {"class_path": logger["class_path"],
+                                                           "init_args": dict(init or {}) if isinstance(init, dict) else init.as_dict()})
+            self._add_configure_optimizers_method_to_model(self.subcommand)
+            self.trainer = self.instantiate_trainer()
+        except (ValueError, TypeError, MisconfigurationException) as e:
+            raise ConfigError(_reason(e)) from None
 
     def add_arguments_to_parser(self, parser):
+        parser.add_argument("--untrained", type=bool, default=False,
+                            help="validate/test: score the freshly built model instead of a --ckpt_path checkpoint")
         parser.link_arguments("data", "model.vocab_size", compute_fn=_data_attribute("vocab_size"),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.slice_names", compute_fn=_data_attribute("slice_names"),
@@ -127,39 +291,30 @@ def command_line(args: list[str]):
 
 def run_cli(args: list[str]) -> AtlasCLI:
     """``atlas-lab fit|validate|test ...``: LightningCLI with the project's defaults; returns the CLI (its
-    trainer, model and data)."""
+    trainer, model and data). Raises ConfigError, before anything is written, for a bad configuration."""
     with command_line(args):
         return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True,
                         save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
 
 
-class _ParseOnly(AtlasCLI):
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        logger = config["trainer"].get("logger")
-        if isinstance(logger, dict) or hasattr(logger, "class_path"):
-            path = logger["class_path"] if isinstance(logger, dict) else logger.class_path
-            init = logger["init_args"] if isinstance(logger, dict) else logger.init_args
-            uri = init.get("tracking_uri") if isinstance(init, dict) else getattr(init, "tracking_uri", None)
-            if path.endswith("MLFlowLogger") and uri and uri.startswith("sqlite:///"):
-                init["tracking_uri"] = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+class _Checked(AtlasCLI):
+    """Parses, builds data and model (and sets the data up for ``stage``), builds no trainer (``check_config``)."""
 
-    def instantiate_classes(self) -> None:  # check the configuration, build nothing
-        pass
+    def __init__(self, *args, stage: str | None = None, **kwargs):
+        self.stage = stage
+        super().__init__(*args, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        self.build(self.stage)
 
 
-def parse_config(args: list[str]):
-    """Parse LightningCLI arguments (config files and --dotted.key=value) without building anything.
+def check_config(args: list[str], stage: str | None = None) -> AtlasCLI:
+    """Parse LightningCLI arguments (config files and --dotted.key=value) and build the data module and the model
+    (with ``stage``, e.g. "fit", also set the data up) without creating anything; returns the CLI (``.config``,
+    ``.model``, ``.datamodule``).
 
-    Raises ValueError with the parser's message (the key, the expected type, the valid choices).
+    Raises ConfigError: one line naming the key, what was expected and what was given.
     """
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), command_line(args):
-            cli = _ParseOnly(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
-                             save_config_callback=None)
-    except SystemExit:
-        text = err.getvalue()
-        raise ValueError(text[text.find("error:") + 6:].strip() if "error:" in text else "invalid configuration") \
-            from None
-    return cli.config
+    with contextlib.redirect_stderr(io.StringIO()), command_line(args):
+        return _Checked(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
+                        save_config_callback=None, stage=stage)

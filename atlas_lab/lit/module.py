@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from ..data.base import AnswerMixin
 from ..layers import MemoryMixer
 from ..models import PRESETS, LanguageModel, MemoryOverrides
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
@@ -33,6 +34,42 @@ class CompressionHead(nn.Module):
 
     def forward(self, h: torch.Tensor, length: int) -> torch.Tensor:
         return self.mlp(h[:, None, :] + self.positions[None, :length])
+
+
+def _positive(x) -> bool:
+    return x > 0
+
+
+def _at_least_one(x) -> bool:
+    return isinstance(x, int) and x >= 1
+
+
+def _non_negative_int(x) -> bool:
+    return isinstance(x, int) and x >= 0
+
+
+RANGES = {  # argument: (holds, what is expected); None passes where the signature allows it
+    "lr": (_positive, "a number > 0"),
+    "memory_lr": (lambda x: x >= 0, "null or a number >= 0 (0 freezes the memory mixers)"),
+    "weight_decay": (lambda x: x >= 0, "a number >= 0"),
+    "betas": (lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"),
+    "warmup_steps": (_non_negative_int, "an int >= 0"),
+    "min_lr_ratio": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
+    "schedule_steps": (_at_least_one, "null or an int >= 1"),
+    "d_model": (_at_least_one, "an int >= 1"),
+    "n_layers": (_at_least_one, "an int >= 1"),
+    "swa_window": (_at_least_one, "an int >= 1"),
+    "max_len": (_at_least_one, "an int >= 1"),
+    "eval_piece": (_non_negative_int, "an int >= 0 (0: one call)"),
+}
+
+
+def check_ranges(**values) -> None:
+    """ValueError ``model.<name>: expected ..., got ...`` for the first argument out of its range (``RANGES``)."""
+    for name, value in values.items():
+        holds, expected = RANGES[name]
+        if value is not None and not holds(value):
+            raise ValueError(f"model.{name}: expected {expected}, got {value!r}")
 
 
 class SequenceModel(L.LightningModule):
@@ -70,10 +107,16 @@ class SequenceModel(L.LightningModule):
                  slice_names: Optional[list[str]] = None, bytes_per_token: Optional[float] = None,
                  max_len: int = 4096, generate_answers: bool = True, eval_piece: int = 0):
         super().__init__()
+        check_ranges(lr=lr, memory_lr=memory_lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps,
+                     min_lr_ratio=min_lr_ratio, schedule_steps=schedule_steps, d_model=d_model, n_layers=n_layers,
+                     swa_window=swa_window, max_len=max_len, eval_piece=eval_piece)
         self.save_hyperparameters()
-        self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                   memory=memory, layers=layers, swa_window=swa_window,
-                                   tie_embeddings=tie_embeddings, memory_heads=memory_heads)
+        try:
+            self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                       memory=memory, layers=layers, swa_window=swa_window,
+                                       tie_embeddings=tie_embeddings, memory_heads=memory_heads)
+        except ValueError as e:  # its messages start with the argument's name: here an argument of model
+            raise ValueError(f"model.{e}") from None
         self.compression_head = CompressionHead(d_model, max_len, vocab_size) if target == "compression" else None
         self.token_metrics = nn.ModuleDict({s: TokenMetrics(bytes_per_token) for s in STAGES})
         self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \
@@ -137,6 +180,16 @@ class SequenceModel(L.LightningModule):
         if self.exact_match[stage].total > 0:
             self.log(f"{stage}/exact_match", self.exact_match[stage].compute(), sync_dist=True)
         self.exact_match[stage].reset()
+
+    def logged_metrics(self, datamodule) -> list[str]:
+        """The metrics a fit with this data logs: train/loss, and per validation the token metrics, the per-slice
+        accuracies and (for tasks with answers) exact match."""
+        token = ["loss", "ppl", "acc"] + ["bpb"] * bool(self.hparams.bytes_per_token)
+        names = ["train/loss"] + [f"val/{k}" for k in token]
+        names += [metric_key(f"val/acc/{name}") for name in self.hparams.slice_names or []]
+        if self.hparams.generate_answers and isinstance(datamodule, AnswerMixin):
+            names.append("val/exact_match")
+        return names
 
     def on_validation_epoch_end(self):
         self._log_epoch("val")

@@ -33,24 +33,35 @@ from .tracking import finish_run, init_store, parent_run, resolve_uri, start_ser
 
 
 def validate_configs(spec: SweepSpec) -> None:
-    """Parse the run config of every grid value, search bound and choice (and one full point) — no run starts."""
-    from ..lit.cli import parse_config
+    """Build data and model for each grid value, search bound and choice, then for every grid point; set up the
+    data of each distinct data configuration once; check that the trials log the sweep's metric. No run starts,
+    nothing is written; a bad value is a SweepError naming the file, the key and the value."""
+    from ..lit.cli import ConfigError, check_config
 
-    def check(where: str, overrides: dict):
+    def check(where: str, overrides: dict, stage: str | None = None):
         try:
-            parse_config(cli_args(spec.base, overrides))
-        except ValueError as e:
-            raise SweepError(f"{spec.path}: {where}: does not fit the run configuration:\n{e}") from None
+            return check_config(cli_args(spec.base, overrides), stage)
+        except ConfigError as e:
+            raise SweepError(f"{spec.path}: {where}: {e}") from None
 
     check("fixed", dict(spec.fixed))
     for key, labeled in spec.grid.items():
         for label, value in labeled.items():
             check(f"grid.{key} = {label}", {**spec.fixed, key: value})
+    points = [(f"grid point {labels}", spec.overrides(labels, {})) for labels in spec.grid_points()]
     for key, s in spec.search.items():
         for value in s.get("choices", [s.get("low"), s.get("high")]):
-            check(f"search.{key} = {value}", {**spec.fixed, key: value})
-    if spec.grid:
-        check("grid (first point)", spec.overrides(spec.grid_points()[0], {}))
+            points.append((f"search.{key} = {value}", {**spec.fixed, key: value}))
+    set_up = set()
+    for where, overrides in points:
+        data = str(check(where, overrides).config["data"])
+        if data not in set_up:  # the data's own checks (corpus, lengths) run when it is set up
+            cli = check(where, overrides, stage="fit")
+            set_up.add(data)
+            logged = cli.model.logged_metrics(cli.datamodule)
+            if spec.metric not in logged:
+                raise SweepError(f"{spec.path}: metric: {spec.metric!r} is not logged by the trials ({where}); "
+                                 f"valid choices: {', '.join(logged)}")
 
 
 def _report_finished(study, reported: set, console: Console) -> set:
@@ -97,7 +108,7 @@ def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_fai
     enqueued again). Any number of sweep commands may call it at once: each point is enqueued once, one parent run."""
     with studies.study_lock(storage):
         study = studies.load_study(spec, storage, create=True)
-        studies.record_spec(study, spec)
+        studies.record_spec(study, spec, storage)
         parent = study.user_attrs.get("mlflow_parent_run_id")
         if parent is None:
             parent = parent_run(client, spec.study, storage)
@@ -186,6 +197,13 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
             time.sleep(1.0)  # trials of workers here or elsewhere: wait for them
         _report_finished(study, reported, console)
         summarize(study, client, parent, console=console)
+        states = [t.state for t in study.get_trials(deepcopy=False, states=studies.FINISHED)
+                  if not studies.is_superseded(study, t)]
+        if states and all(state == TrialState.FAIL for state in states):
+            client.set_terminated(parent, status="FAILED")
+            console.print(Text(f"error: every trial of study {spec.study!r} failed ({len(states)}); the reasons "
+                               "are above", style="red"))
+            return 1
         client.set_terminated(parent, status="FINISHED")
     except BaseException:
         _stop_workers(procs)

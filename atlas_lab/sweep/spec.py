@@ -198,6 +198,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 _fail(path, where, f"low ({low}) > high ({high})")
             if spec.get("log", False) and low <= 0:
                 _fail(path, where, f"a log range needs low > 0, got low={low}")
+            if spec.get("int", False) and not all(isinstance(x, int) for x in (low, high)):
+                _fail(path, where, f"int: true needs integer bounds, got low={low!r}, high={high!r}")
         search[key] = dict(spec)
 
     fixed = raw.get("fixed") or {}

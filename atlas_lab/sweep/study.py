@@ -11,6 +11,7 @@ means nothing in another PID namespace. A lost trial is failed and its work enqu
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import time
@@ -114,10 +115,29 @@ def load_study(spec: SweepSpec, storage_url: str, create: bool = False) -> optun
     return optuna.load_study(**kwargs)
 
 
-def record_spec(study: optuna.Study, spec: SweepSpec) -> None:
-    """Keep what a report needs in the study itself (metric, direction, sampler, grid axes)."""
-    for key, value in (("metric", spec.metric), ("direction", spec.direction), ("sampler", spec.sampler),
-                       ("grid_keys", list(spec.grid))):
+DEFINITION_KEYS = ("metric", "direction", "sampler", "grid", "search", "fixed", "base")
+
+
+def definition(spec: SweepSpec) -> dict:
+    """What makes a study the study it is; repeats, trials and the pruner may change (more seeds, more trials)."""
+    return json.loads(json.dumps({"metric": spec.metric, "direction": spec.direction, "sampler": spec.sampler,
+                                  "grid": spec.grid, "search": spec.search, "fixed": spec.fixed,
+                                  "base": [str(b) for b in spec.base]}, sort_keys=True, default=str))
+
+
+def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
+    """Keep the sweep's definition and what a report needs (metric, direction, sampler, grid axes) in the study.
+    A study of that name with another definition is a SweepError that says how to proceed. Call it under the lock."""
+    new, old = definition(spec), study.user_attrs.get("definition")
+    if old is not None and old != new:
+        differ = [k for k in DEFINITION_KEYS if old.get(k) != new.get(k)]
+        where = f"rm {storage_url}" if not is_postgres(storage_url) else \
+            f"optuna delete-study --study-name {spec.study} --storage <the storage URL>"
+        raise SweepError(f"{spec.path}: study: {spec.study!r} already exists in {shown(storage_url)} with another "
+                         f"definition ({', '.join(differ)} differ); give this sweep a new study name, or delete the "
+                         f"old study ({where})")
+    for key, value in (("definition", new), ("metric", spec.metric), ("direction", spec.direction),
+                       ("sampler", spec.sampler), ("grid_keys", list(spec.grid))):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 

@@ -32,7 +32,7 @@ from mlflow.tracking import MlflowClient
 
 from optuna.exceptions import UpdateFinishedTrialError
 
-from ..lit.cli import AtlasCLI, SaveConfigToTracking, parse_config
+from ..lit.cli import AtlasCLI, SaveConfigToTracking, check_config
 from ..lit.module import SequenceModel
 from . import study as studies
 from .spec import SweepSpec, cli_args, load_sweep
@@ -137,7 +137,7 @@ def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str,
 def is_one_process(spec: SweepSpec, overrides: dict) -> bool:
     """Whether a trial's resolved trainer surely runs in one process (devices 1 or one listed device, num_nodes 1);
     anything else ("auto", "0,", 2, …) runs as a job of its own, which is right for one process too."""
-    trainer = parse_config(cli_args(spec.base, overrides))["trainer"]
+    trainer = check_config(cli_args(spec.base, overrides)).config["trainer"]
     devices = trainer.get("devices")
     one = devices in (1, "1") or isinstance(devices, (list, tuple)) and len(devices) == 1
     return one and trainer.get("num_nodes", 1) == 1
@@ -218,7 +218,7 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
     except optuna.TrialPruned as e:
         finish_run(client, run_id, "PRUNED", str(e))
         outcome = dict(state=optuna.trial.TrialState.PRUNED)
-    except Exception as e:  # the trial fails, the study goes on
+    except (Exception, SystemExit) as e:  # the trial fails, the study goes on (a failed trial is not lost: no retry)
         reason = str(e) if isinstance(e, TrialJobError) else f"{type(e).__name__}: {e}"
         trial.set_user_attr("fail_reason", reason[:2000])
         trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
