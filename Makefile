@@ -16,6 +16,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not slow" -q --durations=30
 
 test-all: $(VENV)/.installed

@@ -228,12 +228,6 @@ def peer(module: str, what: str | None = None):
         return None
 
 
-def fmt_ratio(a: float | None, b: float | None, digits: int = 2) -> str | None:
-    if a is None or b is None or b == 0:
-        return None
-    return f"{a / b:.{digits}f}×"
-
-
 def rel_err(a, b) -> float:
     """‖a − b‖ / ‖b‖ in float64."""
     a, b = a.detach().double(), b.detach().double()

@@ -38,8 +38,8 @@ def inputs(B, T, H, d, dtype, seed=0):
         return torch.randn(*s, generator=g, dtype=dtype)
 
     x = dict(q=r(B, T, H, d), k=torch.nn.functional.normalize(r(B, T, H, d), dim=-1), v=r(B, T, H, d),
-             alpha=torch.sigmoid(r(B, T, H) + 5), eta=0.1 * torch.sigmoid(r(B, T, H)), theta=torch.sigmoid(r(B, T, H) + 2),
-             gamma=torch.sigmoid(r(B, T, H)))
+             alpha=torch.sigmoid(r(B, T, H) + 5), eta=0.1 * torch.sigmoid(r(B, T, H)),
+             theta=torch.sigmoid(r(B, T, H) + 2), gamma=torch.sigmoid(r(B, T, H)))
     return {n: t.requires_grad_() for n, t in x.items()}
 
 

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
+from atlas_lab.data import capacity
 from atlas_lab.data.capacity import capacity_probe
+from atlas_lab.memory import memorize
 
 
 def draws(N, d, trials, seed):
@@ -48,8 +50,17 @@ def test_recall_degrades_with_load_and_improves_with_feature_dim():
     assert poly["feature_dim"] == 28 and poly["recall_error"] < 0.8 * errors[2]
 
 
-def test_options_reach_memorize():
+def test_options_reach_memorize(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return memorize(*args, **kwargs)
+
+    monkeypatch.setattr(capacity, "memorize", spy)
     (row,) = capacity_probe([8], d_k=4, d_v=4, trials=2, memory="mlp", depth=2, expansion=2, eta=0.1, chunk_size=4)
+    (kw,) = calls
+    assert (kw["memory"], kw["depth"], kw["expansion"], kw["chunk_size"]) == ("mlp", 2, 2, 4)
     assert row["depth"] == 2 and row["chunk_size"] == 4 and torch.isfinite(torch.tensor(row["recall_error"]))
     with pytest.raises(ValueError, match="optimizer"):
         capacity_probe([8], optimizer="adam")

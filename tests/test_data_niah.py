@@ -7,6 +7,7 @@ import torch
 
 from atlas_lab.data.corpus import load_corpus
 from atlas_lab.data.niah import NOISE, NIAHDataModule
+from atlas_lab.lit.metrics import ExactMatch, exact_matches
 
 NEEDLE = re.compile(r"One of the special magic (numbers|words|uuids) for ([a-z]+-[a-z]+) is: ([^ ]+)\. ")
 QUESTION = re.compile(r"\nWhat is the special magic (number|word|uuid) for ([a-z]+-[a-z]+) mentioned in the "
@@ -96,10 +97,14 @@ def test_batches_exact_match_and_determinism(cache):
     batch = next(iter(dm.test_dataloader()))
     truth = torch.stack([ids[s:s + n] for ids, s, n in
                          zip(batch["input_ids"], batch["answer_start"], batch["answer_length"])])
-    assert dm.exact_match(batch, truth).all()
+    assert exact_matches(truth, batch).all()
     wrong = truth.clone()
     wrong[0, 3] = ord("z")
-    assert dm.exact_match(batch, wrong).tolist() == [False] + [True] * (len(truth) - 1)
+    assert exact_matches(wrong, batch).tolist() == [False] + [True] * (len(truth) - 1)
+    longer = torch.cat([wrong, torch.full((len(truth), 4), ord("z"))], 1)  # tokens past the answer are ignored
+    metric = ExactMatch()
+    metric.update(list(longer), batch)
+    assert float(metric.compute()) == pytest.approx((len(truth) - 1) / len(truth))
     assert dm.answers(batch) == dm.datasets["test"].meta["answer"][:len(truth)]
     again, other = module(cache, 3), module(cache, 3, seed=1)
     for d in (again, other):

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from atlas_lab.cli import main
 from atlas_lab.lit.cli import run_cli
 
-EXPERIMENTS = ["mqar", "lm", "niah", "babilong", "mad", "capacity"]
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
 
 
 def quiet():

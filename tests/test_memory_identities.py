@@ -39,8 +39,12 @@ def test_taylor_kernel_converges_to_exp():
 
 
 def test_polynomial_default_coefficients_are_taylor():
-    x = randn(10, 3)
-    assert torch.equal(apply_feature_map(x, "polynomial", 3), apply_feature_map(x, "taylor", 3))
+    """Default a_i = 1/i!: φ(q)·φ(k) = Σ_{i≤3} (q·k)^i / i!, the same map as taylor."""
+    q, k = randn(10, 3, seed=1), randn(10, 3, seed=2)
+    fq, fk = apply_feature_map(q, "polynomial", 3), apply_feature_map(k, "polynomial", 3)
+    dot = (q * k).sum(-1)
+    assert rel_err((fq * fk).sum(-1), sum(dot ** i / math.factorial(i) for i in range(4))) < 1e-12
+    assert torch.equal(fq, apply_feature_map(q, "taylor", 3))
 
 
 def qkv(B=2, T=13, H=3, d_k=5, d_v=4, dtype=torch.float64, normalize_k=True):

@@ -101,7 +101,9 @@ def test_sampling_with_temperature_is_seeded():
     prompt = torch.zeros(1, 3, dtype=torch.long)
     a, _ = model.generate(prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(0))
     b, _ = model.generate(prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    c, _ = model.generate(prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a, b) and a.shape == (1, 8)
+    assert not torch.equal(a, c)  # sampled from the generator, not greedy
 
 
 def changed_fields(a: MemoryConfig, b: MemoryConfig):

@@ -17,10 +17,9 @@ The contract the training code relies on
   (BABILong) sequences are right-padded with ``datamodule.pad_id`` and labelled −100.
 - Generation tasks (NIAH, BABILong) also carry ``answer_start`` [B] (the prompt is input_ids[b, :answer_start[b]])
   and ``answer_length`` [B]; their labels cover only the answer tokens (teacher-forced accuracy).
-  ``datamodule.answers(batch)`` gives the answer strings, ``datamodule.decode(ids)`` decodes tokens and
-  ``datamodule.exact_match(batch, generated)`` scores greedy continuations [B, A] as a BoolTensor [B].
-- LM: ``seq_len``, ``bytes_per_token`` (bits per byte = loss_nats / ln 2 / bytes_per_token; 1.0 for bytes)
-  and ``extrapolation_dataloader(seq_len)`` for evaluation at other context lengths.
+  ``datamodule.answers(batch)`` gives the answer strings and ``datamodule.decode(ids)`` decodes tokens;
+  ``atlas_lab.lit.metrics.exact_matches(generated, batch)`` scores greedy continuations [B, A] as a BoolTensor [B].
+- LM: ``seq_len`` and ``bytes_per_token`` (bits per byte = loss_nats / ln 2 / bytes_per_token; 1.0 for bytes).
 - MAD: ``target`` = "next_token" | "positions" (both: output t vs labels[t]) | "compression" (decode the
   last hidden state into all L tokens: labels [B, L] = the tokens to reconstruct); see mad.py.
 

@@ -205,9 +205,10 @@ def qa_sequence(prompt: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.
 
 
 class AnswerMixin:
-    """Exact match for tasks whose eval batches carry answer_start / answer_length (NIAH, BABILong).
+    """Decoding for tasks whose batches carry answer_start / answer_length (NIAH, BABILong).
 
-    The prompt of sample b is input_ids[b, :answer_start[b]]; its answer is the next answer_length[b] tokens.
+    The prompt of sample b is input_ids[b, :answer_start[b]]; its answer is the next answer_length[b] tokens
+    (atlas_lab.lit.metrics.exact_matches scores generated answers).
     """
 
     tokenizer = None  # set by the DataModule
@@ -220,11 +221,3 @@ class AnswerMixin:
         """The answer text of every sample of a batch (taken from input_ids), stripped."""
         return [self.decode(ids[s:s + n]).strip() for ids, s, n in
                 zip(batch["input_ids"], batch["answer_start"].tolist(), batch["answer_length"].tolist())]
-
-    def exact_match(self, batch: dict[str, torch.Tensor], generated: torch.Tensor) -> torch.Tensor:
-        """generated: [B, A] greedy continuations of the prompts (A >= answer_length) -> BoolTensor [B].
-
-        Compares the first answer_length[b] generated tokens, decoded and stripped, with the answer text.
-        """
-        return torch.tensor([self.decode(g[:n]).strip() == a for g, n, a in
-                             zip(generated, batch["answer_length"].tolist(), self.answers(batch))])

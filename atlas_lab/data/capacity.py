@@ -95,7 +95,8 @@ class CapacityDataModule(TaskDataModule):
     def __init__(self, vocab_size: int = 512, n_pairs: list[int] = [4, 8, 16, 32, 64], train_size: int = 2000,
                  eval_size: int = 200, batch_size: int = 32, seed: int = 0, num_workers: int = 0):
         super().__init__(batch_size, seed, num_workers)
-        check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs", f"expected a non-empty list of ints >= 1, got {n_pairs}")
+        check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs",
+              f"expected a non-empty list of ints >= 1, got {n_pairs}")
         check(vocab_size // 2 - 1 >= max(n_pairs), "vocab_size",
               f"expected vocab_size >= 2·max(n_pairs) + 2 = {2 * max(n_pairs) + 2}, got {vocab_size}")
         check(train_size >= 1 and eval_size >= 1, "train_size", f"expected sizes >= 1, got {train_size}, {eval_size}")

@@ -178,11 +178,6 @@ def document_pieces(documents: list[str]) -> list[str]:
     return [d + "\n\n" for d in docs[:-1]] + [docs[-1] + "\n"]
 
 
-def join_documents(documents: list[str]) -> str:
-    """A split's documents as one text (how the LM reads it)."""
-    return "".join(document_pieces(documents))
-
-
 _SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-from torch.utils.data import DataLoader
 
 from .base import SPLITS, SequenceDataset, TaskDataModule, check
 from .corpus import check_data_path, document_pieces, load_corpus
@@ -91,16 +90,3 @@ class LMDataModule(TaskDataModule):
     def build(self, split: str) -> SequenceDataset:
         self.prepare()
         return lm_windows(self.tokens[split], self.seq_len)
-
-    def extrapolation_dataloader(self, seq_len: int, split: str = "test") -> DataLoader:
-        """Windows of another context length over an eval split (length extrapolation: e.g. 4×, 16× seq_len).
-
-        Batch size shrinks to keep about batch_size × self.seq_len tokens per batch.
-        """
-        check(split in ("val", "test"), "split", f"expected 'val' or 'test', got {split!r}")
-        self.prepare()
-        check(len(self.tokens[split]) > seq_len, "seq_len", f"{seq_len} leaves no window in the {split} split "
-              f"({len(self.tokens[split])} tokens)")
-        batch_size = max(1, self.batch_size * self.seq_len // seq_len)
-        return DataLoader(lm_windows(self.tokens[split], seq_len), batch_size=batch_size, shuffle=False,
-                          num_workers=self.num_workers)

@@ -5,10 +5,6 @@ import numpy as np
 
 from .base import IGNORE_INDEX, SPLITS, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
 
-STANDARD_TRAIN_SLICES = [(64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000)]
-STANDARD_TEST_SLICES = [(64, 4, 3_000), (64, 8, 3_000), (64, 16, 3_000), (128, 32, 3_000), (256, 64, 3_000),
-                        (512, 128, 3_000), (1024, 256, 3_000)]
-
 
 def multiquery_ar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, vocab_size: int,
                   power_a: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
@@ -64,8 +60,8 @@ class MQARDataModule(TaskDataModule):
         Args:
             vocab_size: V (standard 8192); keys from [1, V/2), values from [V/2, V). Needs V > L.
             train_slices: (L, N, count) triples: sequence length, key-value pairs, number of sequences. The
-                default is the standard (L, N) with counts cut for CPU (STANDARD_TRAIN_SLICES has the paper's).
-            test_slices: (L, N, count) triples of the test set (STANDARD_TEST_SLICES has the paper's).
+                default is the standard (L, N) with counts cut for CPU (docs/tasks.md §2 gives the standard counts).
+            test_slices: (L, N, count) triples of the test set (the standard (L, N), counts cut likewise).
             val_slices: (L, N, count) triples of the validation set; None = test_slices (another random stream).
             power_a: a of the query-gap power law p(g) ∝ (g+1)^(a−1).
             batch_size: sequences per batch.

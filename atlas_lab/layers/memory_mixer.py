@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, build_memory, feature_dim, memorize
+from ..memory import (FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, build_memory, feature_dim,
+                      memorize)
 from ..memory.feature_maps import taylor_coefficients
 from .conv import ShortConv
 
@@ -70,7 +71,8 @@ class MemoryConfig:
                    "optimizer": OPTIMIZERS, "ns_coefficients": tuple(NS_COEFFICIENTS)}
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
-                raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; valid choices: {', '.join(valid)}")
+                raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; "
+                                 f"valid choices: {', '.join(valid)}")
         for g in GATES:
             value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
             if value != "learned" and (not isinstance(value, (int, float)) or isinstance(value, bool)

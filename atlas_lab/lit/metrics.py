@@ -63,8 +63,16 @@ class SliceAccuracy(Metric):
         return (self.correct / self.count.clamp_min(1)).float()
 
 
+def exact_matches(generated, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Greedy continuations of a batch's prompts ([B, A] or B sequences, A >= answer_length) -> BoolTensor [B]:
+    whether the first answer_length[b] generated tokens are the answer, input_ids[b, answer_start[b]:][:length]."""
+    return torch.tensor([torch.equal(g[:n], ids[s:s + n]) for g, ids, s, n in
+                         zip(generated, batch["input_ids"], batch["answer_start"].tolist(),
+                             batch["answer_length"].tolist())], dtype=torch.bool)
+
+
 class ExactMatch(Metric):
-    """Fraction of examples whose greedily generated answer equals the reference answer exactly."""
+    """Fraction of examples whose greedily generated answer equals the reference answer exactly (exact_matches)."""
 
     full_state_update = False
 
@@ -73,10 +81,10 @@ class ExactMatch(Metric):
         self.add_state("hits", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, generated: list[torch.Tensor], answers: list[torch.Tensor]):
-        for g, a in zip(generated, answers):
-            self.hits += float(torch.equal(g, a))
-            self.total += 1
+    def update(self, generated, batch: dict[str, torch.Tensor]):
+        hits = exact_matches(generated, batch)
+        self.hits += float(hits.sum())
+        self.total += len(hits)
 
     def compute(self) -> torch.Tensor:
         return (self.hits / self.total.clamp_min(1)).float()

@@ -152,13 +152,12 @@ class SequenceModel(L.LightningModule):
         if self.slice_metrics is not None and "slice" in batch:
             self.slice_metrics[stage].update(logits, batch["labels"], batch["slice"])
         if self.hparams.generate_answers and "answer_start" in batch:
-            generated, answers = [], []
+            generated = []
             for ids, start, length in zip(batch["input_ids"], batch["answer_start"].tolist(),
                                           batch["answer_length"].tolist()):
                 tokens, _ = self.model.generate(ids[None, :start], length)
                 generated.append(tokens[0])
-                answers.append(ids[start:start + length])
-            self.exact_match[stage].update(generated, answers)
+            self.exact_match[stage].update(generated, batch)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step("val", batch)

@@ -68,12 +68,14 @@ def apply_feature_map(x: torch.Tensor, feature_map: str, degree: int = 2, coeffi
         return x
     if feature_map == "taylor":
         if coefficients is not None:
-            raise ValueError("feature_map='taylor' has fixed coefficients 1/i!; use feature_map='polynomial' to learn them")
+            raise ValueError("feature_map='taylor' has fixed coefficients 1/i!; "
+                             "use feature_map='polynomial' to learn them")
         return polynomial(x, taylor_coefficients(degree))
     if feature_map == "polynomial":
         if coefficients is None:
             coefficients = taylor_coefficients(degree)
         if coefficients.shape != (degree + 1,):
-            raise ValueError(f"polynomial coefficients must have shape [degree+1] = [{degree + 1}], got {tuple(coefficients.shape)}")
+            raise ValueError(f"polynomial coefficients must have shape [degree+1] = [{degree + 1}], "
+                             f"got {tuple(coefficients.shape)}")
         return polynomial(x, coefficients)
     raise ValueError(f"unknown feature_map {feature_map!r}; valid choices: {', '.join(FEATURE_MAPS)}")

@@ -101,7 +101,8 @@ def layer_norm_backward(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def fixed_apply(W):
-    """apply(name, u) = u @ W[name]ᵀ; works for u [in] with W [out, in] and for batched u [N, L, in] with W [N, out, in]."""
+    """apply(name, u) = u @ W[name]ᵀ; works for u [in] with W [out, in] and for batched u [N, L, in] with
+    W [N, out, in]."""
     return lambda n, u: u @ W[n].mT
 
 
@@ -153,7 +154,7 @@ class MLPMemory:
     def shapes(self, D, d_k, d_v):
         h = self.expansion * d_v
         dims = [D] + [h] * (self.depth - 1) + [d_v]
-        return {f"W{l + 1}": (dims[l + 1], dims[l]) for l in range(self.depth)}
+        return {f"W{i + 1}": (dims[i + 1], dims[i]) for i in range(self.depth)}
 
     def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
         return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
@@ -171,22 +172,22 @@ class MLPMemory:
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]
         h = phi
-        for l in range(1, self.depth):
-            h = act(apply(f"W{l}", h))
+        for i in range(1, self.depth):
+            h = act(apply(f"W{i}", h))
         return self._output(x, apply(f"W{self.depth}", h))
 
     def gradient_factors(self, W, phi, x, v, objective):
         act, dact = ACTIVATIONS[self.activation]
         hs, zs = [phi], []
-        for l in range(1, self.depth):
-            zs.append(hs[-1] @ W[f"W{l}"].mT)
+        for i in range(1, self.depth):
+            zs.append(hs[-1] @ W[f"W{i}"].mT)
             hs.append(act(zs[-1]))
         delta = self._output_grad(objective, x, hs[-1] @ W[f"W{self.depth}"].mT, v)
         factors = {}
-        for l in range(self.depth, 0, -1):
-            factors[f"W{l}"] = (delta, hs[l - 1])
-            if l > 1:
-                delta = (delta @ W[f"W{l}"]) * dact(zs[l - 2])
+        for i in range(self.depth, 0, -1):
+            factors[f"W{i}"] = (delta, hs[i - 1])
+            if i > 1:
+                delta = (delta @ W[f"W{i}"]) * dact(zs[i - 2])
         return factors
 
 
@@ -233,7 +234,8 @@ class ModuleMemory:
         return {n: tuple(p.shape) for n, p in self.module.named_parameters()}
 
     def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
-        return {n: p.detach().to(dtype=dtype, device=device).expand(H, *p.shape).clone() for n, p in self.module.named_parameters()}
+        return {n: p.detach().to(dtype=dtype, device=device).expand(H, *p.shape).clone()
+                for n, p in self.module.named_parameters()}
 
     def forward_weights(self, W, phi, x):
         """y = M_W(φ) for one token (used under torch.func.vmap)."""
