@@ -96,7 +96,8 @@ def call_model(input_ids, cache=None):
 
 
 LAYER_CASES = {
-    "mixer-2d": (call_mixer(torch.zeros(2, 8)), ValueError, ["MemoryMixer", "x", "[B, T, d_model] = [B, T, 8]", "[2, 8]"]),
+    "mixer-2d": (call_mixer(torch.zeros(2, 8)), ValueError,
+                 ["MemoryMixer", "x", "[B, T, d_model] = [B, T, 8]", "[2, 8]"]),
     "mixer-width": (call_mixer(torch.zeros(2, 3, 5)), ValueError, ["MemoryMixer", "x", "[B, T, 8]", "[2, 3, 5]"]),
     "mixer-integer": (call_mixer(torch.zeros(2, 3, 8, dtype=torch.long)), ValueError,
                       ["MemoryMixer", "x", "floating-point", "torch.int64"]),
@@ -189,7 +190,8 @@ def test_a_nan_in_any_other_input_never_reaches_earlier_outputs(poisoned, memory
         pytest.skip("gd has no momentum: theta is not used")
     outputs = []
     for poison in (False, True):
-        p = {n: x.detach().clone() if isinstance(x, torch.Tensor) else x for n, x in make_problem(memory=memory).items()}
+        p = {n: x.detach().clone() if isinstance(x, torch.Tensor) else x
+             for n, x in make_problem(memory=memory).items()}
         if poison:
             p[poisoned][:, NAN_T] = float("nan")
         outputs.append(memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], theta=p["theta"],

@@ -93,7 +93,8 @@ class LanguageModel(nn.Module):
             got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise TypeError(f"LanguageModel: input_ids must be an integer torch.Tensor [B, T]; got {got}")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(f"LanguageModel: input_ids must have shape [B, T] with T >= 1; got {list(input_ids.shape)}")
+            raise ValueError(f"LanguageModel: input_ids must have shape [B, T] with T >= 1; "
+                             f"got {list(input_ids.shape)}")
         if ((input_ids < 0) | (input_ids >= self.vocab_size)).any():
             raise ValueError(f"LanguageModel: input_ids must lie in [0, vocab_size) = [0, {self.vocab_size}); got "
                              f"values from {input_ids.min().item()} to {input_ids.max().item()}")
