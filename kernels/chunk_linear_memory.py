@@ -73,6 +73,19 @@ def _window_block(K, V, GAMMA, We, i0, first, n, c, offs_t, offs_d, offs_v, D, D
 
 
 @triton.jit
+def _causal_factors(C, u, delta, idx, pos):
+    """The read-out's Σ_i C[t, i] (q_t·u_i) δ_i over the keys i ≤ t only, keeping a later key's NaN out of row t
+    (0 · NaN in the plain product; ``atlas_lab.memory.causal``). C [BT (chunk token t), BT (key i)], u [BT, BD],
+    δ [BT, BV]. Returns (C', u', δ', kept, bad): bad[i] = key i's u or δ (this block of d_v) is non-finite; those
+    rows of u, δ zeroed; C' = C where kept (i ≤ t and not bad[i]), NaN at i ≤ t with bad[i], 0 above."""
+    bad = (tl.max(((u - u) != 0).to(tl.int32), axis=1) + tl.max(((delta - delta) != 0).to(tl.int32), axis=1)) > 0
+    causal = idx[None, :] <= pos[:, None]
+    kept = causal & (bad == 0)[None, :]
+    C = tl.where(kept, C, tl.where(causal, float("nan"), 0.0))
+    return C, tl.where(bad[:, None], 0.0, u), tl.where(bad[:, None], 0.0, delta), kept, bad
+
+
+@triton.jit
 def chunk_linear_memory_fwd_kernel(
     Q, K, V, GAMMA, A, M, S, CW, CS, W0, S0, WE0,
     Y, WT, ST, WE_OUT, WH, SH,
@@ -123,7 +136,8 @@ def chunk_linear_memory_fwd_kernel(
             idx, imask, u, delta, band, gam = _window_block(K, V, GAMMA, We, i0, first, n, c, offs_t, offs_d, offs_v,
                                                             D, DV, L2)
             C = tl.dot(cw, gam, input_precision=IEEE)
-            y += tl.dot(C * tl.dot(q, tl.trans(u), input_precision=IEEE), delta, input_precision=IEEE)
+            C_y, u_y, delta_y, _, _ = _causal_factors(C, u, delta, idx, first + offs_t)
+            y += tl.dot(C_y * tl.dot(q, tl.trans(u_y), input_precision=IEEE), delta_y, input_precision=IEEE)
             W_new += tl.dot(tl.trans(delta * _last_row(C, n, offs_t)[:, None]), u, input_precision=IEEE)
             if MOMENTUM:
                 cs_last = _last_row(tl.dot(cs, gam, input_precision=IEEE), n, offs_t)
@@ -209,14 +223,16 @@ def chunk_linear_memory_bwd_kernel(
                                                             D, DV, L2)
             C = tl.dot(cw, gam, input_precision=IEEE)
             c_last = _last_row(C, n, offs_t)
-            P = tl.dot(q, tl.trans(u), input_precision=IEEE)
-            dyd = tl.dot(dy, tl.trans(delta), input_precision=IEEE)  # [t, i]: dy_t · δ_i
+            C_y, u_y, delta_y, kept, bad = _causal_factors(C, u, delta, idx, first + offs_t)  # the read-out's
+            P = tl.dot(q, tl.trans(u_y), input_precision=IEEE)
+            dyd = tl.dot(dy, tl.trans(delta_y), input_precision=IEEE)  # [t, i]: dy_t · δ_i
             udW = tl.dot(u, tl.trans(dW), input_precision=IEEE)  # [i, v]
-            dC = dyd * P + tl.where(last[:, None], tl.sum(udW * delta, axis=1)[None, :], 0.0)
-            ddelta = tl.dot(tl.trans(C * P), dy, input_precision=IEEE) + c_last[:, None] * udW
-            du = tl.dot(tl.trans(dyd * C), q, input_precision=IEEE)
+            dC = tl.where(kept, dyd * P, 0.0) + tl.where(last[:, None], tl.sum(udW * delta, axis=1)[None, :], 0.0)
+            ddelta = tl.where(bad[:, None], 0.0, tl.dot(tl.trans(C_y * P), dy, input_precision=IEEE))
+            ddelta += c_last[:, None] * udW
+            du = tl.where(bad[:, None], 0.0, tl.dot(tl.trans(dyd * C_y), q, input_precision=IEEE))
             du += c_last[:, None] * tl.dot(delta, dW, input_precision=IEEE)
-            dq += tl.dot(dyd * C, u, input_precision=IEEE)
+            dq += tl.dot(dyd * C_y, u_y, input_precision=IEEE)
             dgam = tl.dot(tl.trans(cw), dC, input_precision=IEEE)
             dcw += tl.dot(dC, tl.trans(gam), input_precision=IEEE)
             if MOMENTUM:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from atlas_lab.memory.causal import causal_operands
+
 
 def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, objective,
                               m=None, s=None, Cs=None, S0=None):
@@ -24,7 +26,8 @@ def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_s
         band = torch.where((idx <= pos) & (idx > pos - c), g.unsqueeze(-2), 0.0)  # Γ [N, n, window keys]
         C = Cw[:, t0:t0 + n, :n] @ band
         qc = q[:, t0:t0 + n]
-        y = a[:, t0:t0 + n, None] * (qc @ W.mT) + (C * (qc @ u.mT)) @ delta
+        C_y, u_y, delta_y = causal_operands(C, u, delta)  # a later key's NaN stays out of earlier rows
+        y = a[:, t0:t0 + n, None] * (qc @ W.mT) + (C_y * (qc @ u_y.mT)) @ delta_y
         W_end = a[:, t0 + n - 1, None, None] * W + (delta * C[:, -1, :, None]).mT @ u
         if S is not None:
             y = y + m[:, t0:t0 + n, None] * (qc @ S.mT)

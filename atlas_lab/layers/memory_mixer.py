@@ -160,8 +160,16 @@ class MemoryMixer(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, cache: dict | None = None):
+        """x: [B, T, d_model] (T = 0 allowed: an empty piece of a stream leaves the cache as it was)."""
+        d_model = self.q_proj.in_features
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"MemoryMixer: x must be a floating-point [B, T, d_model] = [B, T, {d_model}] tensor; "
+                             f"got {got}")
         B, T, _ = x.shape
         cache = cache or {}
+        if "q" in cache and cache["q"].shape[0] != B:
+            raise ValueError(f"MemoryMixer: cache holds a batch of {cache['q'].shape[0]} sequences; got x with {B}")
         heads = (B, T, self.n_heads, self.head_dim)
         q, cq = self.q_conv(self.q_proj(x), cache.get("q"))
         k, ck = self.k_conv(self.k_proj(x), cache.get("k"))
@@ -181,7 +189,7 @@ class MemoryMixer(nn.Module):
             residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
             output_norm=c.output_norm, checkpoint=c.checkpoint,
             impl="auto", **self.gates(x))
-        o = self.out_norm(o).reshape(B, T, -1) * F.silu(self.g_proj(x))
+        o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:

@@ -21,6 +21,7 @@ import torch
 import torch.utils.checkpoint
 from torch.func import grad, vmap
 
+from .causal import causal_matmul, causal_operands
 from .delta_rule import delta_rule
 from .memories import LinearMemory, ModuleMemory, loss, token_function
 from .optimizers import chunk_coefficients, newton_schulz, orthogonalize
@@ -41,16 +42,15 @@ def window_band(gamma, n: int, first: int, window):
 
 
 def combine(C, G):
-    """Σ_i C[t, i] G_i for every t. C: [N, n, L]; G: factors (δ [N, L, out], u [N, L, in]) or a tensor [N, L, *shape].
-
-    Returns [N, n, *shape].
+    """Σ_i C[t, i] G_i for every t. C: [N, n, L], causal (the last n of the L tokens are the chunk's); G: factors
+    (δ [N, L, out], u [N, L, in]) or a tensor [N, L, *shape]. Returns [N, n, *shape].
     """
     if isinstance(G, tuple):  # one GEMM per sample: [(t, out), L] @ [L, in]
-        delta, u = G
+        C, delta, u = causal_operands(C, *G)
         N, n, L = C.shape
         scaled = C.unsqueeze(-1) * delta.unsqueeze(1)  # [N, n, L, out]
         return (scaled.transpose(1, 2).reshape(N, L, -1).mT @ u).view(N, n, delta.shape[-1], u.shape[-1])
-    return (C @ G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
+    return causal_matmul(C, G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
 
 
 def chunk_windows(x, spans):
@@ -117,11 +117,11 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
         return _materialized_read(mem, W_t, phi_q, q), W_new, S_new
 
     def dual_apply(n, u):  # u [N, n, in] -> u @ W_tᵀ for every token t, W_t never built
-        delta, x = G[n]
+        C_n, delta, x = causal_operands(C, *G[n])
         out = a.unsqueeze(-1) * (u @ W[n].mT)
         if optimizer == "momentum":
             out = out + co["m"].unsqueeze(-1) * (u @ S[n].mT)
-        return torch.baddbmm(out, C * (u @ x.mT), delta)
+        return torch.baddbmm(out, C_n * (u @ x.mT), delta)
 
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
@@ -163,8 +163,8 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
                 G = mem.gradient_factors(W_eval, phi_k_c, k_c, v_c, objective)
             band = window_band(gamma_c, n, shift, window)
             co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
-            C = co["Cw"] @ band if optimizer != "muon" else None
-            Cs = co["Cs"] @ band if optimizer != "gd" else None
+            C = causal_matmul(co["Cw"], band) if optimizer != "muon" else None
+            Cs = causal_matmul(co["Cs"], band) if optimizer != "gd" else None
             return _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
 
         args = (W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c)

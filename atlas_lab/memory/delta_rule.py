@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .causal import causal_operands
+
 BLOCK = 64
 
 
@@ -39,7 +41,8 @@ def delta_rule(phi_q, phi_k, v, alpha, eta, W, block: int | None = None):
         rhs = e[:, :, None] * (v_c - torch.exp(c_prev)[:, :, None] * (k @ W.mT))
         U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
         M = torch.exp(torch.where(lower, c[:, :, None] - c[:, None, :], -torch.inf))
-        ys.append(torch.exp(c)[:, :, None] * (q @ W.mT) + (M * (q @ k.mT)) @ U)
+        M, k_past, U_past = causal_operands(M, k, U)  # a later token's NaN key or update stays out of earlier rows
+        ys.append(torch.exp(c)[:, :, None] * (q @ W.mT) + (M * (q @ k_past.mT)) @ U_past)
         decay_to_end = torch.exp(c[:, -1:] - c)  # e^{c_n − c_i}
         W = torch.exp(c[:, -1])[:, None, None] * W + (U * decay_to_end[:, :, None]).mT @ k
     return torch.cat(ys, 1), W

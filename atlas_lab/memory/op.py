@@ -19,16 +19,43 @@ def _choice(key, value, choices):
         raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
+def _int(key, value, low, what=""):
+    """An int >= low (a bool is refused: True would pass for 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"memorize: {key} must be an int >= {low}{what}; got {value!r}")
+
+
 def _gate(name, value, B, T, H, like):
     """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the default)."""
     if value is None:
         value = GATE_DEFAULTS[name]
     if isinstance(value, (int, float)):
+        if name in ("alpha", "theta") and value < 0:  # decay factors: the chunked closed forms take their logarithm
+            raise ValueError(f"memorize: gate {name} must be >= 0 (a decay factor); got {value!r}")
         return torch.full((B * H, T), float(value), dtype=like.dtype, device=like.device)
     if not isinstance(value, torch.Tensor) or value.shape != (B, T, H):
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"memorize: gate {name} must be a [B, T, H] = [{B}, {T}, {H}] tensor, a number or None; got {got}")
+    if value.device != like.device:
+        raise ValueError(f"memorize: gate {name} must be on q's device {like.device}; got {value.device}")
     return value.to(like.dtype).permute(0, 2, 1).reshape(B * H, T)
+
+
+def _check_qkv(q, k, v):
+    """q, k, v: floating-point torch tensors of one dtype on one device, [B, T, H, d_k] (q, k) and [B, T, H, d_v]."""
+    given = {"q": q, "k": k, "v": v}
+    for name, x in given.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"memorize: {name} must be a torch.Tensor; got {type(x).__name__}")
+    for name, x in given.items():
+        if not x.is_floating_point():
+            raise TypeError(f"memorize: {name} must be a floating-point tensor; got {x.dtype}")
+    if len({(x.dtype, x.device) for x in given.values()}) > 1:
+        raise TypeError("memorize: q, k and v must have one dtype and device; got "
+                        + ", ".join(f"{name} {x.dtype} on {x.device}" for name, x in given.items()))
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"memorize: expected q, k [B, T, H, d_k] and v [B, T, H, d_v]; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
 def _heads_first(x):
@@ -37,16 +64,22 @@ def _heads_first(x):
     return x.permute(0, 2, 1, 3).reshape(B * H, T, d)
 
 
-def _broadcast_weights(weights, shapes, B, H, what):
-    """Weights given as [*shape], [H, *shape] or [B, H, *shape] -> [B·H, *shape]."""
+def _broadcast_weights(weights, shapes, B, H, what, like):
+    """Weights given as [*shape], [H, *shape] or [B, H, *shape] (each leading dim may be 1) -> [B·H, *shape]."""
     if set(weights) != set(shapes):
         raise ValueError(f"memorize: {what} has weights {sorted(weights)}, the memory expects {sorted(shapes)}")
     out = {}
     for n, shape in shapes.items():
         w = weights[n]
-        if tuple(w.shape[-len(shape):]) != tuple(shape) or w.dim() - len(shape) > 2:
-            raise ValueError(f"memorize: {what}[{n!r}] must have shape [*, {', '.join(map(str, shape))}] "
-                             f"with at most two leading dims (B, H); got {tuple(w.shape)}")
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"memorize: {what}[{n!r}] must be a torch.Tensor; got {type(w).__name__}")
+        lead = tuple(w.shape[:w.dim() - len(shape)])
+        if (tuple(w.shape[-len(shape):]) != tuple(shape) or len(lead) > 2
+                or any(d not in (1, full) for d, full in zip(lead, (B, H)[2 - len(lead):]))):
+            raise ValueError(f"memorize: {what}[{n!r}] must have shape [{', '.join(map(str, shape))}], "
+                             f"[H, ...] or [B, H, ...] with B = {B}, H = {H}; got {tuple(w.shape)}")
+        if w.device != like.device:
+            raise ValueError(f"memorize: {what}[{n!r}] must be on q's device {like.device}; got {w.device}")
         while w.dim() < len(shape) + 2:
             w = w.unsqueeze(0)
         out[n] = w.expand(B, H, *shape).reshape(B * H, *shape)
@@ -92,6 +125,17 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
                   atlas_lab.kernels; raises for combinations they do not cover, listing those they do) |
                   "auto" (triton on CUDA where it covers the combination, chunked otherwise).
+
+    Bad arguments raise TypeError (not a floating-point torch tensor; q, k, v of different dtypes or devices) or
+    ValueError (shapes, choices, ranges: window, chunk_size, degree ≥ 1; ns_steps ≥ 0; a number alpha or theta
+    ≥ 0; an initial_state of another batch, head count or shape) naming the argument. Tensor gates and
+    coefficients are not scanned for their values.
+    T = 0 (an empty piece of a stream) returns o [B, 0, H, d_v] and the state unchanged.
+    NaN / inf: a non-finite input at token t (q, k, v, a gate) makes outputs non-finite from t on — for keys,
+    values and gates every later output of that head, since it enters the weights; for a query only o_t — and never
+    reaches outputs before t, in every implementation. Gradients of a loss on the earlier outputs stay finite
+    within one chunk of a linear memory; elsewhere autograd multiplies the zero gradient of a later, non-finite
+    output by NaN and they may not.
     """
     _choice("impl", impl, (*IMPLS, "triton", "auto"))
     if isinstance(memory, str):
@@ -100,13 +144,13 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     _choice("objective", objective, OBJECTIVES)
     _choice("optimizer", optimizer, OPTIMIZERS)
     _choice("ns_coefficients", ns_coefficients, tuple(NS_COEFFICIENTS))
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"memorize: window must be an int >= 1 or None (global); got {window!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"memorize: chunk_size must be an int >= 1; got {chunk_size!r}")
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"memorize: expected q, k [B, T, H, d_k] and v [B, T, H, d_v]; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if window is not None:
+        _int("window", window, 1, " or None (global)")
+    _int("chunk_size", chunk_size, 1)
+    _int("ns_steps", ns_steps, 0)
+    if feature_map != "identity":
+        _int("degree", degree, 1, f" for feature_map={feature_map!r}")
+    _check_qkv(q, k, v)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
     mem = build_memory(memory, depth, expansion, activation, residual, output_norm)
@@ -133,23 +177,29 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         st = initial_state
         if not 0 <= st.offset < chunk_size:
             raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}")
-        W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights")
+        W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights", q)
         if st.momentum is not None:
-            S = _broadcast_weights(st.momentum, shapes, B, H, "initial_state.momentum")
+            S = _broadcast_weights(st.momentum, shapes, B, H, "initial_state.momentum", q)
         if st.eval_weights is not None:
-            W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights")
+            W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights", q)
         offset = st.offset
+        m = st.keys.shape[2] if st.keys.dim() == 4 else -1
+        for part, x, shape in (("keys", st.keys, (B, H, m, d_k)), ("values", st.values, (B, H, m, d_out)),
+                               ("gamma", st.gamma, (B, H, m))):
+            if tuple(x.shape) != shape:
+                raise ValueError(f"memorize: initial_state.{part} must have shape [B, H, m, ...] = "
+                                 f"{list(shape)} for this call; got {list(x.shape)}")
         cache_k, cache_v = st.keys.reshape(B * H, -1, d_k), st.values.reshape(B * H, -1, d_out)
         cache_g = st.gamma.reshape(B * H, -1)
     elif isinstance(initial_state, dict):
         weights = dict(initial_state)
         if normalize and weights.get("W") is not None and weights["W"].shape[-2] == d_v:
             weights["W"] = torch.cat([weights["W"], weights["W"].new_zeros(*weights["W"].shape[:-2], 1, D)], -2)
-        W = _broadcast_weights(weights, shapes, B, H, "initial_state")
+        W = _broadcast_weights(weights, shapes, B, H, "initial_state", q)
     elif initial_state is None:
         init = mem.init_weights(H, D, d_k, d_out, generator=torch.Generator().manual_seed(0), dtype=q.dtype,
                                 device=q.device)
-        W = _broadcast_weights(init, shapes, B, H, "initial weights")
+        W = _broadcast_weights(init, shapes, B, H, "initial weights", q)
     else:
         raise ValueError(f"memorize: initial_state must be None, a dict of weights or a MemoryState; "
                          f"got {type(initial_state).__name__}")
@@ -161,12 +211,15 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
     g_all = torch.cat([cache_g, gates["gamma"]], 1)
-    implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W)
-    y, W, S, W_eval, offset = implementation(
-        q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi, objective=objective,
-        window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval, offset=offset,
-        ns_steps=ns_steps, ns_coefficients=ns_coefficients,
-        **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
+    if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
+        y = q_.new_zeros(B * H, 0, d_out)
+    else:
+        implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W)
+        y, W, S, W_eval, offset = implementation(
+            q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
+            objective=objective, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
+            offset=offset, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
+            **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
 
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]

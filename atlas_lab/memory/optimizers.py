@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from . import newton_schulz_cpu
+from .causal import causal_mask, causal_matmul
 
 OPTIMIZERS = ("gd", "momentum", "muon")
 NS_COEFFICIENTS = {
@@ -160,21 +161,26 @@ def chunk_coefficients(optimizer, alpha, eta, theta):
       W_t = a[t] W_0 + m[t] S_0 + Σ_j Cw[t, j] g_j                      (gd, momentum)
       S_t = s[t] S_0 + Σ_j Cs[t, j] g_j                                 (momentum, muon)
       muon: W_t = a[t] W_0 + Σ_j Cw[t, j] NS(S_j)
-    a, m, s: [N, n]; Cw, Cs: [N, n, n] lower triangular.
+    a, m, s: [N, n]; Cw, Cs: [N, n, n] lower triangular. A non-finite gate of token j reaches rows t ≥ j only.
     """
+    lower = causal_mask(alpha.shape[-1], alpha.shape[-1], alpha.device)
+
+    def times_eta(P):  # P[t, j] η_j on and below the diagonal (where, not a product: a NaN η_j stays in rows t ≥ j)
+        return torch.where(lower, -P * eta.unsqueeze(-2), 0.0)
+
     A = decay_matrix(alpha)  # ∏ α over (j, t]
     a = A[..., 0] * alpha[..., :1]  # ∏ α over [0, t]
     out = {"a": a}
     if optimizer == "gd":
-        out["Cw"] = -A * eta.unsqueeze(-2)
+        out["Cw"] = times_eta(A)
     elif optimizer == "momentum":
         Th = decay_matrix(theta)
         s = Th[..., 0] * theta[..., :1]
-        AT = A @ Th  # Σ_{m=j..t} A[t,m] Θ[m,j]
-        out.update(m=(A @ s.unsqueeze(-1)).squeeze(-1), s=s, Cw=-AT * eta.unsqueeze(-2), Cs=-Th * eta.unsqueeze(-2))
+        AT = causal_matmul(A, Th)  # Σ_{m=j..t} A[t,m] Θ[m,j]
+        out.update(m=causal_matmul(A, s.unsqueeze(-1)).squeeze(-1), s=s, Cw=times_eta(AT), Cs=times_eta(Th))
     elif optimizer == "muon":
         Th = decay_matrix(theta)
-        out.update(s=Th[..., 0] * theta[..., :1], Cs=Th, Cw=-A * eta.unsqueeze(-2))
+        out.update(s=Th[..., 0] * theta[..., :1], Cs=Th, Cw=times_eta(A))
     else:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
     return out

@@ -86,7 +86,21 @@ class LanguageModel(nn.Module):
             self.head.weight = self.embed.weight
 
     def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None):
-        """Final normalised hidden states [B, T, d_model] and the new cache."""
+        """Final normalised hidden states [B, T, d_model] and the new cache. input_ids: integers in [0, vocab_size),
+        [B, T] with T ≥ 1 (the attention layers take no empty piece); cache: one entry per layer, or None."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
+                or input_ids.dtype == torch.bool:
+            got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise TypeError(f"LanguageModel: input_ids must be an integer torch.Tensor [B, T]; got {got}")
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"LanguageModel: input_ids must have shape [B, T] with T >= 1; "
+                             f"got {list(input_ids.shape)}")
+        if ((input_ids < 0) | (input_ids >= self.vocab_size)).any():
+            raise ValueError(f"LanguageModel: input_ids must lie in [0, vocab_size) = [0, {self.vocab_size}); got "
+                             f"values from {input_ids.min().item()} to {input_ids.max().item()}")
+        if cache and len(cache) != len(self.blocks):
+            raise ValueError(f"LanguageModel: cache must hold one entry per layer ({len(self.blocks)}); "
+                             f"got {len(cache)}")
         x = self.embed(input_ids)
         cache = cache or [None] * len(self.blocks)
         new_cache = []

@@ -1,0 +1,38 @@
+"""Causal contractions over tokens that keep a later token's NaN or inf out of earlier rows.
+
+The chunk-parallel paths form sums Σ_{i ≤ t} X[t, i] Y_i as one matrix product over every token i of a chunk, the
+causal mask held by X's zeros. In X @ Y a later token's non-finite Y_i still reaches row t (0 · NaN = NaN), and so
+does a non-finite X[t, i] above the boundary in a product X ⊙ P. ``causal_operands`` rewrites the operands so that
+a non-finite value reaches exactly the rows at or after its own token; finite products are unchanged (the rewritten
+entries were zeros). A ``torch.where`` passes a zero gradient to what it drops, so the backward is cut there too.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+
+
+def causal_mask(n: int, L: int, device=None) -> torch.Tensor:
+    """[n, L] bool, True where token i ≤ t + L − n: the last n of the L tokens are the rows' own, the rest precede."""
+    return torch.arange(L, device=device) <= torch.arange(n, device=device).unsqueeze(-1) + (L - n)
+
+
+def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
+    """(X', *factors') for Σ_{i ≤ t + L − n} X[t, i] · (product of the factors of token i), safe to sum over all i.
+
+    X: [N, n, L] (the last n of the L tokens are the rows' own); factors: [N, L, ...] per-token tensors.
+    X' = 0 above the causal boundary and NaN at (t, i) on or below it where a factor of token i is non-finite;
+    those factors are zeroed. Rows t ≥ i then hold NaN, rows t < i are exactly what finite inputs would give.
+    """
+    n, L = X.shape[-2:]
+    bad = functools.reduce(operator.or_, (~torch.isfinite(y).flatten(2).all(-1) for y in factors))  # [N, L]
+    X = torch.where(causal_mask(n, L, X.device), torch.where(bad.unsqueeze(-2), torch.nan, X), 0.0)
+    return (X, *(torch.where(bad.reshape(bad.shape + (1,) * (y.dim() - 2)), 0.0, y) for y in factors))
+
+
+def causal_matmul(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """Σ_{i ≤ t + L − n} X[t, i] Y_i: X @ Y for X [N, n, L], Y [N, L, k] (``causal_operands``). Returns [N, n, k]."""
+    X, Y = causal_operands(X, Y)
+    return X @ Y
