@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}  (atlas-lab {argv[0]} --help lists the options)", file=sys.stderr)
             return 2
         return 0
-    parser = argparse.ArgumentParser(prog="atlas-lab", description="Test-time-memory models: experiments and ablations.",
-                                     epilog="atlas-lab fit|validate|test -c lightning_config.yaml -c experiments/<x>.yaml "
-                                            "[--dotted.key=value]: one run (see atlas-lab fit --help)")
+    parser = argparse.ArgumentParser(
+        prog="atlas-lab", description="Test-time-memory models: experiments and ablations.",
+        epilog="atlas-lab fit|validate|test -c lightning_config.yaml -c experiments/<x>.yaml [--dotted.key=value]: "
+               "one run (see atlas-lab fit --help)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="every named model with its five components and sizes")
     p.add_argument("--d-model", type=int, default=256)

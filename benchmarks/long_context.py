@@ -8,7 +8,7 @@ For each preset: the first token of the piece whose logits are not all finite ("
 |logit| and the largest |memory weight| (weights and momenta of every memory layer) over the pieces read, its growth
 (whole read / first quarter: 4 is linear growth), whether that is bounded (atlas_lab.models.stability), and the
 seconds it took. Writes runs/bench/long_context.json after every row. The same check is a test
-(tests/test_stability.py); this script prints the table for every preset at once.
+(tests/models/test_stability.py); this script prints the table for every preset at once.
 """
 from __future__ import annotations
 

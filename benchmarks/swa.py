@@ -5,7 +5,7 @@
 
 Each (path, T) runs in a fresh process: one forward and backward of an SWA layer's attention (q, k, v of
 [1, H, T, d_model/H] in float32, the same tensors for both paths), its peak resident memory above the process
-before the call, and the time. Both paths compute the same function (tests/test_attention.py); the dense one is
+before the call, and the time. Both paths compute the same function (tests/layers/test_attention.py); the dense one is
 ``sliding_window_attention_dense`` (the layer's former path, now used only for T ≤ w), the blocked one
 ``sliding_window_attention_blocked``. A child that runs out of its address-space cap is a row with the error.
 Prints the table with the dense / blocked ratios and writes runs/bench/swa.json.

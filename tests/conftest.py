@@ -24,7 +24,7 @@ def postgres():
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A temporary working directory holding copies of lightning_config.yaml and experiments/ (runs/ lands there).
-    tests/test_sweep.py defines its own (a tiny experiment instead of the real ones)."""
+    tests/sweep/conftest.py defines its own (a tiny experiment instead of the real ones)."""
     root = Path(__file__).resolve().parents[1]
     shutil.copy(root / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
     shutil.copytree(root / "experiments", tmp_path / "experiments")

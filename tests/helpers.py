@@ -57,3 +57,22 @@ def run(problem, impl, **options):
         total = total + sum((w ** 2).sum() * 0.1 for w in x.values())
     grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
     return o, state, {n: gr for n, gr in zip(leaves, grads)}
+
+
+def compare(a, b, tol, what):
+    """Every output, state tensor and gradient of run ``a`` against run ``b``; a gradient missing on one side fails."""
+    (oa, sa, ga), (ob, sb, gb) = a, b
+    errors = {"output": rel_err(oa, ob)}
+    for part in ("weights", "momentum"):
+        xa, xb = getattr(sa, part), getattr(sb, part)
+        assert (xa is None) == (xb is None), f"{what}: state.{part} present on one side only"
+        for n in xb or {}:
+            errors[f"state.{part}.{n}"] = rel_err(xa[n], xb[n])
+    assert sa.offset == sb.offset
+    for n in gb:
+        assert (ga[n] is None) == (gb[n] is None), f"{what}: gradient of {n} missing on one side"
+        if gb[n] is not None:
+            assert torch.isfinite(ga[n]).all(), f"{what}: non-finite gradient of {n}"
+            errors[f"grad.{n}"] = rel_err(ga[n], gb[n])
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{what}: relative errors above {tol:g}: {bad}"

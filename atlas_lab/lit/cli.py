@@ -256,9 +256,9 @@ class AtlasCLI(LightningCLI):
         try:
             logger = self.held_back_logger
             if logger is not None:
-                init = logger.get("init_args")
-                trainer["logger"] = instantiate_class((), {"class_path": logger["class_path"],
-                                                           "init_args": dict(init or {}) if isinstance(init, dict) else init.as_dict()})
+                init = logger.get("init_args") or {}
+                init = dict(init) if isinstance(init, dict) else init.as_dict()
+                trainer["logger"] = instantiate_class((), {"class_path": logger["class_path"], "init_args": init})
             self._add_configure_optimizers_method_to_model(self.subcommand)
             self.trainer = self.instantiate_trainer()
         except (ValueError, TypeError, MisconfigurationException) as e:

@@ -95,8 +95,8 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
     a = co["a"]
     if optimizer == "muon":
         S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
-        O = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients, ns) for n in W}
-        W_t = {n: _bc(a, O[n]) * W[n].unsqueeze(1) + combine(co["Cw"], O[n]) for n in W}
+        NS = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients, ns) for n in W}
+        W_t = {n: _bc(a, NS[n]) * W[n].unsqueeze(1) + combine(co["Cw"], NS[n]) for n in W}
         # clones, not views: a view of the last token would keep every token's weights alive
         return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1].clone() for n, w in W_t.items()}, \
             {n: s[:, -1].clone() for n, s in S_t.items()}

@@ -35,7 +35,8 @@ def _gate(name, value, B, T, H, like):
         return torch.full((B * H, T), float(value), dtype=like.dtype, device=like.device)
     if not isinstance(value, torch.Tensor) or value.shape != (B, T, H):
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"memorize: gate {name} must be a [B, T, H] = [{B}, {T}, {H}] tensor, a number or None; got {got}")
+        raise ValueError(f"memorize: gate {name} must be a [B, T, H] = [{B}, {T}, {H}] tensor, a number or None; "
+                         f"got {got}")
     if value.device != like.device:
         raise ValueError(f"memorize: gate {name} must be on q's device {like.device}; got {value.device}")
     return value.to(like.dtype).permute(0, 2, 1).reshape(B * H, T)
@@ -155,7 +156,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     d_v = v.shape[-1]
     mem = build_memory(memory, depth, expansion, activation, residual, output_norm)
     if normalize and not (isinstance(mem, LinearMemory) and objective == "dot" and optimizer in ("gd", "momentum")):
-        raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or 'momentum'")
+        raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or "
+                         "'momentum'")
     D = feature_dim(feature_map, d_k, degree)
     d_out = d_v + int(normalize)
     shapes = mem.shapes(D, d_k, d_out)

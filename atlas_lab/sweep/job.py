@@ -5,7 +5,8 @@
 
 The worker that claimed the trial starts it. Lightning's launcher (``trainer.strategy: ddp``, ``devices: N``)
 starts ranks 1…N−1 again from this command line, so every rank joins the same trial and none claims one.
-Rank 0 (the process the worker started) writes the outcome to ``--result``: ``{"metrics": …}``, ``{"pruned": reason}`` or ``{"error": reason}``.
+Rank 0 (the process the worker started) writes the outcome to ``--result``: ``{"metrics": …}``,
+``{"pruned": reason}`` or ``{"error": reason}``.
 The process the worker started ends itself and its ranks when the worker is gone.
 """
 from __future__ import annotations

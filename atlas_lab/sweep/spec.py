@@ -77,7 +77,8 @@ def cli_args(base: list[Path], overrides: dict[str, Any]) -> list[str]:
     args = []
     for path in base:
         args += ["--config", str(path)]
-    return args + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in overrides.items()]
+    return args + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}"
+                   for key, value in overrides.items()]
 
 
 def _fail(path, key, message):

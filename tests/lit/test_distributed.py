@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler
 from atlas_lab.data.base import GroupedBatchSampler
 from atlas_lab.lit.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 

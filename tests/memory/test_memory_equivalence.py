@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from atlas_lab.memory import memorize
-from helpers import make_problem, rel_err, run
+from helpers import compare, make_problem, rel_err, run
 
 MEMORIES = ["linear", "mlp", "gated_mlp"]
 FEATURE_MAPS = ["identity", "polynomial", "taylor"]
@@ -15,25 +15,6 @@ OBJECTIVES = ["l2", "dot"]
 WINDOWS = [1, 3, None]
 OPTIMIZERS = ["gd", "momentum", "muon"]
 TOL = {torch.float64: 1e-5, torch.float32: 1e-4}
-
-
-def compare(a, b, tol, what):
-    """Every output, state tensor and gradient of run ``a`` against run ``b``; a gradient missing on one side fails."""
-    (oa, sa, ga), (ob, sb, gb) = a, b
-    errors = {"output": rel_err(oa, ob)}
-    for part in ("weights", "momentum"):
-        xa, xb = getattr(sa, part), getattr(sb, part)
-        assert (xa is None) == (xb is None), f"{what}: state.{part} present on one side only"
-        for n in xb or {}:
-            errors[f"state.{part}.{n}"] = rel_err(xa[n], xb[n])
-    assert sa.offset == sb.offset
-    for n in gb:
-        assert (ga[n] is None) == (gb[n] is None), f"{what}: gradient of {n} missing on one side"
-        if gb[n] is not None:
-            assert torch.isfinite(ga[n]).all(), f"{what}: non-finite gradient of {n}"
-            errors[f"grad.{n}"] = rel_err(ga[n], gb[n])
-    bad = {k: v for k, v in errors.items() if not v <= tol}
-    assert not bad, f"{what}: relative errors above {tol:g}: {bad}"
 
 
 @pytest.mark.parametrize("memory,feature_map,objective,window,optimizer",

@@ -19,7 +19,7 @@ from atlas_lab.lit import SequenceModel
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
 from atlas_lab.models.stability import held_out_bytes, read_long
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LENGTH, PIECE = 16_384, 512
 LM_SIZE = dict(d_model=128, n_layers=4, n_heads=8, memory_heads=32)  # experiments/lm.yaml
 # The muon presets orthogonalise every token's momentum: their 16K reads take 40–120 s each on 2 CPU cores (slow).

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from atlas_lab.cli import main
 from atlas_lab.lit.cli import run_cli
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "experiments").glob("*.yaml"))
 
 
 def quiet():
@@ -40,7 +40,8 @@ def tiny_mqar(logger=False):
     return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=titans", "--model.d_model=16",
             "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--model.warmup_steps=2",
             "--data.init_args.train_slices=[[16, 2, 64]]", "--data.init_args.test_slices=[[16, 2, 16]]",
-            "--data.init_args.batch_size=16", "--model.schedule_steps=12", *([] if logger else ["--trainer.logger=false"]), *quiet()]
+            "--data.init_args.batch_size=16", "--model.schedule_steps=12",
+            *([] if logger else ["--trainer.logger=false"]), *quiet()]
 
 
 def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):

@@ -1,7 +1,6 @@
 """Sweeps end to end with real Optuna storage and a real MLflow store in a temporary folder."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from optuna.trial import TrialState
 from atlas_lab.cli import main
 from atlas_lab.sweep.study import open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {
     "model": {"mixer": "gla", "d_model": 16, "n_layers": 1, "n_heads": 2, "lr": 3.0e-3, "warmup_steps": 2},
     "trainer": {"max_epochs": 1, "log_every_n_steps": 1},
@@ -26,17 +25,6 @@ TINY = {
              "init_args": {"vocab_size": 64, "train_slices": [[16, 2, 64]], "test_slices": [[16, 2, 32]],
                            "batch_size": 16, "seed": 0}},
 }
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A project folder of its own: lightning_config.yaml, a tiny MQAR experiment, runs/ created by the sweeps."""
-    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return tmp_path
 
 
 def write_sweep(path, **fields):

@@ -13,8 +13,7 @@ import torch
 from atlas_lab.kernels import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
-from helpers import make_problem, rel_err, run
-from test_memory_equivalence import compare
+from helpers import compare, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
