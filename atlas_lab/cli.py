@@ -57,6 +57,9 @@ RUN_COMMANDS = ("fit", "validate", "test")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .noise import quiet
+
+    quiet()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in RUN_COMMANDS:  # one run through LightningCLI
         from .lit.cli import ConfigError, run_cli
@@ -126,20 +129,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ui(port: int, tracking_uri: str | None) -> int:
-    """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it)."""
-    import subprocess
+    """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it). The URL is
+    printed once the server answers; a port in use is one line and exit code 2."""
+    import socket
     from pathlib import Path
 
-    from .sweep.tracking import ARTIFACTS, resolve_uri
+    from .sweep.tracking import resolve_uri, start_server, stop_server
 
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            print(f"error: --port: {port} is in use on 127.0.0.1 (another server answers there); choose another port",
+                  file=sys.stderr)
+            return 2
     uri = resolve_uri(tracking_uri)
     Path("runs").mkdir(exist_ok=True)
-    Path(ARTIFACTS).mkdir(parents=True, exist_ok=True)
-    print(f"MLflow UI for {uri}: http://127.0.0.1:{port}  (Ctrl-C to stop)", flush=True)
+    log = "runs/mlflow-ui.log"
+    server, url = start_server(uri, port=port, log_path=log)  # a process group of its own: Ctrl-C reaches us only
+    print(f"MLflow UI for {uri}: {url}  (Ctrl-C to stop; server log: {log})", flush=True)
     try:
-        return subprocess.call([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                                "--artifacts-destination", ARTIFACTS, "--host", "127.0.0.1", "--port", str(port)])
+        return server.wait()
     except KeyboardInterrupt:
+        stop_server(server)
+        print("MLflow UI stopped", flush=True)
         return 0
 
 

@@ -6,9 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    """Other packages' warnings are filtered where the command filters them (atlas_lab/noise.py)."""
+    from atlas_lab.noise import WARNINGS
+
+    for message, category, _ in WARNINGS:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}:{category}")
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +33,23 @@ def postgres():
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A temporary working directory holding copies of lightning_config.yaml and experiments/ (runs/ lands there).
-    tests/sweep/conftest.py defines its own (a tiny experiment instead of the real ones)."""
+    The sweep tests use ``sweep_dir`` instead (a tiny experiment instead of the real ones)."""
     root = Path(__file__).resolve().parents[1]
     shutil.copy(root / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
     shutil.copytree(root / "experiments", tmp_path / "experiments")
     monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, monkeypatch):
+    """A project folder for sweeps: lightning_config.yaml, a tiny MQAR experiment (experiments/tiny.yaml), runs/
+    created by the sweeps; the sweep's worker processes import this checkout."""
+    from sweep_helpers import ROOT, TINY
+
+    shutil.copy(ROOT / "lightning_config.yaml", tmp_path / "lightning_config.yaml")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return tmp_path

@@ -1,18 +1,23 @@
-"""Bad input gets a clear error naming the function, the argument, what was expected and what was given; non-finite
-input propagates forward in time only (docs/memory.md, "Bad input and non-finite values")."""
+"""Every bad input handled, in one place: the Python API raises an error naming the function, the argument, what
+was expected and what was given (non-finite input propagates forward in time only: docs/memory.md, "Bad input and
+non-finite values"); the atlas-lab command prints one line naming the file or key, exits 2 and writes nothing."""
 import dataclasses
 import itertools
-
-import pytest
-import torch
+import os
+from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
 
 from atlas_lab.layers import MemoryMixer
 from atlas_lab.layers.memory_mixer import MemoryConfig
 from atlas_lab.memory import memorize
 from atlas_lab.models import LanguageModel
+from atlas_lab.cli import main
 from helpers import make_problem
+from sweep_helpers import runs_of, write_sweep
 
 # The Python API
 
@@ -50,7 +55,7 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
     "window-zero": (call_memorize(window=0), ValueError, ["memorize", "window", "int >= 1", "got 0"]),
     "chunk_size-bool": (call_memorize(chunk_size=True), ValueError, ["memorize", "chunk_size", "int >= 1", "True"]),
     "ns_steps-negative": (call_memorize(optimizer="muon", ns_steps=-1), ValueError,
-                          ["memorize", "ns_steps", "int >= 0", "-1"]),
+                          ["memorize", "ns_steps", "int >= 1", "-1"]),
     "ns_steps-float": (call_memorize(optimizer="muon", ns_steps=2.5), ValueError, ["memorize", "ns_steps", "2.5"]),
     "degree-zero": (call_memorize(feature_map="polynomial", degree=0), ValueError,
                     ["memorize", "degree", "int >= 1", "polynomial", "got 0"]),
@@ -235,3 +240,172 @@ def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer,
     assert torch.isfinite(outputs[1][:, :NAN_T]).all(), "a NaN key at t = 3 reached outputs at t < 3"
     torch.testing.assert_close(outputs[1][:, :NAN_T], outputs[0][:, :NAN_T], rtol=0, atol=0)
     assert not torch.isfinite(outputs[1][:, NAN_T:]).any(), "the NaN key did not reach every later output"
+
+
+# The atlas-lab command: fit, validate, test
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+TINY_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=gla", "--model.d_model=16",
+            "--model.n_layers=1", "--model.n_heads=2", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
+LM_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/lm.yaml", "--model.mixer=gla", "--model.d_model=16",
+          "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--trainer.max_steps=1"]
+BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must say)
+    # the parser: the key, the valid choices or the expected type, the value given
+    "unknown key": (["fit", *TINY_RUN, "--model.colour=red"], "unrecognized arguments: --model.colour=red"),
+    "unknown mixer": (["fit", *TINY_RUN, "--model.mixer=atlass"], "model.mixer: expected 'transformer', 'swa'"),
+    "not an int": (["fit", *TINY_RUN, "--trainer.max_epochs=three"],
+                   "trainer.max_epochs: expected int or null; got three"),
+    "window type": (["fit", *TINY_RUN, "--model.memory.window=wide"], "model.memory.window: expected int or 'global'"),
+    "yaml syntax": (["fit", "-c", "broken.yaml"], "broken.yaml: not valid YAML at line 2, column 1"),
+    "missing config": (["fit", "-c", "experiments/nothere.yaml"], "experiments/nothere.yaml: config file not found"),
+    # the model: every value out of its range, before any training step
+    "lr < 0": (["fit", *TINY_RUN, "--model.lr=-1"], "model.lr: expected a number > 0, got -1.0"),
+    "memory_lr < 0": (["fit", *TINY_RUN, "--model.memory_lr=-1"], "model.memory_lr: expected null or a number >= 0"),
+    "warmup < 0": (["fit", *TINY_RUN, "--model.warmup_steps=-5"], "model.warmup_steps: expected an int >= 0, got -5"),
+    "min_lr_ratio > 1": (["fit", *TINY_RUN, "--model.min_lr_ratio=2"],
+                         "model.min_lr_ratio: expected a number in [0, 1]"),
+    "betas": (["fit", *TINY_RUN, "--model.betas=[1.5, 0.9]"], "model.betas: expected two numbers in [0, 1)"),
+    "eta < 0": (["fit", *TINY_RUN, "--model.memory.eta=-0.5"],
+                "model.memory.eta: expected 'learned' or a constant >= 0"),
+    "alpha > 1": (["fit", *TINY_RUN, "--model.memory.alpha=2"],
+                  "model.memory.alpha: expected 'learned' or a constant in [0, 1]"),
+    "eta_max < 0": (["fit", *TINY_RUN, "--model.memory.eta_max=-1"], "model.memory.eta_max: expected a number > 0"),
+    "ns_steps -1": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.ns_steps=-1"],
+                    "model.memory.ns_steps: expected an int >= 1, got -1"),
+    "ns_steps 0": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.ns_steps=0"],
+                   "model.memory.ns_steps: expected an int >= 1, got 0"),
+    "degree 0": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.degree=0"],
+                 "model.memory.degree: expected an int >= 1, got 0"),
+    "window 0": (["fit", *TINY_RUN, "--model.memory.window=0"], "model.memory.window: expected an int >= 1 or null"),
+    "heads": (["fit", *TINY_RUN, "--model.n_heads=5"], "model.n_heads: d_model=16 must be divisible by n_heads=5"),
+    "normalize on atlas": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.normalize=true"],
+                           "model.memory.normalize: needs memory=linear, objective=dot"),
+    "output_norm on linear": (["fit", *TINY_RUN, "--model.memory.output_norm=true"],
+                              "model.memory.output_norm: applies to the MLP memories"),
+    # the data: checked when it is set up, before the run is created
+    "vocabulary": (["fit", *TINY_RUN, "--data.init_args.vocab_size=8"], "data.init_args.vocab_size"),
+    "missing corpus": (["fit", *LM_RUN, "--data.init_args.data_path=/no/such/file.txt"],
+                       "data.init_args.data_path: expected an existing text file or folder, got '/no/such/file.txt'"),
+    "empty corpus": (["fit", *LM_RUN, "--data.init_args.data_path=empty.txt"],
+                     "data.init_args.data_path: 'empty.txt' is too short: its train split would be empty"),
+    "binary corpus": (["fit", *LM_RUN, "--data.init_args.data_path=binary.bin"],
+                      "data.init_args.data_path: 'binary.bin' is not UTF-8 text (byte 0x80 at offset 128)"),
+    "short NIAH": (["fit", "-c", "lightning_config.yaml", "-c", "experiments/niah.yaml",
+                    "--data.init_args.lengths=[16]", "--data.init_args.train_lengths=[16]"],
+                   "data.init_args.lengths: 16 tokens cannot hold the needle"),
+    "validation interval": (["fit", *TINY_RUN, "--trainer.val_check_interval=100000"],
+                            "trainer.val_check_interval: 100000 is more than the"),
+    # the trainer, and what validate and test score
+    "trainer conflict": (["fit", *TINY_RUN, "--trainer.enable_progress_bar=false"],
+                         "enable_progress_bar=False` but found `RichProgressBar`"),
+    "fsdp on the CPU": (["fit", *TINY_RUN, "--trainer.strategy=fsdp", "--trainer.accelerator=cpu"], "FSDP"),
+    "test without checkpoint": (["test", *TINY_RUN], "test: --ckpt_path is required"),
+    "validate without checkpoint": (["validate", *TINY_RUN], "validate: --ckpt_path is required"),
+    "missing checkpoint": (["test", *TINY_RUN, "--ckpt_path=runs/nothere.ckpt"],
+                           "--ckpt_path: no such checkpoint file: runs/nothere.ckpt"),
+    "unreadable checkpoint": (["test", *TINY_RUN, "--ckpt_path=x.ckpt"],
+                              "--ckpt_path: x.ckpt is not a readable checkpoint (EOFError"),
+    "untrained with checkpoint": (["test", *TINY_RUN, "--ckpt_path=x.ckpt", "--untrained=true"],
+                                  "--ckpt_path and --untrained=true exclude each other"),
+    "untrained fit": (["fit", *TINY_RUN, "--untrained=true"], "--untrained applies to validate and test only"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RUNS))
+def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
+    args, message = BAD_RUNS[case]
+    Path("broken.yaml").write_text("model: [1, 2\n")
+    Path("empty.txt").write_text("")
+    Path("binary.bin").write_bytes(bytes(range(256)) * 40)
+    Path("x.ckpt").write_bytes(b"")
+    before = sorted(p for p in Path(".").rglob("*"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+    assert sorted(p for p in Path(".").rglob("*")) == before  # no run, no store, no checkpoint
+
+
+def test_validate_and_test_score_the_last_fit_or_an_explicitly_untrained_model(workdir):
+    """`last.ckpt` is the last fit's, whatever ran before (no last-v1.ckpt), each run is named after its config,
+    checkpoints follow trainer.default_root_dir, and --untrained=true scores a freshly built model."""
+    assert main(["fit", *TINY_RUN]) == 0
+    assert main(["fit", *TINY_RUN, "--model.d_model=32"]) == 0  # another size: its checkpoint replaces the first
+    assert sorted(p.name for p in Path("runs/checkpoints").iterdir()) == ["last.ckpt"]
+    assert main(["test", *TINY_RUN, "--model.d_model=32", "--ckpt_path=runs/checkpoints/last.ckpt"]) == 0
+    assert main(["test", *TINY_RUN, "--untrained=true"]) == 0
+    assert main(["fit", *TINY_RUN, "--trainer.default_root_dir=elsewhere"]) == 0
+    assert (Path("elsewhere/checkpoints/last.ckpt")).is_file()
+    client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
+    runs = client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["fit-mqar-gla"] * 3 + ["test-mqar-gla"] * 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+# The atlas-lab command: sweep files, checked before anything is created
+
+BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
+    "unknown grid key": (dict(grid={"model.mixr": ["atlas"]}), "model.mixr"),
+    "unknown grid value": (dict(grid={"model.mixer": ["atlas", "atlass"]}), "atlass"),
+    "value type": (dict(grid={"trainer.max_epochs": ["three"]}), "trainer.max_epochs"),
+    "no axis": (dict(grid={}), "grid: sampler grid needs at least one grid axis"),
+    "low > high": (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 1.0, "high": 0.1}}),
+                   "low (1.0) > high (0.1)"),
+    "log from 0": (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 0.0, "high": 0.1, "log": True}}),
+                   "a log range needs low > 0"),
+    "int on floats": (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 0.001, "high": 0.01, "int": True}}),
+                      "search.model.lr: int: true needs integer bounds, got low=0.001, high=0.01"),
+    "sampler": (dict(sampler="bayes"), "sampler: unknown value 'bayes'; valid choices: grid, tpe, random"),
+    "pruner": (dict(pruner={"type": "asha"}),
+               "pruner.type: unknown value 'asha'; valid choices: none, median, hyperband"),
+    "missing base": (dict(base=["experiments/missing.yaml"]), "config file 'experiments/missing.yaml' not found"),
+    "window type": (dict(grid={"model.memory.window": [1, "wide"]}), "grid.model.memory.window = wide: model.memory"),
+    "unknown top key": (dict(colour="blue"), "unknown key(s) ['colour']"),
+    # values that parse but cannot build a model: caught for every grid point, never left to a worker
+    "window 0": (dict(grid={"model.memory.window": [0, 1]}),
+                 "grid.model.memory.window = 0: model.memory.window: expected an int >= 1 or null"),
+    "heads": (dict(grid={"model.n_heads": [5]}), "grid.model.n_heads = 5: model.n_heads: d_model=16 must be divisible"),
+    "a point": (dict(grid={"model.d_model": [16, 24], "model.n_heads": [2, 16]}),
+                "grid point {'model.d_model': 24, 'model.n_heads': 16}: model.n_heads: d_model=24 must be "
+                "divisible"),
+    "search bound": (dict(sampler="random", trials=2, search={"model.memory.eta_max": {"low": -1.0, "high": 1.0}}),
+                     "search.model.memory.eta_max = -1.0: model.memory.eta_max: expected a number > 0"),
+    "metric": (dict(grid={"model.lr": [1e-3]}, metric="val/accuracy"),
+               "metric: 'val/accuracy' is not logged by the trials"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SWEEPS))
+def test_a_bad_sweep_file_is_one_line_exit_2_and_creates_nothing(case, sweep_dir, capsys):
+    fields, message = BAD_SWEEPS[case]
+    if fields.get("sampler", "grid") == "grid":
+        fields = {"grid": {"model.lr": [1e-3]}, **fields}
+    sweep = write_sweep("bad.yaml", **fields)
+    assert main(["sweep", sweep]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bad.yaml" in errors[0] and message in errors[0], errors
+    assert not Path("runs").exists()
+
+
+def test_a_study_name_reused_for_another_sweep_is_refused(sweep_dir, capsys):
+    from atlas_lab.sweep import load_sweep
+    from atlas_lab.sweep.study import load_study, record_spec
+
+    first = load_sweep(write_sweep("first.yaml", grid={"model.lr": [1e-3]}))
+    record_spec(load_study(first, "runs/optuna/s.journal", create=True), first, "runs/optuna/s.journal")
+    journal = Path("runs/optuna/s.journal").read_bytes()
+    assert main(["sweep", write_sweep("second.yaml", grid={"model.lr": [2e-3]}, metric="val/loss",
+                                      direction="minimize")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "study: 's' already exists" in errors[0]
+    assert "(metric, direction, grid differ)" in errors[0] and "rm runs/optuna/s.journal" in errors[0]
+    assert Path("runs/optuna/s.journal").read_bytes() == journal
+
+
+def test_a_sweep_whose_every_trial_failed_exits_1_and_its_parent_run_failed(sweep_dir, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ["PYTHONPATH"]]))
+    boom = [{"class_path": "dist_probe.Fail", "init_args": {"message": "boom"}}]
+    assert main(["sweep", write_sweep("fail.yaml", grid={"model.lr": [1e-3]}, fixed={"trainer.callbacks": boom})]) == 1
+    assert "error: every trial of study 's' failed (1)" in " ".join(capsys.readouterr().out.split())
+    _, parents, children = runs_of()
+    assert parents[0].info.status == "FAILED" and children[0].data.tags["optuna.state"] == "FAIL"

@@ -55,6 +55,10 @@ def _expected(kind: str) -> str:
 def one_line(message: str) -> str:
     """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
     was expected (every alternative), and the value given."""
+    causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
+    causes = [c for c in causes if not c.startswith("Expected a") and not c.startswith("Problem with")]
+    if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
+        return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
     keys = re.findall(r'Parser key "([^"]+)"', message)
     expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
                                   for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
@@ -88,7 +92,7 @@ def _reason(e: Exception) -> str:
     the model's as ``model.<key>``, a data module's as ``<key>``, shown here as ``data.init_args.<key>``."""
     if type(e) is not ValueError:
         return f"{type(e).__name__}: {e}"
-    text = str(e)
+    text = one_line(str(e)) if "\n" in str(e) else str(e)
     return text if text.startswith("model.") or not re.match(r"\w+: ", text) else f"data.init_args.{text}"
 
 
@@ -192,19 +196,30 @@ class AtlasCLI(LightningCLI):
                 init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['mixer']}"
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
                 logger["class_path"] = f"{__name__}.{StoreCreatingMLFlowLogger.__name__}"
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI reads the model's hyper-parameters from ``--ckpt_path`` right after parsing: check it first,
+        and make an unreadable checkpoint a ConfigError."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         self.check_checkpoint(config)
+        try:
+            super()._parse_ckpt_path()
+        except Exception as e:
+            raise ConfigError(f"--ckpt_path: {config.get('ckpt_path')} is not a readable checkpoint "
+                              f"({type(e).__name__}: {e})") from None
 
     def check_checkpoint(self, config) -> None:
         """validate/test score a checkpoint (``--ckpt_path``), or a freshly built model given ``--untrained=true``."""
         ckpt, untrained = config.get("ckpt_path"), config.get("untrained", False)
-        if self.subcommand in EVALUATIONS:
+        subcommand = self.config.get("subcommand")
+        if subcommand in EVALUATIONS:
             if ckpt is None and not untrained:
-                raise ConfigError(f"{self.subcommand}: --ckpt_path is required: a checkpoint of a fit, e.g. "
+                raise ConfigError(f"{subcommand}: --ckpt_path is required: a checkpoint of a fit, e.g. "
                                   "runs/checkpoints/last.ckpt (or --untrained=true to score a freshly built model)")
             if ckpt is not None and untrained:
-                raise ConfigError(f"{self.subcommand}: --ckpt_path and --untrained=true exclude each other")
+                raise ConfigError(f"{subcommand}: --ckpt_path and --untrained=true exclude each other")
         elif untrained:
-            raise ConfigError(f"{self.subcommand}: --untrained applies to validate and test only")
+            raise ConfigError(f"{subcommand}: --untrained applies to validate and test only")
         if ckpt is not None and ckpt not in ("best", "last", "hpc") and "://" not in ckpt and not Path(ckpt).is_file():
             raise ConfigError(f"--ckpt_path: no such checkpoint file: {ckpt}")
 
@@ -217,7 +232,7 @@ class AtlasCLI(LightningCLI):
         if held_back:
             config["trainer"]["logger"] = False
         try:
-            self.config_init = self.parser.instantiate_classes(self.config)
+            self.config_init = self.parser.instantiate(self.config)
             self.datamodule = self._get(self.config_init, "data")
             self.model = self._get(self.config_init, "model")
             if stage is not None:
@@ -250,19 +265,19 @@ class AtlasCLI(LightningCLI):
                               "--trainer.check_val_every_n_epoch=1 --trainer.val_check_interval=null")
 
     def instantiate_classes(self) -> None:
-        """Build and check data and model (``build``), then the logger and the trainer."""
+        """Build and check data and model (``build``), then the trainer, and only then the logger, which creates
+        the MLflow store (a trainer that refuses its arguments writes nothing either)."""
         self.build({"fit": "fit", "validate": "validate", "test": "test"}.get(self.subcommand))
-        trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         try:
-            logger = self.held_back_logger
-            if logger is not None:
-                init = logger.get("init_args") or {}
-                init = dict(init) if isinstance(init, dict) else init.as_dict()
-                trainer["logger"] = instantiate_class((), {"class_path": logger["class_path"], "init_args": init})
             self._add_configure_optimizers_method_to_model(self.subcommand)
             self.trainer = self.instantiate_trainer()
         except (ValueError, TypeError, MisconfigurationException) as e:
             raise ConfigError(_reason(e)) from None
+        logger = self.held_back_logger
+        if logger is not None:
+            init = logger.get("init_args") or {}
+            init = dict(init) if isinstance(init, dict) else init.as_dict()
+            self.trainer.loggers = [instantiate_class((), {"class_path": logger["class_path"], "init_args": init})]
 
     def add_arguments_to_parser(self, parser):
         parser.add_argument("--untrained", type=bool, default=False,

@@ -128,7 +128,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
                   "auto" (triton on CUDA where it covers the combination, chunked otherwise).
 
     Bad arguments raise TypeError (not a floating-point torch tensor; q, k, v of different dtypes or devices) or
-    ValueError (shapes, choices, ranges: window, chunk_size, degree ≥ 1; ns_steps ≥ 0; a number alpha or theta
+    ValueError (shapes, choices, ranges: window, chunk_size, degree, ns_steps ≥ 1; a number alpha or theta
     ≥ 0; an initial_state of another batch, head count or shape) naming the argument. Tensor gates and
     coefficients are not scanned for their values.
     T = 0 (an empty piece of a stream) returns o [B, 0, H, d_v] and the state unchanged.
@@ -148,7 +148,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     if window is not None:
         _int("window", window, 1, " or None (global)")
     _int("chunk_size", chunk_size, 1)
-    _int("ns_steps", ns_steps, 0)
+    _int("ns_steps", ns_steps, 1)
     if feature_map != "identity":
         _int("degree", degree, 1, f" for feature_map={feature_map!r}")
     _check_qkv(q, k, v)

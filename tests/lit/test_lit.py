@@ -5,7 +5,6 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from atlas_lab.cli import main
 from atlas_lab.lit.cli import run_cli
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "experiments").glob("*.yaml"))
@@ -58,20 +57,6 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     from atlas_lab.lit import SequenceModel
     model = SequenceModel.load_from_checkpoint(ckpt)
     assert model.hparams.vocab_size == 64 and model.hparams.mixer == "titans"
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--model.mixer=atlass"], "model.mixer: expected 'transformer', 'swa'"),
-    (["--model.memory.window=0.5"], "model.memory"),
-    (["--model.colour=red"], "--model.colour"),
-    (["--data.init_args.vocab_size=8"], "vocab_size"),
-    (["--data.class_path=atlas_lab.data.LMDataModule", "--data.init_args.data_path=/no/such/file.txt"],
-     "/no/such/file.txt"),
-])
-def test_bad_input_exits_non_zero_with_a_clear_message_and_writes_nothing(workdir, capsys, args, message):
-    assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", *args]) == 2
-    assert message in capsys.readouterr().err
-    assert not Path("runs").exists()
 
 
 @pytest.mark.parametrize("mixer", ["atlas", "atlas_mag", "transformer"])

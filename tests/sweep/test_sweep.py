@@ -8,49 +8,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-import optuna
 import pytest
-import yaml
-from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from atlas_lab.cli import main
-from atlas_lab.sweep.study import open_storage
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "model": {"mixer": "gla", "d_model": 16, "n_layers": 1, "n_heads": 2, "lr": 3.0e-3, "warmup_steps": 2},
-    "trainer": {"max_epochs": 1, "log_every_n_steps": 1},
-    "data": {"class_path": "atlas_lab.data.mqar.MQARDataModule",
-             "init_args": {"vocab_size": 64, "train_slices": [[16, 2, 64]], "test_slices": [[16, 2, 32]],
-                           "batch_size": 16, "seed": 0}},
-}
-
-
-def write_sweep(path, **fields):
-    spec = {"study": "s", "base": ["experiments/tiny.yaml"], "metric": "val/acc", "direction": "maximize",
-            "sampler": "grid", **fields}
-    Path(path).write_text(yaml.safe_dump(spec))
-    return str(path)
-
-
-def load(study="s"):
-    return optuna.load_study(study_name=study, storage=open_storage(f"runs/optuna/{study}.journal"))
-
-
-def store_uri():
-    """Absolute: MLflow caches stores by URI in a process, and every test has its own folder."""
-    return "sqlite:///" + str(Path("runs/mlflow.db").resolve())
-
-
-def runs_of(study="s"):
-    client = MlflowClient(store_uri())
-    exp = client.get_experiment_by_name("atlas-lab-sweeps")
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`atlas_lab.study` = '{study}'")
-    parents = [r for r in runs if r.data.tags.get("atlas_lab.role") == "study"]
-    children = [r for r in runs if r.data.tags.get("atlas_lab.role") == "trial"]
-    return client, parents, children
-
+from sweep_helpers import ROOT, load, runs_of, write_sweep
 
 def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     sweep = write_sweep("grid.yaml", repeats=2, grid={"model.mixer": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
@@ -118,33 +80,6 @@ def test_median_pruner_prunes_a_hopeless_trial(workdir):
     assert by_lr[1e-2].state == TrialState.COMPLETE
     assert by_lr[1e-9].state == TrialState.PRUNED
     assert len(by_lr[1e-9].intermediate_values) < 3
-
-
-BAD_SWEEPS = [
-    (dict(grid={"model.mixr": ["atlas"]}), "model.mixr"),
-    (dict(grid={"model.mixer": ["atlas", "atlass"]}), "atlass"),
-    (dict(grid={"trainer.max_epochs": ["three"]}), "trainer.max_epochs"),
-    (dict(grid={}), "grid: sampler grid needs at least one grid axis"),
-    (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 1.0, "high": 0.1}}), "low (1.0) > high (0.1)"),
-    (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 0.0, "high": 0.1, "log": True}}),
-     "a log range needs low > 0"),
-    (dict(sampler="bayes"), "sampler: unknown value 'bayes'; valid choices: grid, tpe, random"),
-    (dict(pruner={"type": "asha"}), "pruner.type: unknown value 'asha'; valid choices: none, median, hyperband"),
-    (dict(base=["experiments/missing.yaml"]), "config file 'experiments/missing.yaml' not found"),
-    (dict(grid={"model.memory.window": [1, "wide"]}), "model.memory"),
-    (dict(colour="blue"), "unknown key(s) ['colour']"),
-]
-
-
-@pytest.mark.parametrize("fields,message", BAD_SWEEPS)
-def test_bad_sweep_files_exit_2_and_create_nothing(workdir, capsys, fields, message):
-    if fields.get("sampler", "grid") == "grid":
-        fields = {"grid": {"model.lr": [1e-3]}, **fields}
-    sweep = write_sweep("bad.yaml", **fields)
-    assert main(["sweep", sweep]) == 2
-    err = capsys.readouterr().err
-    assert "bad.yaml" in err and message in err, err
-    assert not Path("runs/optuna").exists() and not Path("runs/mlflow.db").exists()
 
 
 def test_ui_serves_the_study_runs_over_rest(workdir):

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from atlas_lab.cli import main
 from atlas_lab.sweep.study import open_storage, study_lock, trial_key
 from atlas_lab.sweep.tracking import start_server, stop_server
-from test_sweep import ROOT, load, runs_of, store_uri, write_sweep
+from sweep_helpers import ROOT, load, runs_of, store_uri, write_sweep
 
 
 def trials_so_far() -> list:
