@@ -110,7 +110,8 @@ def fit_args(task, out, batch_size, *extra, checkpoint=False):
             f"--trainer.callbacks={probe}", *extra]
 
 
-@pytest.mark.parametrize("task,strategy", [("mqar", "ddp"), ("lm", "ddp_spawn")])
+# ddp_spawn starts both ranks anew (three processes importing Lightning): ~2 minutes on 2 cores, so slow
+@pytest.mark.parametrize("task,strategy", [("mqar", "ddp"), pytest.param("lm", "ddp_spawn", marks=pytest.mark.slow)])
 def test_two_processes_train_like_one_with_the_global_batch(workdir, task, strategy):
     """`atlas-lab fit --trainer.strategy=<ddp|ddp_spawn> --trainer.devices=2` (gloo): the ranks see disjoint halves
     of each global batch, the run has one MLflow run and one checkpoint, and its losses and weights are those of
