@@ -409,3 +409,34 @@ def test_a_sweep_whose_every_trial_failed_exits_1_and_its_parent_run_failed(swee
     assert "error: every trial of study 's' failed (1)" in " ".join(capsys.readouterr().out.split())
     _, parents, children = runs_of()
     assert parents[0].info.status == "FAILED" and children[0].data.tags["optuna.state"] == "FAIL"
+
+
+def test_a_trial_that_cannot_be_configured_fails_with_its_reason_and_is_never_retried(sweep_dir):
+    """A value the sweep command's check did not see (here: given to the worker directly) fails its trial in the
+    worker with the configuration's one line; the trial is not lost, so nothing runs it again."""
+    from atlas_lab.sweep import load_sweep
+    from atlas_lab.sweep.driver import prepare_study
+    from atlas_lab.sweep.study import LostTrials
+    from atlas_lab.sweep.tracking import init_store, resolve_uri
+    from atlas_lab.sweep.worker import work
+
+    spec = load_sweep(write_sweep("w.yaml", grid={"model.memory.window": {"zero": 0}}))  # never validated here
+    uri = resolve_uri("sqlite:///runs/mlflow.db")
+    init_store(uri)
+    study, parent, added, _ = prepare_study(spec, "runs/optuna/s.journal", MlflowClient(uri))
+    assert added == 1 and work(spec, "runs/optuna/s.journal", uri, parent, "worker-1", os.getppid()) == 1
+    (trial,) = study.get_trials()
+    assert trial.state.name == "FAIL" and LostTrials()(study) == []
+    assert trial.user_attrs["fail_reason"].startswith("ConfigError: model.memory.window: expected an int >= 1")
+
+
+def test_ui_on_a_port_in_use_is_one_line_exit_2(sweep_dir, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["ui", "--port", str(taken.getsockname()[1])]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is in use on 127.0.0.1" in errors[0] and not Path("runs").exists()
+

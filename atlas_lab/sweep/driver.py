@@ -33,28 +33,34 @@ from .tracking import finish_run, init_store, parent_run, resolve_uri, start_ser
 
 
 def validate_configs(spec: SweepSpec) -> None:
-    """Build data and model for each grid value, search bound and choice, then for every grid point; set up the
-    data of each distinct data configuration once; check that the trials log the sweep's metric. No run starts,
-    nothing is written; a bad value is a SweepError naming the file, the key and the value."""
-    from ..lit.cli import ConfigError, check_config
+    """Build data and model for every grid point and each search bound or choice; set up the data of each distinct
+    data configuration once; check that the trials log the sweep's metric. No run starts, nothing is written. A bad
+    value is a SweepError naming the file and the key: a failing point is narrowed down to the fixed values or the
+    one grid value that fails on its own, else the point is named."""
+    from ..lit.cli import ConfigChecker, ConfigError
+
+    checker = ConfigChecker()
 
     def check(where: str, overrides: dict, stage: str | None = None):
         try:
-            return check_config(cli_args(spec.base, overrides), stage)
+            return checker(cli_args(spec.base, overrides), stage)
         except ConfigError as e:
             raise SweepError(f"{spec.path}: {where}: {e}") from None
 
-    check("fixed", dict(spec.fixed))
-    for key, labeled in spec.grid.items():
-        for label, value in labeled.items():
-            check(f"grid.{key} = {label}", {**spec.fixed, key: value})
-    points = [(f"grid point {labels}", spec.overrides(labels, {})) for labels in spec.grid_points()]
+    points = [(labels, f"grid point {spec.overrides(labels, {})}", spec.overrides(labels, {}))
+              for labels in spec.grid_points()]
     for key, s in spec.search.items():
         for value in s.get("choices", [s.get("low"), s.get("high")]):
-            points.append((f"search.{key} = {value}", {**spec.fixed, key: value}))
+            points.append(({}, f"search.{key} = {value}", {**spec.fixed, key: value}))
     set_up = set()
-    for where, overrides in points:
-        data = str(check(where, overrides).config["data"])
+    for labels, where, overrides in points:
+        try:
+            data = str(check(where, overrides).config["data"])
+        except SweepError:
+            check("fixed", dict(spec.fixed))
+            for key, label in labels.items():
+                check(f"grid.{key} = {label}", {**spec.fixed, key: spec.grid[key][label]})
+            raise
         if data not in set_up:  # the data's own checks (corpus, lengths) run when it is set up
             cli = check(where, overrides, stage="fit")
             set_up.add(data)
@@ -107,7 +113,10 @@ def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_fai
     enqueue the missing work (and, with retry_failed, the failed trials). Returns (study, parent run id, enqueued,
     enqueued again). Any number of sweep commands may call it at once: each point is enqueued once, one parent run."""
     with studies.study_lock(storage):
-        study = studies.load_study(spec, storage, create=True)
+        try:
+            study = studies.load_study(spec, storage)  # an existing study is checked before anything is written
+        except KeyError:
+            study = studies.load_study(spec, storage, create=True)
         studies.record_spec(study, spec, storage)
         parent = study.user_attrs.get("mlflow_parent_run_id")
         if parent is None:

@@ -105,9 +105,15 @@ def test_ui_serves_the_study_runs_over_rest(workdir):
                 continue
         names = sorted(r["info"]["run_name"] for r in body["runs"])
         assert names == ["s", "trial-0"]
+        os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the command's process group
+        out, _ = ui.communicate(timeout=60)
+        assert ui.returncode == 0 and out.strip().splitlines() == ["MLflow UI stopped"], out
+        with pytest.raises(OSError):  # the server went with it
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
     finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGTERM)
+            ui.wait(timeout=30)
 
 
 @pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
