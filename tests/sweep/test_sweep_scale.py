@@ -131,6 +131,7 @@ def test_a_journal_writer_killed_holding_the_write_lock_blocks_nobody(workdir):
     assert not write.is_alive() and len(load().get_trials()) == 1
 
 
+@pytest.mark.slow  # the store's lock itself is raced in the default suite (the PostgreSQL race, fresh-<r>.db)
 def test_fits_started_at_one_instant_on_a_fresh_store_both_run(workdir):
     """Two `atlas-lab fit` commands, released together, both create the fresh runs/mlflow.db: it is created and
     migrated once, under its lock (otherwise one of them may crash in MLflow's migration, `duplicate column`)."""
