@@ -17,7 +17,7 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow" -q --durations=30
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n 2 --durations=30
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -297,13 +297,16 @@ def test_newton_schulz_takes_batched_matmuls_without_the_kernel(monkeypatch, tmp
 def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_kernel():
     """torch's build lock (a file) stays behind when a process is killed while it loads the kernel; every later load
     then waited for it forever. Under atlas-lab's own flock such a file is stale and removed."""
+    import fcntl
     import threading
 
     from atlas_lab.memory import newton_schulz_cpu
 
     if newton_schulz_cpu.kernel() is None:
         pytest.skip("the CPU kernel does not build here")
-    (newton_schulz_cpu.build_directory() / "lock").touch()
+    with open(newton_schulz_cpu.build_directory() / "atlas-lab.flock", "a") as guard:  # no loader is inside
+        fcntl.flock(guard, fcntl.LOCK_EX)  # (other test processes load the kernel too)
+        (newton_schulz_cpu.build_directory() / "lock").touch()
     newton_schulz_cpu.kernel.cache_clear()
     load = threading.Thread(target=newton_schulz_cpu.kernel, daemon=True)
     load.start()
