@@ -1,4 +1,5 @@
 """One run through the CLI: every experiment config fits, checkpoints resume exactly, bad input exits cleanly."""
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,9 @@ def tiny_mqar(logger=False):
 def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     straight = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=3", "--trainer.enable_checkpointing=false"])
     first = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=1", "--trainer.default_root_dir=ck"])
-    ckpt = next(Path("ck").rglob("*.ckpt"))
-    resumed = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=3", "--trainer.default_root_dir=ck2",
-                       f"--ckpt_path={ckpt}"])  # with the checkpoint callback whose state the checkpoint holds
+    ckpt = shutil.copy(next(Path("ck").rglob("*.ckpt")), "first.ckpt")  # the resumed run replaces its files
+    resumed = run_cli(["fit", *tiny_mqar(), "--trainer.max_epochs=3", "--trainer.default_root_dir=ck",
+                       f"--ckpt_path={ckpt}"])  # with the checkpoint callback (and folder) its checkpoint holds
     assert first.trainer.global_step * 3 == straight.trainer.global_step == resumed.trainer.global_step
     for key in ("train/loss", "val/loss", "val/acc"):
         a, b = straight.trainer.callback_metrics[key], resumed.trainer.callback_metrics[key]
