@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 def ui(port: int, tracking_uri: str | None) -> int:
     """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it). The URL is
     printed once the server answers; a port in use is one line and exit code 2."""
+    import signal
     import socket
     from pathlib import Path
 
@@ -148,12 +149,14 @@ def ui(port: int, tracking_uri: str | None) -> int:
     log = "runs/mlflow-ui.log"
     server, url = start_server(uri, port=port, log_path=log)  # a process group of its own: Ctrl-C reaches us only
     print(f"MLflow UI for {uri}: {url}  (Ctrl-C to stop; server log: {log})", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the server as Ctrl-C does
     try:
         return server.wait()
     except KeyboardInterrupt:
-        stop_server(server)
         print("MLflow UI stopped", flush=True)
         return 0
+    finally:
+        stop_server(server)
 
 
 if __name__ == "__main__":

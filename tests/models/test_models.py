@@ -183,3 +183,18 @@ def test_short_conv_is_the_causal_depthwise_conv1d_and_streams():
     first, cache = conv(x[:, :4])
     second, _ = conv(x[:, 4:], cache)
     torch.testing.assert_close(torch.cat([first, second], 1), y)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_no_logit_sees_a_later_token_or_another_sequence(preset):
+    """Changing tokens 60.. of one sequence changes none of its logits before 60 (inside a chunk of 16 too), and no
+    logit of the other sequences in the batch; in training mode, as a fit computes them."""
+    torch.manual_seed(0)
+    model = LanguageModel(256, preset, d_model=32, n_layers=2, n_heads=2, memory_heads=8).train()
+    x = torch.randint(0, 256, (3, 96), generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[1, 60:] = (y[1, 60:] + 1) % 256
+    with torch.no_grad():
+        a, b = model(x)[0], model(y)[0]
+    assert torch.equal(a[1, :60], b[1, :60]) and torch.equal(a[[0, 2]], b[[0, 2]])
+    assert not torch.equal(a[1, 60:], b[1, 60:])
