@@ -96,6 +96,18 @@ def _reason(e: Exception) -> str:
     return text if text.startswith("model.") or not re.match(r"\w+: ", text) else f"data.init_args.{text}"
 
 
+@contextlib.contextmanager
+def config_errors():
+    """A bad value met while building or setting up (ValueError, TypeError, a missing file, Lightning's
+    MisconfigurationException) re-raised as its one-line ConfigError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, FileNotFoundError, MisconfigurationException) as e:
+        raise ConfigError(_reason(e)) from None
+
+
 class StoreCreatingMLFlowLogger(MLFlowLogger):
     """Lightning's MLFlowLogger, which first creates and migrates a fresh database store once, under its lock
     (several commands may start at once on one store). The CLI builds it only once data and model are known to be
@@ -232,21 +244,24 @@ class AtlasCLI(LightningCLI):
         if held_back:
             config["trainer"]["logger"] = False
         try:
-            self.config_init = self.parser.instantiate(self.config)
-            self.datamodule = self._get(self.config_init, "data")
-            self.model = self._get(self.config_init, "model")
-            if stage is not None:
-                self.datamodule.prepare_data()
-                self.datamodule.setup(stage)
-                if stage == "fit":
-                    self.check_val_interval(config["trainer"])
-        except ConfigError:
-            raise
-        except (ValueError, TypeError, FileNotFoundError, MisconfigurationException) as e:
-            raise ConfigError(_reason(e)) from None
+            with config_errors():
+                self.config_init = self.parser.instantiate(self.config)
+                self.datamodule = self._get(self.config_init, "data")
+                self.model = self._get(self.config_init, "model")
         finally:
             config["trainer"]["logger"] = logger
         self.held_back_logger = logger if held_back else None
+        if stage is not None:
+            self.set_up(stage)
+
+    def set_up(self, stage: str) -> None:
+        """Set the built data up for ``stage`` (and, for fit, check the trainer's validation interval against it)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        with config_errors():
+            self.datamodule.prepare_data()
+            self.datamodule.setup(stage)
+            if stage == "fit":
+                self.check_val_interval(config["trainer"])
 
     def check_val_interval(self, trainer) -> None:
         """An int ``val_check_interval`` must fit in the epoch's training batches (Lightning checks it only after
@@ -268,11 +283,9 @@ class AtlasCLI(LightningCLI):
         """Build and check data and model (``build``), then the trainer, and only then the logger, which creates
         the MLflow store (a trainer that refuses its arguments writes nothing either)."""
         self.build({"fit": "fit", "validate": "validate", "test": "test"}.get(self.subcommand))
-        try:
+        with config_errors():
             self._add_configure_optimizers_method_to_model(self.subcommand)
             self.trainer = self.instantiate_trainer()
-        except (ValueError, TypeError, MisconfigurationException) as e:
-            raise ConfigError(_reason(e)) from None
         logger = self.held_back_logger
         if logger is not None:
             init = logger.get("init_args") or {}
@@ -313,14 +326,10 @@ def run_cli(args: list[str]) -> AtlasCLI:
 
 
 class _Checked(AtlasCLI):
-    """Parses, builds data and model (and sets the data up for ``stage``), builds no trainer (``check_config``)."""
-
-    def __init__(self, *args, stage: str | None = None, **kwargs):
-        self.stage = stage
-        super().__init__(*args, **kwargs)
+    """Parses and builds data and model, builds no trainer (``check_config``; ``set_up`` sets the data up)."""
 
     def instantiate_classes(self) -> None:
-        self.build(self.stage)
+        self.build(None)
 
 
 class ConfigChecker:
@@ -330,24 +339,24 @@ class ConfigChecker:
     def __init__(self):
         self.cli: _Checked | None = None
 
-    def __call__(self, args: list[str], stage: str | None = None) -> AtlasCLI:
+    def __call__(self, args: list[str]) -> AtlasCLI:
         if self.cli is None:
-            self.cli = check_config(args, stage)
+            self.cli = check_config(args)
             return self.cli
         with contextlib.redirect_stderr(io.StringIO()), command_line(args):
             self.cli.parse_arguments(self.cli.parser, None)
             self.cli.before_instantiate_classes()
-            self.cli.build(stage)
+            self.cli.build(None)
         return self.cli
 
 
-def check_config(args: list[str], stage: str | None = None) -> AtlasCLI:
+def check_config(args: list[str]) -> AtlasCLI:
     """Parse LightningCLI arguments (config files and --dotted.key=value) and build the data module and the model
-    (with ``stage``, e.g. "fit", also set the data up) without creating anything; returns the CLI (``.config``,
-    ``.model``, ``.datamodule``).
+    without setting the data up or creating anything; returns the CLI (``.config``, ``.model``, ``.datamodule``;
+    ``.set_up(stage)`` sets the data up).
 
     Raises ConfigError: one line naming the key, what was expected and what was given.
     """
     with contextlib.redirect_stderr(io.StringIO()), command_line(args):
         return _Checked(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
-                        save_config_callback=None, stage=stage)
+                        save_config_callback=None)

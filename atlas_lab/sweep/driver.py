@@ -11,6 +11,7 @@ FINISHED, or FAILED if the command itself fails.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,11 +42,16 @@ def validate_configs(spec: SweepSpec) -> None:
 
     checker = ConfigChecker()
 
-    def check(where: str, overrides: dict, stage: str | None = None):
+    @contextlib.contextmanager
+    def at(where: str):
         try:
-            return checker(cli_args(spec.base, overrides), stage)
+            yield
         except ConfigError as e:
             raise SweepError(f"{spec.path}: {where}: {e}") from None
+
+    def check(where: str, overrides: dict):
+        with at(where):
+            return checker(cli_args(spec.base, overrides))
 
     points = [(labels, f"grid point {spec.overrides(labels, {})}", spec.overrides(labels, {}))
               for labels in spec.grid_points()]
@@ -55,14 +61,16 @@ def validate_configs(spec: SweepSpec) -> None:
     set_up = set()
     for labels, where, overrides in points:
         try:
-            data = str(check(where, overrides).config["data"])
+            cli = check(where, overrides)
         except SweepError:
             check("fixed", dict(spec.fixed))
             for key, label in labels.items():
                 check(f"grid.{key} = {label}", {**spec.fixed, key: spec.grid[key][label]})
             raise
+        data = str(cli.config["data"])
         if data not in set_up:  # the data's own checks (corpus, lengths) run when it is set up
-            cli = check(where, overrides, stage="fit")
+            with at(where):
+                cli.set_up("fit")
             set_up.add(data)
             logged = cli.model.logged_metrics(cli.datamodule)
             if spec.metric not in logged:
