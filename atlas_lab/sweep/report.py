@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..tables import print_table
+from .spec import short_names
 from .study import is_superseded
 
 MARK = {TrialState.FAIL: "FAIL", TrialState.PRUNED: "PRUNED", TrialState.RUNNING: "RUNNING",
@@ -46,19 +47,6 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
                 for t in trials]
     rows.sort(key=lambda r: (r["mean"] is None, -(r["mean"] or 0) if maximize else (r["mean"] or 0)))
     return columns, rows
-
-
-def short_names(keys: list[str]) -> list[str]:
-    """The shortest dotted suffix of each key that is still unique (model.memory.optimizer -> optimizer)."""
-    out = []
-    for key in keys:
-        parts = key.split(".")
-        for n in range(1, len(parts) + 1):
-            suffix = ".".join(parts[-n:])
-            if sum(k == suffix or k.endswith("." + suffix) for k in keys) == 1:
-                break
-        out.append(suffix)
-    return out
 
 
 def _fmt(v):

@@ -7,7 +7,7 @@ metric: val/acc                 # what is optimised
 direction: maximize
 sampler: grid                   # grid | tpe | random
 trials: null                    # grid: every point; tpe/random: a count
-repeats: 1                      # seeds per point
+repeats: 1                      # seeds per point (repeat r: r added to both seeds, see below)
 pruner: {type: median, warmup_epochs: 2}   # or none / hyperband
 grid:                           # dotted config paths -> a list of values, or {label: value}
   model.mixer: [titans, omeganet, atlas]
@@ -15,6 +15,9 @@ search:                         # tpe/random: {low, high, log, int} or {choices:
   model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
 fixed: {trainer.max_epochs: 4}
 ```
+
+Repeat r adds r to the resolved ``seed_everything`` and to the data module's ``seed``: repeat r of every point
+sees the same data and initial draw, so points are compared in pairs.
 """
 from __future__ import annotations
 
@@ -65,6 +68,28 @@ class SweepSpec:
         out.update({k: self.grid[k][label] for k, label in labels.items()})
         out.update(sampled)
         return out
+
+    def run_name(self, labels: dict[str, str], sampled: dict[str, Any], seed: int, trial_number: int) -> str:
+        """A trial's MLflow run name: its grid labels (``mixer=atlas memory=gated_mlp seed=1``), or for a search its
+        number and sampled values (``trial-3 lr=0.0012 seed=0``)."""
+        keys = list(labels) or list(sampled)
+        values = [labels[k] for k in labels] or [f"{v:.3g}" if isinstance(v, float) else v for v in sampled.values()]
+        parts = [] if labels else [f"trial-{trial_number}"]
+        parts += [f"{name}={value}" for name, value in zip(short_names(keys), values)] + [f"seed={seed}"]
+        return " ".join(parts)
+
+
+def short_names(keys: list[str]) -> list[str]:
+    """The shortest dotted suffix of each key that is still unique (model.memory.optimizer -> optimizer)."""
+    out = []
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if sum(k == suffix or k.endswith("." + suffix) for k in keys) == 1:
+                break
+        out.append(suffix)
+    return out
 
 
 def label_of(value: Any):

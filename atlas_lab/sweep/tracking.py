@@ -100,12 +100,12 @@ def parent_run(client: MlflowClient, study: str, storage: str) -> str:
     return run.info.run_id
 
 
-def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, repeat: int) -> str:
+def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, name: str, tags: dict[str, str]) -> str:
+    """A trial's run under the study's parent run, named ``name`` (``SweepSpec.run_name``)."""
     exp = client.get_run(parent).info.experiment_id
-    name = f"trial-{trial_number}" + (f"-seed{repeat}" if repeat else "")
     run = client.create_run(exp, run_name=name, tags={
         "mlflow.parentRunId": parent, "atlas_lab.study": study, "atlas_lab.role": "trial",
-        "optuna.trial_number": str(trial_number), "optuna.state": "RUNNING"})
+        "optuna.trial_number": str(trial_number), "optuna.state": "RUNNING", **tags})
     return run.info.run_id
 
 

@@ -134,13 +134,25 @@ def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str,
     return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
 
 
-def is_one_process(spec: SweepSpec, overrides: dict) -> bool:
-    """Whether a trial's resolved trainer surely runs in one process (devices 1 or one listed device, num_nodes 1);
+def is_one_process(config) -> bool:
+    """Whether a trial's resolved config surely runs in one process (devices 1 or one listed device, num_nodes 1);
     anything else ("auto", "0,", 2, …) runs as a job of its own, which is right for one process too."""
-    trainer = check_config(cli_args(spec.base, overrides)).config["trainer"]
+    trainer = config["trainer"]
     devices = trainer.get("devices")
     one = devices in (1, "1") or isinstance(devices, (list, tuple)) and len(devices) == 1
     return one and trainer.get("num_nodes", 1) == 1
+
+
+def repeat_seeds(config, repeat: int) -> dict[str, int]:
+    """The seed overrides of repeat r: r added to the resolved ``seed_everything`` (initialisation, dropout) and to
+    the data module's ``seed`` (generated data and training order). Repeat 0 is the config as written, and repeat r
+    of every grid point sees the same data, so points are compared in pairs."""
+    base = config.get("seed_everything")
+    out = {"seed_everything": (base if isinstance(base, int) and not isinstance(base, bool) else 0) + repeat}
+    data_seed = (config.get("data") or {}).get("init_args", {}).get("seed")
+    if isinstance(data_seed, int) and not isinstance(data_seed, bool):
+        out["data.init_args.seed"] = data_seed + repeat
+    return out
 
 
 def fit_in_job(spec: SweepSpec, storage: str, trial: optuna.Trial, overrides: dict, run_id: str, tracking_uri: str,
@@ -198,17 +210,20 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
     labels = {k: trial.suggest_categorical(k, list(spec.grid[k])) for k in spec.grid}
     sampled = {k: _suggest(trial, k, s) for k, s in spec.search.items()}
     repeat = trial.user_attrs.get("repeat", 0)
-    seeds = [repeat] if spec.sampler == "grid" else list(range(spec.repeats))
+    repeats = [repeat] if spec.sampler == "grid" else list(range(spec.repeats))
     values, run_ids, run_id = [], [], None
     try:
-        for seed in seeds:
-            run_id = child_run(client, parent, spec.study, trial.number, seed)
+        for r in repeats:
+            overrides = spec.overrides(labels, sampled)
+            config = check_config(cli_args(spec.base, overrides)).config
+            overrides.update(repeat_seeds(config, r))
+            name = spec.run_name(labels, sampled, overrides["seed_everything"], trial.number)
+            run_id = child_run(client, parent, spec.study, trial.number, name,
+                               {"sweep.labels": json.dumps(labels), "sweep.repeat": str(r)})
             run_ids.append(run_id)
             trial.set_user_attr("mlflow_run_ids", run_ids)
-            client.set_tag(run_id, "sweep.labels", json.dumps(labels))
-            overrides = {**spec.overrides(labels, sampled), "seed_everything": seed}
-            prune = seed == seeds[0]
-            if is_one_process(spec, overrides):
+            prune = r == repeats[0]
+            if is_one_process(config):
                 metrics = fit_once(spec, trial, overrides, run_id, tracking_uri, prune)
             else:
                 metrics = fit_in_job(spec, storage, trial, overrides, run_id, tracking_uri, prune, watchdog)

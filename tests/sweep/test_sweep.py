@@ -25,6 +25,11 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     client, parents, children = runs_of()
     assert len(parents) == 1 and len(children) == 8
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    # repeat r adds r to both seeds (initialisation and data), the same r at every point: the points are paired
+    seeds = sorted((c.info.run_name, c.data.params["seed_everything"], c.data.params["data.init_args.seed"])
+                   for c in children)
+    assert seeds == sorted((f"lr={lr} mixer={m} seed={r}", str(r), str(r))  # grid keys in file order
+                           for m in ("gla", "deltanet") for lr in (0.001, 0.003) for r in (0, 1))
     child = children[0]
     assert child.data.params["model.mixer"] in ("gla", "deltanet") and "trainer.max_epochs" in child.data.params
     assert child.data.tags["optuna.state"] == "COMPLETE" and "val/acc" in child.data.metrics
@@ -104,7 +109,7 @@ def test_ui_serves_the_study_runs_over_rest(workdir):
             except OSError:
                 continue
         names = sorted(r["info"]["run_name"] for r in body["runs"])
-        assert names == ["s", "trial-0"]
+        assert names == ["lr=0.001 seed=0", "s"]
         os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the command's process group
         out, _ = ui.communicate(timeout=60)
         assert ui.returncode == 0 and out.strip().splitlines() == ["MLflow UI stopped"], out
@@ -125,7 +130,17 @@ def test_shipped_sweep_files_are_valid(sweep, monkeypatch):
     validate_configs(spec)
 
 
+def test_repeat_r_adds_r_to_the_configured_seeds():
+    from atlas_lab.sweep.worker import repeat_seeds
+
+    config = {"seed_everything": 7, "data": {"init_args": {"seed": 12345}}}
+    assert repeat_seeds(config, 0) == {"seed_everything": 7, "data.init_args.seed": 12345}
+    assert repeat_seeds(config, 2) == {"seed_everything": 9, "data.init_args.seed": 12347}
+    # seed_everything true (a random seed) or absent counts as 0; a data module without a seed keeps its data
+    assert repeat_seeds({"seed_everything": True, "data": {"init_args": {}}}, 1) == {"seed_everything": 1}
+
+
 def test_report_columns_use_the_shortest_unique_key_suffix():
-    from atlas_lab.sweep.report import short_names
+    from atlas_lab.sweep.spec import short_names
     keys = ["model.memory.memory", "model.memory.optimizer", "model.lr", "data.init_args.lr"]
     assert short_names(keys) == ["memory", "optimizer", "model.lr", "init_args.lr"]
