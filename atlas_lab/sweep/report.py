@@ -1,8 +1,19 @@
-"""Study summaries: the results table (terminal, CSV, Markdown), the ablation plot, parameter importances."""
+"""Study summaries: per-point statistics, paired differences to the baseline, the ablation plot, importances.
+
+A grid point's repeats (seeds) give n values v_1..v_n: the row shows n, their mean, the sample standard deviation
+s and the 95 % confidence interval of the mean, mean ± t_{0.975, n-1} · s / √n (Student's t; none for n = 1).
+Repeat r of every point sees the same data and initialisation seed, so a point is compared with the sweep's
+``baseline`` point seed by seed: d_r = v_r(point) − v_r(baseline) over the repeats both completed, with the same
+interval on the d_r; "*" marks an interval that excludes 0. Failed, pruned and unfinished trials are counted in
+their own columns and never averaged in.
+"""
 from __future__ import annotations
 
 import csv
+import math
+import re
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -14,12 +25,41 @@ from ..tables import print_table
 from .spec import short_names
 from .study import is_superseded
 
-MARK = {TrialState.FAIL: "FAIL", TrialState.PRUNED: "PRUNED", TrialState.RUNNING: "RUNNING",
-        TrialState.WAITING: "WAITING"}
+LEVEL = 0.95
+
+
+def interval(values: list[float]) -> dict:
+    """n, mean, std and the 95 % t interval of the mean of ``values`` (std and interval None below two values)."""
+    n = len(values)
+    out = {"n": n, "mean": statistics.fmean(values) if n else None, "std": None, "low": None, "high": None}
+    if n > 1:
+        from scipy.stats import t
+
+        out["std"] = statistics.stdev(values)
+        half = float(t.ppf(0.5 + LEVEL / 2, n - 1)) * out["std"] / math.sqrt(n)
+        out["low"], out["high"] = out["mean"] - half, out["mean"] + half
+    return out
+
+
+def _repeat_values(t) -> dict[int, float]:
+    """{repeat: value} of a complete trial: a grid trial is one repeat; a search trial keeps each repeat's value."""
+    if t.state != TrialState.COMPLETE:
+        return {}
+    if "repeat_values" in t.user_attrs:
+        return dict(enumerate(t.user_attrs["repeat_values"]))
+    return {t.user_attrs.get("repeat", 0): t.value}
+
+
+def _counts(ts) -> dict:
+    live = {TrialState.RUNNING, TrialState.WAITING}
+    return {"failed": sum(t.state == TrialState.FAIL for t in ts),
+            "pruned": sum(t.state == TrialState.PRUNED for t in ts), "unfinished": sum(t.state in live for t in ts),
+            "reason": "; ".join(t.user_attrs["fail_reason"] for t in ts if "fail_reason" in t.user_attrs)}
 
 
 def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
-    """(parameter columns, rows) best first; a grid point's repeats are one row (mean ± std)."""
+    """(parameter columns, rows) best first: one row per grid point (its repeats) or per search trial, with
+    ``values`` ({repeat: value}), the ``interval`` statistics and the failed / pruned / unfinished counts."""
     attrs = study.user_attrs
     maximize = attrs.get("direction", study.direction.name.lower()) == "maximize"
     trials = [t for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)]
@@ -29,24 +69,47 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
         for t in trials:
             labels = t.user_attrs.get("labels", {})
             groups.setdefault(tuple(labels.get(k) for k in columns), []).append(t)
-        rows = []
-        for key, ts in groups.items():
-            values = [t.value for t in ts if t.state == TrialState.COMPLETE]
-            states = sorted({MARK[t.state] for t in ts if t.state in MARK})
-            rows.append(dict(zip(columns, key)) | {
-                "mean": statistics.fmean(values) if values else None,
-                "std": statistics.stdev(values) if len(values) > 1 else None,  # no spread from one seed
-                "complete": f"{len(values)}/{len(ts)}", "status": ",".join(states) or "ok",
-                "trials": " ".join(str(t.number) for t in ts),
-                "reason": "; ".join(t.user_attrs["fail_reason"] for t in ts if "fail_reason" in t.user_attrs)})
     else:
         columns = sorted({k for t in trials for k in t.params})
-        rows = [dict({k: t.params.get(k) for k in columns}, mean=t.value if t.state == TrialState.COMPLETE else None,
-                     std=None, complete="1/1" if t.state == TrialState.COMPLETE else "0/1",
-                     status=MARK.get(t.state, "ok"), trials=str(t.number), reason=t.user_attrs.get("fail_reason", ""))
-                for t in trials]
+        groups = {(t.number,): [t] for t in trials}
+    rows = []
+    for key, ts in groups.items():
+        values = {r: v for t in ts for r, v in _repeat_values(t).items()}
+        labels = dict(zip(columns, key)) if attrs.get("sampler", "grid") == "grid" else \
+            {k: ts[0].params.get(k) for k in columns}
+        rows.append(labels | {"values": values} | interval(list(values.values())) | _counts(ts) |
+                    {"trials": " ".join(str(t.number) for t in ts)})
     rows.sort(key=lambda r: (r["mean"] is None, -(r["mean"] or 0) if maximize else (r["mean"] or 0)))
     return columns, rows
+
+
+def differences(study: optuna.Study, columns: list[str], rows: list[dict]) -> list[dict]:
+    """Every other grid point against the study's ``baseline`` point, paired by repeat: the axes it changes, the
+    number of pairs, the mean paired difference (point − baseline) and its 95 % interval; ``excludes_0`` where the
+    interval lies on one side of 0, ``better`` when the difference goes the metric's way. [] without a baseline."""
+    baseline = study.user_attrs.get("baseline")
+    if not baseline:
+        return []
+    base = next((r for r in rows if all(r[k] == baseline.get(k) for k in columns)), None)
+    if base is None:
+        return []
+    maximize = study.user_attrs.get("direction", "maximize") == "maximize"
+    out = []
+    for r in rows:
+        if r is base:
+            continue
+        pairs = sorted(set(r["values"]) & set(base["values"]))
+        stats = interval([r["values"][p] - base["values"][p] for p in pairs])
+        excludes = stats["low"] is not None and (stats["low"] > 0 or stats["high"] < 0)
+        out.append({k: r[k] for k in columns} | {
+            "changes": ", ".join(f"{name}={r[k]}" for k, name in zip(columns, short_names(columns))
+                                 if r[k] != base[k]),
+            "pairs": stats["n"], "diff": stats["mean"], "std": stats["std"], "low": stats["low"],
+            "high": stats["high"], "excludes_0": excludes,
+            "better": None if stats["mean"] is None else (stats["mean"] > 0) == maximize and stats["mean"] != 0})
+    out.sort(key=lambda d: (d["changes"].count(",") if d["changes"] else -1, d["diff"] is None,
+                            -(d["diff"] or 0) if maximize else (d["diff"] or 0)))
+    return out
 
 
 def _fmt(v):
@@ -55,23 +118,67 @@ def _fmt(v):
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def write_tables(columns: list[str], rows: list[dict], metric: str, out: Path) -> tuple[Path, Path]:
-    header = columns + [f"{metric} mean", "std", "complete", "status", "trials", "reason"]
-    keys = columns + ["mean", "std", "complete", "status", "trials", "reason"]
-    csv_path, md_path = out / "results.csv", out / "results.md"
-    with csv_path.open("w", newline="") as f:
+def _ci(r) -> str:
+    return "—" if r["low"] is None else f"[{r['low']:.4f}, {r['high']:.4f}]"
+
+
+def _verdict(d) -> str:
+    if d["low"] is None:
+        return "—"
+    return ("* better" if d["better"] else "* worse") if d["excludes_0"] else "not resolved"
+
+
+POINT_HEADER = ["n", "mean", "std", "95% CI", "failed", "pruned", "unfinished", "trials", "reason"]
+DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "verdict"]
+
+
+def _point_cells(r) -> list:
+    return [r["n"], _fmt(r["mean"]), _fmt(r["std"]), _ci(r), r["failed"], r["pruned"], r["unfinished"], r["trials"],
+            r["reason"]]
+
+
+def _diff_cells(d) -> list:
+    return [d["changes"], d["pairs"], _fmt(d["diff"]), _fmt(d["std"]), _ci(d), _verdict(d)]
+
+
+def _markdown(header: list[str], cells: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in cells]
+
+
+def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric: str, baseline: dict | None,
+                 out: Path) -> list[Path]:
+    """results.csv, results.md (the points, then the differences to the baseline) and differences.csv."""
+    files = [out / "results.csv", out / "results.md"]
+    with files[0].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(header)
+        w.writerow(columns + ["n", "mean", "std", "ci_low", "ci_high", "failed", "pruned", "unfinished", "trials",
+                              "reason"])
         for r in rows:
-            w.writerow([r[k] for k in keys])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
-    md_path.write_text("\n".join(lines) + "\n")
-    return csv_path, md_path
+            w.writerow([r[k] for k in columns] + [r[k] for k in ("n", "mean", "std", "low", "high", "failed",
+                                                                 "pruned", "unfinished", "trials", "reason")])
+    lines = [f"{metric}: per point, n complete repeats, mean, std and the 95 % t interval of the mean", ""]
+    lines += _markdown(columns + POINT_HEADER, [[r[k] for k in columns] + _point_cells(r) for r in rows])
+    if diffs:
+        files.append(out / "differences.csv")
+        with files[-1].open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(columns + ["changes", "pairs", "diff", "std", "ci_low", "ci_high", "excludes_0", "better"])
+            for d in diffs:
+                w.writerow([d[k] for k in columns] + [d[k] for k in ("changes", "pairs", "diff", "std", "low", "high",
+                                                                     "excludes_0", "better")])
+        where = ", ".join(f"{k}={v}" for k, v in baseline.items())
+        lines += ["", f"paired differences to the baseline ({where}), point − baseline, seed by seed; "
+                      "* where the 95 % interval excludes 0", ""]
+        lines += _markdown(DIFF_HEADER, [_diff_cells(d) for d in diffs])
+    files[1].write_text("\n".join(lines) + "\n")
+    return files
 
 
-def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path) -> Path | None:
-    """One panel per grid axis: the metric of every point against that axis' label."""
+def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path, baseline: dict | None = None
+                  ) -> Path | None:
+    """One panel per grid axis: every point's mean and 95 % interval against that axis' label, one labelled series
+    (legend) per combination of the other axes, the value written beside each point, the baseline's mean dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,31 +187,90 @@ def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path)
     done = [r for r in rows if r["mean"] is not None]
     if not columns or not done:
         return None
-    fig, axes = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 3.5), squeeze=False)
+    names = dict(zip(columns, short_names(columns)))
+    fig, axes = plt.subplots(1, len(columns), figsize=(5.5 * len(columns), 4.2), squeeze=False)
+    base = next((r for r in done if baseline and all(r[k] == baseline.get(k) for k in columns)), None)
     for ax, col in zip(axes[0], columns):
         labels = list(dict.fromkeys(str(r[col]) for r in rows))
+        others = [k for k in columns if k != col]
+        series: dict[str, list] = {}
         for r in done:
-            ax.errorbar(labels.index(str(r[col])), r["mean"], yerr=r["std"] or 0, fmt="o", alpha=0.7)
+            series.setdefault(" ".join(f"{names[k]}={r[k]}" for k in others) or metric, []).append(r)
+        width = 0.6 / max(1, len(series))
+        for i, (name, rs) in enumerate(series.items()):
+            xs = [labels.index(str(r[col])) + (i - (len(series) - 1) / 2) * width for r in rs]
+            ys = [r["mean"] for r in rs]
+            err = [[r["mean"] - r["low"] if r["low"] is not None else 0 for r in rs],
+                   [r["high"] - r["mean"] if r["high"] is not None else 0 for r in rs]]
+            ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=name)
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if base is not None:
+            ax.axhline(base["mean"], color="grey", linestyle="--", linewidth=1, label="baseline")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        ax.set_xlabel(col)
-        ax.set_ylabel(metric)
+        ax.set_xlabel(names[col])
+        ax.set_ylabel(f"{metric} (mean, 95% CI)")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
+def point_name(labels: dict, columns: list[str]) -> str:
+    """A point as an MLflow metric-name part: its labels joined by spaces, other characters as '_'."""
+    return re.sub(r"[^\w.\- :]", "_", " ".join(str(labels[k]) for k in columns))[:200]
+
+
+def log_summary(client, parent: str, study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict]
+                ) -> None:
+    """The parent run's summary, shown in the runs table: params (metric, direction, sampler, the grid axes and
+    their labels, repeats), metrics (the best mean; per point its mean, n and paired difference to the baseline),
+    the baseline as a tag. Metrics take the count of complete repeats as their step, so the latest is the newest."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    attrs = study.user_attrs
+    metric = attrs.get("metric", "value")
+    done = [r for r in rows if r["mean"] is not None]
+    step = sum(r["n"] for r in rows)
+    params = {"study.metric": metric, "study.direction": attrs.get("direction", ""),
+              "study.sampler": attrs.get("sampler", "")}
+    params |= {f"grid.{k}": ", ".join(str(label) for label in labels)
+               for k, labels in (attrs.get("grid_labels") or {}).items()}
+    existing = client.get_run(parent).data.params
+    params = {k: v[:6000] for k, v in params.items() if k not in existing}
+    now = int(time.time() * 1000)
+    metrics = []
+    if done:
+        metrics.append(Metric(f"best/{metric}", float(done[0]["mean"]), now, step))
+    if attrs.get("sampler", "grid") == "grid":
+        for r in done:
+            metrics.append(Metric(f"mean/{point_name(r, columns)}", float(r["mean"]), now, step))
+        for d in diffs:
+            if d["diff"] is not None:
+                metrics.append(Metric(f"diff/{point_name(d, columns)}", float(d["diff"]), now, step))
+    tags = [RunTag("atlas_lab.summary", f"{len(done)} point(s) with results, {step} complete repeat(s)")]
+    if attrs.get("baseline"):
+        tags.append(RunTag("atlas_lab.baseline", point_name(attrs["baseline"], columns)))
+    for i in range(0, max(len(metrics), 1), 500):
+        client.log_batch(parent, metrics=metrics[i:i + 500], params=[Param(k, v) for k, v in params.items()] if i == 0
+                         else [], tags=tags if i == 0 else [])
+
+
 def summarize(study: optuna.Study, client=None, parent: str | None = None, console: Console | None = None,
               out_dir: str | Path | None = None) -> Path:
-    """Print the table, write results.{csv,md}, ablation.png (and importances.csv) and attach them to the
-    parent run. Returns the folder."""
+    """Print the tables, write results.{csv,md} (and differences.csv), ablation.png (and importances.csv), and
+    attach them and the summary metrics to the parent run. Returns the folder."""
     console = console or Console()
     metric = study.user_attrs.get("metric", "value")
+    baseline = study.user_attrs.get("baseline")
     columns, rows = result_rows(study)
+    diffs = differences(study, columns, rows)
     out = Path(out_dir or Path("runs") / "sweeps" / study.study_name)
     out.mkdir(parents=True, exist_ok=True)
-    files = list(write_tables(columns, rows, metric, out))
-    plot = ablation_plot(columns, rows, metric, out / "ablation.png")
+    files = write_tables(columns, rows, diffs, metric, baseline, out)
+    plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline) \
+        if study.user_attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
     if study.user_attrs.get("sampler") in ("tpe", "random"):
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
@@ -113,14 +279,23 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             path = out / "importances.csv"
             path.write_text("parameter,importance\n" + "".join(f"{k},{v:.6f}\n" for k, v in importances.items()))
             files.append(path)
+    keys = short_names(columns)
     print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first",
-                short_names(columns) + [f"{metric}", "± std", "complete", "status"],
-                [[_fmt(r[c]) for c in columns] + [_fmt(r["mean"]), _fmt(r["std"]), r["complete"], r["status"]]
-                 for r in rows], keys=len(columns),
-                styles=["red" if "FAIL" in r["status"] else "yellow" if r["status"] != "ok" else None for r in rows])
+                keys + POINT_HEADER[:7], [[_fmt(r[c]) for c in columns] + _point_cells(r)[:7] for r in rows],
+                keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
+                                           else None for r in rows])
+    if diffs:
+        where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))
+        print_table(console, f"{metric}: point − baseline ({where}), paired by seed", DIFF_HEADER,
+                    [_diff_cells(d) for d in diffs], styles=["green" if d["excludes_0"] and d["better"] else
+                                                             "red" if d["excludes_0"] else None for d in diffs])
+    for r in rows:
+        if r["reason"]:
+            console.print(Text(f"trials {r['trials']}: {r['reason']}", style="red"))
     if client is not None and parent is not None:
         for f in files:
             client.log_artifact(parent, str(f), "summary")
+        log_summary(client, parent, study, columns, rows, diffs)
     console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
     console.print("browse every run: [bold]make ui[/bold]  (or: atlas-lab ui)")
     return out

@@ -14,6 +14,7 @@ grid:                           # dotted config paths -> a list of values, or {l
 search:                         # tpe/random: {low, high, log, int} or {choices: [...]}
   model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
 fixed: {trainer.max_epochs: 4}
+baseline: {model.mixer: atlas}  # grid: the point every other point is compared with, seed by seed
 ```
 
 Repeat r adds r to the resolved ``seed_everything`` and to the data module's ``seed``: repeat r of every point
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 TOP_KEYS = ("study", "base", "metric", "direction", "sampler", "trials", "repeats", "pruner", "grid", "search",
-            "fixed")
+            "fixed", "baseline")
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
@@ -56,6 +57,7 @@ class SweepSpec:
     grid: dict[str, dict[Any, Any]] = field(default_factory=dict)  # key -> {label (an Optuna choice): value}
     search: dict[str, dict] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] | None = None  # grid key -> label: the point the report compares every point with
 
     def grid_points(self) -> list[dict[str, str]]:
         """Every combination of grid labels, in file order: [{key: label}]."""
@@ -249,6 +251,17 @@ def load_sweep(path: str | Path) -> SweepSpec:
             _fail(path, "grid", f"sampler {sampler} samples the search space; use sampler grid for a grid")
         if trials is None:
             _fail(path, "trials", f"sampler {sampler} needs a trial count")
+    baseline = raw.get("baseline")
+    if baseline is not None:
+        if sampler != "grid":
+            _fail(path, "baseline", f"a baseline is a grid point; sampler {sampler} has none")
+        if not isinstance(baseline, dict) or set(baseline) != set(grid):
+            _fail(path, "baseline", f"expected one label for each grid axis ({', '.join(grid)}), got {baseline!r}")
+        for key, label in baseline.items():
+            if label not in grid[key]:
+                _fail(path, f"baseline.{key}", f"unknown label {label!r}; valid choices: "
+                                               f"{', '.join(str(v) for v in grid[key])}")
+        baseline = {key: baseline[key] for key in grid}
     return SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
                      sampler=sampler, trials=trials, repeats=repeats, pruner=pruner, grid=grid, search=search,
-                     fixed=fixed)
+                     fixed=fixed, baseline=baseline)

@@ -137,7 +137,9 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
                          f"definition ({', '.join(differ)} differ); give this sweep a new study name, or delete the "
                          f"old study ({where})")
     for key, value in (("definition", new), ("metric", spec.metric), ("direction", spec.direction),
-                       ("sampler", spec.sampler), ("grid_keys", list(spec.grid))):
+                       ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
+                       ("grid_labels", {k: list(labels) for k, labels in spec.grid.items()}),
+                       ("baseline", spec.baseline)):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 

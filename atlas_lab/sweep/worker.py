@@ -229,6 +229,8 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
                 metrics = fit_in_job(spec, storage, trial, overrides, run_id, tracking_uri, prune, watchdog)
             values.append(finish_fit(client, run_id, spec.metric, metrics))
             finish_run(client, run_id, "COMPLETE")
+        if len(repeats) > 1:
+            trial.set_user_attr("repeat_values", values)
         outcome = dict(values=[sum(values) / len(values)])
     except optuna.TrialPruned as e:
         finish_run(client, run_id, "PRUNED", str(e))

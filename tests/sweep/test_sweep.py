@@ -16,7 +16,7 @@ from sweep_helpers import ROOT, load, runs_of, write_sweep
 
 def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     sweep = write_sweep("grid.yaml", repeats=2, grid={"model.mixer": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
-                        fixed={"trainer.max_epochs": 1})
+                        fixed={"trainer.max_epochs": 1}, baseline={"model.mixer": "gla", "model.lr": 1e-3})
     assert main(["sweep", sweep]) == 0
     trials = load().get_trials()
     assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
@@ -38,7 +38,12 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     summary = {a.path for a in client.list_artifacts(parents[0].info.run_id, "summary")}
     assert {"summary/results.csv", "summary/results.md", "summary/ablation.png"} <= summary
     table = Path("runs/sweeps/s/results.md").read_text()
-    assert table.count("\n") == 2 + 4 and "2/2" in table  # header, rule, 4 points of 2 seeds each
+    assert table.count("| 2 |") >= 4 and "paired differences to the baseline" in table  # 4 points of 2 seeds each
+    # the parent run carries the summary: the grid axes as params, the best and per-point means as metrics
+    summary = parents[0].data
+    assert summary.params["grid.model.mixer"] == "gla, deltanet" and summary.params["study.metric"] == "val/acc"
+    assert {"best/val/acc", "mean/0.001 gla", "mean/0.003 deltanet", "diff/0.003 gla"} <= set(summary.metrics)
+    assert summary.tags["atlas_lab.baseline"] == "0.001 gla"
     # running the same command again resumes: nothing new runs
     assert main(["sweep", sweep]) == 0
     assert len(load().get_trials()) == 8 and len(runs_of()[2]) == 8

@@ -1,0 +1,100 @@
+"""The report's statistics on synthetic studies whose answers are known by hand."""
+import csv
+import math
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+from rich.console import Console
+
+from atlas_lab.sweep.report import differences, interval, result_rows, summarize
+
+T_975 = {2: 4.302652729749464, 4: 2.7764451051977934}  # Student's t quantile 0.975 at 2 and 4 degrees of freedom
+
+
+def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=None, states=None):
+    """A grid study over axes (mixer, memory) whose point labels -> per-repeat values; None is a failed repeat."""
+    study = optuna.create_study(direction=direction)
+    for key, value in (("metric", "val/acc"), ("direction", direction), ("sampler", "grid"),
+                       ("grid_keys", ["model.mixer", "model.memory"]), ("baseline", baseline)):
+        study.set_user_attr(key, value)
+    dists = {"model.mixer": CategoricalDistribution(["atlas", "atlas_mag"]),
+             "model.memory": CategoricalDistribution(["atlas", "linear", "gd"])}
+    for (mixer, memory), per_repeat in values.items():
+        for repeat, v in enumerate(per_repeat):
+            state = (states or {}).get((mixer, memory, repeat), TrialState.COMPLETE if v is not None else
+                                       TrialState.FAIL)
+            attrs = {"labels": {"model.mixer": mixer, "model.memory": memory}, "repeat": repeat}
+            if state == TrialState.FAIL:
+                attrs["fail_reason"] = "FloatingPointError: val/acc is nan"
+            study.add_trial(create_trial(state=state, value=v if state == TrialState.COMPLETE else None,
+                                         params={"model.mixer": mixer, "model.memory": memory}, distributions=dists,
+                                         user_attrs=attrs))
+    return study
+
+
+def test_interval_is_the_t_interval_of_the_mean():
+    stats = interval([1.0, 2.0, 3.0])
+    assert stats["n"] == 3 and stats["mean"] == 2.0 and stats["std"] == 1.0
+    half = T_975[2] / math.sqrt(3)
+    assert stats["low"] == pytest.approx(2 - half, rel=1e-9) and stats["high"] == pytest.approx(2 + half, rel=1e-9)
+    stats = interval([0.5, 0.7, 0.6, 0.9, 0.8])  # mean 0.7, std sqrt(0.025)
+    assert stats["high"] - stats["mean"] == pytest.approx(T_975[4] * math.sqrt(0.025 / 5), rel=1e-9)
+    assert interval([0.4]) == {"n": 1, "mean": 0.4, "std": None, "low": None, "high": None}  # no spread from one
+    assert interval([])["mean"] is None
+
+
+def test_points_count_failed_and_pruned_repeats_without_averaging_them():
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.2, None, 0.4],
+                             ("atlas_mag", "gd"): [0.9, 0.1, 0.3]},
+                            states={("atlas_mag", "gd", 1): TrialState.PRUNED})
+    columns, rows = result_rows(study)
+    assert columns == ["model.mixer", "model.memory"]
+    by = {(r["model.mixer"], r["model.memory"]): r for r in rows}
+    linear = by["atlas", "linear"]
+    assert (linear["n"], linear["failed"], linear["pruned"]) == (2, 1, 0)
+    assert linear["mean"] == pytest.approx(0.3) and linear["values"] == {0: 0.2, 2: 0.4}
+    assert "nan" in linear["reason"]
+    gd = by["atlas_mag", "gd"]
+    assert (gd["n"], gd["failed"], gd["pruned"], gd["mean"]) == (2, 0, 1, pytest.approx(0.6))
+    assert [(r["model.mixer"], r["model.memory"]) for r in rows] == [("atlas", "atlas"), ("atlas_mag", "gd"),
+                                                                     ("atlas", "linear")]  # best mean first
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_paired_differences_to_the_baseline(direction):
+    # d(linear) = [0.10, 0.12, 0.08]: mean 0.10, std 0.02, an interval clear of 0;
+    # d(gd) = [1, 2, 0] / 10: mean 0.1, std 0.1, an interval that holds 0 (unresolved at n = 3);
+    # d(atlas_mag, atlas) pairs repeats 0 and 2 only (repeat 1 failed)
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78],
+                             ("atlas", "gd"): [0.6, 0.8, 0.7], ("atlas_mag", "atlas"): [0.4, None, 0.9]},
+                            direction=direction, baseline={"model.mixer": "atlas", "model.memory": "atlas"})
+    columns, rows = result_rows(study)
+    diffs = {d["changes"]: d for d in differences(study, columns, rows)}
+    assert set(diffs) == {"memory=linear", "memory=gd", "mixer=atlas_mag"}
+    linear = diffs["memory=linear"]
+    assert linear["pairs"] == 3 and linear["diff"] == pytest.approx(0.10) and linear["std"] == pytest.approx(0.02)
+    assert linear["low"] == pytest.approx(0.10 - T_975[2] * 0.02 / math.sqrt(3))
+    assert linear["excludes_0"] and linear["better"] == (direction == "maximize")
+    gd = diffs["memory=gd"]
+    assert gd["diff"] == pytest.approx(0.1) and gd["std"] == pytest.approx(0.1) and not gd["excludes_0"]
+    mag = diffs["mixer=atlas_mag"]
+    assert mag["pairs"] == 2 and mag["diff"] == pytest.approx(((0.4 - 0.5) + (0.9 - 0.7)) / 2)
+    # unpaired, the same numbers would not resolve linear: its seeds vary more than its difference
+    assert interval([0.6, 0.72, 0.78])["low"] < interval([0.5, 0.6, 0.7])["high"]
+
+
+def test_summary_files_hold_the_statistics_and_the_differences(tmp_path):
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78]},
+                            baseline={"model.mixer": "atlas", "model.memory": "atlas"})
+    out = summarize(study, console=Console(width=200, record=True), out_dir=tmp_path)
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["model.memory"], r["n"], float(r["mean"])) for r in rows] == [("linear", "3", pytest.approx(0.7)),
+                                                                            ("atlas", "3", pytest.approx(0.6))]
+    assert float(rows[1]["ci_low"]) == pytest.approx(0.6 - T_975[2] * 0.1 / math.sqrt(3))
+    diff = list(csv.DictReader((out / "differences.csv").open()))
+    assert len(diff) == 1 and diff[0]["excludes_0"] == "True" and float(diff[0]["diff"]) == pytest.approx(0.1)
+    md = (out / "results.md").read_text()
+    assert "paired differences to the baseline" in md and "* better" in md
+    assert (out / "ablation.png").stat().st_size > 0
