@@ -108,10 +108,12 @@ def config_errors():
         raise ConfigError(_reason(e)) from None
 
 
-class StoreCreatingMLFlowLogger(MLFlowLogger):
+class RunLogger(MLFlowLogger):
     """Lightning's MLFlowLogger, which first creates and migrates a fresh database store once, under its lock
-    (several commands may start at once on one store). The CLI builds it only once data and model are known to be
-    good, so a bad value writes nothing; it puts it in place of ``lightning.pytorch.loggers.MLFlowLogger``."""
+    (several commands may start at once on one store), and leaves the run's params to ``SaveConfigToTracking`` (the
+    flattened resolved config, once) instead of logging the module's hyper-parameters a second time under other
+    names. The CLI builds it only once data and model are known to be good, so a bad value writes nothing; it puts
+    it in place of ``lightning.pytorch.loggers.MLFlowLogger``."""
 
     def __init__(self, *args, tracking_uri: str | None = None, **kwargs):
         if tracking_uri:
@@ -121,16 +123,40 @@ class StoreCreatingMLFlowLogger(MLFlowLogger):
             init_store(tracking_uri)
         super().__init__(*args, tracking_uri=tracking_uri, **kwargs)
 
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+def flatten(config, prefix: str = "") -> dict[str, str]:
+    """A resolved config (nested dicts/Namespaces) as {dotted.key: str(value)}: the run's MLflow params."""
+    items = config.items() if isinstance(config, dict) else vars(config).items()
+    out = {}
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) or hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
 
 class SaveConfigToTracking(SaveConfigCallback):
-    """Saves the resolved config as ``config.yaml``: an MLflow artifact of the run (the file-based saver
-    cannot write next to a database tracking URI), or a file in the log directory without MLflow."""
+    """Saves the resolved config: in MLflow as the run's params (``flatten``: ``model.lr``, ``data.init_args.seed``,
+    each once) and ``config.yaml`` (the file-based saver cannot write next to a database tracking URI), or as a file
+    in the log directory without MLflow."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from mlflow.entities import Param
+
         text = self.parser.dump(self.config, skip_none=False)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
-                logger.experiment.log_text(logger.run_id, text, "config.yaml")
+                client, run_id = logger.experiment, logger.run_id
+                logged = client.get_run(run_id).data.params  # a resumed run keeps its params
+                params = [Param(k, v) for k, v in flatten(self.config).items() if k not in logged]
+                for i in range(0, len(params), 100):
+                    client.log_batch(run_id, params=params[i:i + 100])
+                client.log_text(run_id, text, "config.yaml")
                 return
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "config.yaml").write_text(text)
@@ -207,7 +233,7 @@ class AtlasCLI(LightningCLI):
             if init.get("run_name") is None:  # else MLflow draws a name from the seeded RNG: the same every run
                 init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['mixer']}"
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
-                logger["class_path"] = f"{__name__}.{StoreCreatingMLFlowLogger.__name__}"
+                logger["class_path"] = f"{__name__}.{RunLogger.__name__}"
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads the model's hyper-parameters from ``--ckpt_path`` right after parsing: check it first,

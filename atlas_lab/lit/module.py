@@ -36,6 +36,19 @@ class CompressionHead(nn.Module):
         return self.mlp(h[:, None, :] + self.positions[None, :length])
 
 
+class LearningRates(L.Callback):
+    """Logs each distinct learning rate once per logging step, named after the hyper-parameter that sets it:
+    ``train/lr`` and, for a model with ``memory_lr``, ``train/memory_lr`` (not one line per AdamW group)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        rates = {}
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                rates.setdefault(group.get("name", "lr"), group["lr"])
+        for name, lr in rates.items():
+            pl_module.log(f"train/{name}", float(lr), on_step=True, on_epoch=False, batch_size=1)
+
+
 def _positive(x) -> bool:
     return x > 0
 
@@ -204,8 +217,9 @@ class SequenceModel(L.LightningModule):
         for is_memory, group_lr in ((False, lr), (True, lr if memory_lr is None else memory_lr)):
             for decay in (True, False):
                 params = [p for p in self.parameters() if (id(p) in memory) == is_memory and (p.dim() >= 2) == decay]
-                if params:
-                    groups.append({"params": params, "lr": group_lr,
+                if params:  # name: the hyper-parameter that sets the group's rate (LearningRates logs it)
+                    name = "memory_lr" if is_memory and memory_lr is not None else "lr"
+                    groups.append({"params": params, "lr": group_lr, "name": name,
                                    "weight_decay": self.hparams.weight_decay if decay else 0.0})
         return groups
 

@@ -109,19 +109,6 @@ def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, 
     return run.info.run_id
 
 
-def flatten(config, prefix: str = "") -> dict[str, str]:
-    """A resolved config (nested dicts/Namespaces) as {dotted.key: str(value)} for MLflow params."""
-    items = config.items() if isinstance(config, dict) else vars(config).items()
-    out = {}
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) or hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = str(value)[:6000]
-    return out
-
-
 def finish_run(client: MlflowClient, run_id: str, state: str, reason: str | None = None) -> None:
     """Tag a trial's run with its Optuna state (and failure reason) and close it."""
     client.set_tag(run_id, "optuna.state", state)

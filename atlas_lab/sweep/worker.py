@@ -27,7 +27,6 @@ from pathlib import Path
 import lightning as L
 import optuna
 from lightning.pytorch.callbacks import Callback
-from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from optuna.exceptions import UpdateFinishedTrialError
@@ -36,7 +35,7 @@ from ..lit.cli import AtlasCLI, SaveConfigToTracking, check_config
 from ..lit.module import SequenceModel
 from . import study as studies
 from .spec import SweepSpec, cli_args, load_sweep
-from .tracking import child_run, finish_run, flatten
+from .tracking import child_run, finish_run
 
 
 class OptunaPruning(Callback):
@@ -66,7 +65,7 @@ class TrialCLI(AtlasCLI):
 
     def before_instantiate_classes(self):
         trainer = self.config["trainer"]
-        trainer["logger"] = {"class_path": "lightning.pytorch.loggers.MLFlowLogger",
+        trainer["logger"] = {"class_path": "atlas_lab.lit.cli.RunLogger",
                              "init_args": {"tracking_uri": self.tracking_uri, "run_id": self.run_id,
                                            "log_model": False}}
         keep = []
@@ -125,11 +124,7 @@ def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str,
                    run_id=run_id, tracking_uri=tracking_uri,
                    root_dir=f"runs/sweeps/{spec.study}/trial-{trial.number}")
     if cli.trainer.is_global_zero:
-        client = MlflowClient(tracking_uri)
-        items = [Param(k, v) for k, v in flatten(cli.config).items()]
-        for i in range(0, len(items), 100):
-            client.log_batch(run_id, params=items[i:i + 100])
-        client.set_tag(run_id, "trainer.world_size", str(cli.trainer.world_size))
+        MlflowClient(tracking_uri).set_tag(run_id, "trainer.world_size", str(cli.trainer.world_size))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
 

@@ -28,10 +28,18 @@ def test_experiment_config_fits_one_batch(workdir, experiment):
 
 
 def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
-    cli = run_cli(["fit", *tiny_mqar(logger=True), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1"])
+    cli = run_cli(["fit", *tiny_mqar(logger=True), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
+                   "--trainer.callbacks=[{class_path: atlas_lab.lit.module.LearningRates}]"])
     client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
     run = client.get_run(cli.trainer.logger.run_id)
     assert {"train/loss", "val/loss", "val/acc", "val/acc/L16-N2"} <= set(run.data.metrics)
+    # one learning-rate line per rate (mqar.yaml sets memory_lr apart from lr), named after its hyper-parameter
+    assert sorted(m for m in run.data.metrics if "lr" in m) == ["train/lr", "train/memory_lr"]
+    assert run.data.metrics["train/memory_lr"] != run.data.metrics["train/lr"]
+    # params: the flattened resolved config, once (not the module's hyper-parameters again under other names)
+    params = run.data.params
+    assert params["model.mixer"] == "titans" and params["data.init_args.seed"] == "0"
+    assert not {"lr", "mixer", "memory_lr"} & set(params) and not any("/" in k for k in params)
     config = client.download_artifacts(run.info.run_id, "config.yaml", str(workdir))
     assert "mixer: titans" in Path(config).read_text()
 

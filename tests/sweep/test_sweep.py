@@ -31,6 +31,9 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     assert seeds == sorted((f"lr={lr} mixer={m} seed={r}", str(r), str(r))  # grid keys in file order
                            for m in ("gla", "deltanet") for lr in (0.001, 0.003) for r in (0, 1))
     child = children[0]
+    # params: the flattened resolved config, each key once (not Lightning's hparams again as lr, memory/memory)
+    assert not {"lr", "mixer", "d_model"} & set(child.data.params) and not any("/" in k for k in child.data.params)
+    assert [m for m in child.data.metrics if "lr" in m] == ["train/lr"]  # one line per rate, not one per group
     assert child.data.params["model.mixer"] in ("gla", "deltanet") and "trainer.max_epochs" in child.data.params
     assert child.data.tags["optuna.state"] == "COMPLETE" and "val/acc" in child.data.metrics
     artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
