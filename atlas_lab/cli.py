@@ -112,16 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SweepError(f"--workers: expected an int >= 1, got {args.workers}")
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed)
         from .sweep.report import summarize
-        from .sweep.study import default_storage, open_storage
+        from .sweep.study import default_storage, load_existing
 
-        import optuna
-
-        storage = args.storage or default_storage(args.study)
-        try:
-            study = optuna.load_study(study_name=args.study, storage=open_storage(storage))
-        except KeyError:
-            raise SweepError(f"report: no study named {args.study!r} in {storage}") from None
-        summarize(study)
+        summarize(load_existing(args.storage or default_storage(args.study), args.study))
         return 0
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@ from atlas_lab.memory import memorize
 from atlas_lab.models import LanguageModel
 from atlas_lab.cli import main
 from helpers import make_problem
+from atlas_lab.sweep.study import open_storage
 from sweep_helpers import runs_of, write_sweep
 
 # The Python API
@@ -372,6 +373,12 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
                      "search.model.memory.eta_max = -1.0: model.memory.eta_max: expected a number > 0"),
     "metric": (dict(grid={"model.lr": [1e-3]}, metric="val/accuracy"),
                "metric: 'val/accuracy' is not logged by the trials"),
+    "baseline label": (dict(grid={"model.lr": [1e-3, 2e-3]}, baseline={"model.lr": 5e-3}),
+                       "baseline.model.lr: unknown label 0.005; valid choices: 0.001, 0.002"),
+    "baseline axes": (dict(grid={"model.lr": [1e-3], "model.mixer": ["gla"]}, baseline={"model.lr": 1e-3}),
+                      "baseline: expected one label for each grid axis (model.lr, model.mixer)"),
+    "baseline search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
+                             baseline={"model.lr": 1e-3}), "baseline: a baseline is a grid point; sampler tpe has none"),
 }
 
 
@@ -428,6 +435,35 @@ def test_a_trial_that_cannot_be_configured_fails_with_its_reason_and_is_never_re
     (trial,) = study.get_trials()
     assert trial.state.name == "FAIL" and LostTrials()(study) == []
     assert trial.user_attrs["fail_reason"].startswith("ConfigError: model.memory.window: expected an int >= 1")
+
+
+def _tree() -> dict:
+    return {str(p): p.stat().st_size for p in Path(".").rglob("*")}
+
+
+def test_a_report_of_a_missing_study_is_one_line_exit_2_and_writes_nothing(sweep_dir, capsys):
+    import optuna
+
+    assert main(["report", "nosuch"]) == 2  # no --storage: the default journal does not exist, and stays so
+    assert not Path("runs").exists()
+    Path("runs/optuna").mkdir(parents=True)
+    optuna.create_study(study_name="other", storage=open_storage("runs/optuna/other.journal"))
+    before = _tree()
+    assert main(["report", "nosuch", "--storage", "runs/optuna/other.journal"]) == 2
+    assert main(["report", "nosuch", "--storage", "sqlite:///runs/optuna.db"]) == 2
+    assert _tree() == before
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3 and all("report: no study named 'nosuch'" in e for e in errors), errors
+
+
+def test_a_report_never_creates_tables_in_a_database(postgres, sweep_dir, capsys):
+    """A fresh PostgreSQL database stays empty: the report reads, it never creates Optuna's tables."""
+    import sqlalchemy
+
+    postgres_url = postgres.database()
+    assert main(["report", "nosuch", "--storage", postgres_url]) == 2
+    assert "report: no study named 'nosuch'" in capsys.readouterr().err
+    assert sqlalchemy.inspect(sqlalchemy.create_engine(postgres_url)).get_table_names() == []
 
 
 def test_ui_on_a_port_in_use_is_one_line_exit_2(sweep_dir, capsys):

@@ -68,6 +68,27 @@ def open_storage(url: str):
         return optuna.storages.RDBStorage(url)
 
 
+def load_existing(url: str, name: str) -> optuna.Study:
+    """An existing study, opened for reading only: a missing journal file or SQLite database, a database without
+    Optuna's tables or a study that is not there is a SweepError, and nothing is created on the way."""
+    sqlite = url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:")
+    path = Path(url[len("sqlite:///"):] if sqlite else url)
+    if ("://" not in url or sqlite) and not path.is_file():
+        raise SweepError(f"report: no study named {name!r}: the storage {url} does not exist (--storage: the journal "
+                         f"file or database URL the sweep used)")
+    import sqlalchemy.exc
+
+    try:
+        if "://" not in url:
+            storage = open_storage(url)
+        else:
+            with storage_errors(url):
+                storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return optuna.load_study(study_name=name, storage=storage)
+    except (KeyError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):  # no study, no tables
+        raise SweepError(f"report: no study named {name!r} in {shown(url)}") from None
+
+
 @contextlib.contextmanager
 def storage_errors(url: str):
     """A missing database driver or an unreachable server, met inside, as a SweepError (one line, exit 2)."""
