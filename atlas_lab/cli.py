@@ -96,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--study", default=None, help="print the URL of this study's runs")
     args = parser.parse_args(argv)
     if args.command == "presets":
         print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window)
         return 0
     if args.command == "ui":
-        return ui(args.port, args.tracking_uri)
+        return ui(args.port, args.tracking_uri, args.study)
     from .sweep import SweepError
 
     try:
@@ -121,14 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def ui(port: int, tracking_uri: str | None) -> int:
-    """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it). The URL is
-    printed once the server answers; a port in use is one line and exit code 2."""
+def ui(port: int, tracking_uri: str | None, study: str | None = None) -> int:
+    """Serve the MLflow UI on loopback for the project's tracking store (foreground; Ctrl-C stops it). Once the
+    server answers, every experiment opens in model-training mode and the URL printed is the sweeps' runs view
+    (one study's runs with ``--study``). A port in use, or a server that does not start, is one line and exit code
+    2, and nothing is written (the server's log is a temporary file)."""
+    import os
     import signal
     import socket
+    import tempfile
     from pathlib import Path
 
-    from .sweep.tracking import resolve_uri, start_server, stop_server
+    from .sweep.tracking import resolve_uri, runs_view, start_server, stop_server
 
     with socket.socket() as s:
         try:
@@ -137,11 +142,31 @@ def ui(port: int, tracking_uri: str | None) -> int:
             print(f"error: --port: {port} is in use on 127.0.0.1 (another server answers there); choose another port",
                   file=sys.stderr)
             return 2
-    uri = resolve_uri(tracking_uri)
-    Path("runs").mkdir(exist_ok=True)
-    log = "runs/mlflow-ui.log"
-    server, url = start_server(uri, port=port, log_path=log)  # a process group of its own: Ctrl-C reaches us only
-    print(f"MLflow UI for {uri}: {url}  (Ctrl-C to stop; server log: {log})", flush=True)
+    uri = resolve_uri(tracking_uri, create=False)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"error: --tracking-uri: no tracking store at {uri[len('sqlite:///'):]} yet; atlas-lab fit or atlas-lab "
+              "sweep creates it (or give --tracking-uri)", file=sys.stderr)
+        return 2
+    fd, log = tempfile.mkstemp(prefix="atlas-lab-ui-", suffix=".log")
+    os.close(fd)
+    try:
+        server, url = start_server(uri, port=port, log_path=log, create=False)
+    except RuntimeError as e:
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+        os.unlink(log)
+        print(f"error: ui: {e}" + (f": {lines[-1].strip()}" if lines else ""), file=sys.stderr)
+        return 2
+    try:
+        view = runs_view(url, study)
+    except KeyError:
+        stop_server(server)
+        os.unlink(log)
+        print(f"error: --study: no study named {study!r} in {uri}", file=sys.stderr)
+        return 2
+    except BaseException:
+        stop_server(server)
+        raise
+    print(f"MLflow UI for {uri}: {view}  (Ctrl-C to stop; server log: {log})", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the server as Ctrl-C does
     try:
         return server.wait()

@@ -378,7 +378,8 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
     "baseline axes": (dict(grid={"model.lr": [1e-3], "model.mixer": ["gla"]}, baseline={"model.lr": 1e-3}),
                       "baseline: expected one label for each grid axis (model.lr, model.mixer)"),
     "baseline search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
-                             baseline={"model.lr": 1e-3}), "baseline: a baseline is a grid point; sampler tpe has none"),
+                             baseline={"model.lr": 1e-3}),
+                        "baseline: a baseline is a grid point; sampler tpe has none"),
 }
 
 

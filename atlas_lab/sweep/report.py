@@ -297,5 +297,5 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             client.log_artifact(parent, str(f), "summary")
         log_summary(client, parent, study, columns, rows, diffs)
     console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
-    console.print("browse every run: [bold]make ui[/bold]  (or: atlas-lab ui)")
+    console.print(Text(f"browse its runs: atlas-lab ui --study {study.study_name}"))
     return out

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -27,10 +30,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None):
-    """Start ``mlflow server`` on loopback; returns (process, http URI) once it answers /health."""
+def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None,
+                 create: bool = True):
+    """Start ``mlflow server`` on loopback; returns (process, http URI) once it answers /health. ``create``: make
+    the artifacts folder first (a server that only shows runs, ``atlas-lab ui``, leaves it to the runs)."""
     port = port or free_port()
-    Path(artifacts).mkdir(parents=True, exist_ok=True)
+    if create:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
     with open(log_path or os.devnull, "ab") as log:  # the server keeps its own copy of the file
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--artifacts-destination",
@@ -48,6 +54,43 @@ def start_server(backend_uri: str, port: int | None = None, artifacts: str = ART
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path})")
+
+
+MODEL_TRAINING = "custom_model_development"  # the MLflow UI's "Model training" experiment kind (not GenAI)
+
+
+def runs_view(url: str, study: str | None = None) -> str:
+    """Mark every experiment of the server at ``url`` as model training (the UI otherwise opens it in GenAI mode,
+    on an empty traces page) and return the URL of the sweeps' runs view, or of the home page when there is no
+    sweep yet. With ``study``: a saved view of that study's runs (MLflow's shared view state, an experiment tag):
+    its parent run and children, with the grid axes, the metric and the best value as columns. KeyError: no such
+    study."""
+    client = MlflowClient(url)
+    for exp in client.search_experiments():
+        if exp.tags.get("mlflow.experimentKind") is None:
+            client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", MODEL_TRAINING)
+    sweeps = client.get_experiment_by_name(EXPERIMENT)
+    if sweeps is None:
+        if study is not None:
+            raise KeyError(study)
+        return url
+    view = f"{url}/#/experiments/{sweeps.experiment_id}/runs?workflowType=machine_learning"
+    if study is None:
+        return view
+    found = client.search_runs([sweeps.experiment_id], max_results=1, filter_string=(
+        f"tags.`atlas_lab.study` = '{study}' and tags.`atlas_lab.role` = 'study'"))
+    if not found:
+        raise KeyError(study)
+    params = found[0].data.params
+    metric = params.get("study.metric", "")
+    axes = [k[len("grid."):] for k in params if k.startswith("grid.")]
+    state = {"searchFilter": f"tags.`atlas_lab.study` = '{study}'", "orderByKey": "attributes.start_time",
+             "orderByAsc": False,
+             "selectedColumns": [f"params.`{k}`" for k in axes] + [f"metrics.`{metric}`", f"metrics.`best/{metric}`"],
+             "columnWidths": {"attributes.`Run Name`": 360}}
+    key = "atlas-lab-" + re.sub(r"[^\w.-]", "_", study)
+    client.set_experiment_tag(sweeps.experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(state))
+    return f"{view}&viewStateShareKey={urllib.parse.quote(key)}"
 
 
 def stop_server(proc) -> None:
@@ -80,7 +123,8 @@ def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
     Path(ARTIFACTS).mkdir(parents=True, exist_ok=True)
     try:
         return client.create_experiment(name, artifact_location=Path(ARTIFACTS).resolve().as_uri()
-                                        if not client.tracking_uri.startswith("http") else None)
+                                        if not client.tracking_uri.startswith("http") else None,
+                                        tags={"mlflow.experimentKind": MODEL_TRAINING})
     except mlflow.exceptions.MlflowException:  # created concurrently
         return client.get_experiment_by_name(name).experiment_id
 

@@ -1,11 +1,5 @@
 """Sweeps end to end with real Optuna storage and a real MLflow store in a temporary folder."""
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -93,40 +87,6 @@ def test_median_pruner_prunes_a_hopeless_trial(workdir):
     assert by_lr[1e-2].state == TrialState.COMPLETE
     assert by_lr[1e-9].state == TrialState.PRUNED
     assert len(by_lr[1e-9].intermediate_values) < 3
-
-
-def test_ui_serves_the_study_runs_over_rest(workdir):
-    sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3]})
-    assert main(["sweep", sweep]) == 0
-    port = __import__("atlas_lab.sweep.tracking", fromlist=["free_port"]).free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "atlas_lab.cli", "ui", "--port", str(port)], start_new_session=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert f"http://127.0.0.1:{port}" in ui.stdout.readline()
-        deadline, body = time.time() + 90, None
-        while time.time() < deadline and body is None:
-            time.sleep(1)
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name"
-                                             "?experiment_name=atlas-lab-sweeps")
-                exp = json.load(urllib.request.urlopen(req, timeout=5))["experiment"]["experiment_id"]
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", method="POST",
-                                             data=json.dumps({"experiment_ids": [exp]}).encode(),
-                                             headers={"Content-Type": "application/json"})
-                body = json.load(urllib.request.urlopen(req, timeout=5))
-            except OSError:
-                continue
-        names = sorted(r["info"]["run_name"] for r in body["runs"])
-        assert names == ["lr=0.001 seed=0", "s"]
-        os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the command's process group
-        out, _ = ui.communicate(timeout=60)
-        assert ui.returncode == 0 and out.strip().splitlines() == ["MLflow UI stopped"], out
-        with pytest.raises(OSError):  # the server went with it
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-    finally:
-        if ui.poll() is None:
-            os.killpg(ui.pid, signal.SIGTERM)
-            ui.wait(timeout=30)
 
 
 @pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
