@@ -281,7 +281,7 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             files.append(path)
     keys = short_names(columns)
     print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first",
-                keys + POINT_HEADER[:7], [[_fmt(r[c]) for c in columns] + _point_cells(r)[:7] for r in rows],
+                keys + POINT_HEADER[:7], [[str(r[c]) for c in columns] + _point_cells(r)[:7] for r in rows],
                 keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
                                            else None for r in rows])
     if diffs:
