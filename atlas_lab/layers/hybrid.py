@@ -29,7 +29,9 @@ class MAG(nn.Module):
         cache = cache or {}
         m, cm = self.memory(x, cache.get("memory"))
         a, ca = self.swa(x, cache.get("swa"))
-        o = self.swa_norm(a) * torch.sigmoid(self.memory_norm(m))
+        # the norms in the weights' precision (float32 under bf16/16-mixed autocast, whose outputs a and m are not)
+        dtype = self.swa_norm.weight.dtype
+        o = self.swa_norm(a.to(dtype)) * torch.sigmoid(self.memory_norm(m.to(dtype)))
         return self.o_proj(o), {"memory": cm, "swa": ca}
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:

@@ -182,13 +182,24 @@ class MemoryMixer(nn.Module):
         state = cache.get("memory")
         if state is None:
             state = dict(self.initial_weights.items())
-        o, state = memorize(
-            q, k, v, memory=c.memory, feature_map=c.feature_map, objective=c.objective, window=c.window,
-            optimizer=c.optimizer, chunk_size=c.chunk_size, initial_state=state, degree=c.degree,
-            coefficients=coefficients, depth=c.depth, expansion=c.expansion, activation=c.activation,
-            residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
-            output_norm=c.output_norm, checkpoint=c.checkpoint,
-            impl="auto", **self.gates(x))
+        gates = self.gates(x)
+        # The rule runs in float32 (float64 stays float64) whatever the autocast: under bf16/16-mixed the
+        # projections above are low precision, but the inner state, its updates and Newton–Schulz are not, since
+        # their rounding accumulates over the sequence (docs/memory.md §11).
+        rule_dtype = torch.promote_types(q.dtype, torch.float32)
+
+        def exact(t):
+            return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
+
+        with torch.autocast(x.device.type, enabled=False):
+            o, state = memorize(
+                exact(q), exact(k), exact(v), memory=c.memory, feature_map=c.feature_map, objective=c.objective,
+                window=c.window, optimizer=c.optimizer, chunk_size=c.chunk_size,
+                initial_state={name: exact(w) for name, w in state.items()}, degree=c.degree,
+                coefficients=exact(coefficients), depth=c.depth, expansion=c.expansion, activation=c.activation,
+                residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
+                output_norm=c.output_norm, checkpoint=c.checkpoint, impl="auto",
+                **{g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
 
