@@ -34,7 +34,8 @@ ui: $(VENV)/.installed
 # installed, so pip can never replace it (a CUDA build stays a CUDA build); if a peer cannot live with that torch,
 # pip fails instead of swapping it.
 BENCH_PEERS ?= titans-pytorch==0.5.5 fla-core
-BENCHMARKS  := memory_ops newton_schulz_cpu titans_layer deltanet models memory_scaling streaming_memory long_context swa
+BENCHMARKS  := memory_ops newton_schulz_cpu titans_layer deltanet models memory_scaling streaming_memory long_context swa \
+               launches
 
 $(VENV)/.bench-peers: $(VENV)/.installed
 	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/bench-constraints.txt

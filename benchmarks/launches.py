@@ -1,0 +1,98 @@
+"""Kernel launches per chunk of the chunked memory path: the torch profiler's leaf operator count (an operator that
+calls no other operator is what launches a kernel on a GPU), forward and backward, per added chunk.
+
+    python benchmarks/launches.py [--presets atlas titans] [--chunks 4] [--tiny]
+
+For each preset's memory layer (the model's memory mixer, its own projections included) the count is taken at T = n
+and at T = (n + k) chunks; (difference) / k is what each further chunk costs, the rest is the call's fixed part.
+Counted on the CPU; on a GPU each of these operators is one launch (a few launch more than one). Views,
+allocations and no-ops are left out, and so is the CPU Newton–Schulz kernel (one call per chunk, not an aten
+operator; on a GPU the Triton kernel of ``kernels/newton_schulz.py``, one launch per chunk).
+"""
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import common
+from atlas_lab.layers import MemoryMixer
+from atlas_lab.lit import SequenceModel
+
+
+# leaf operators that only make a view, allocate, or do nothing: no kernel on a GPU
+NO_KERNEL = {"aten::" + name for name in (
+    "as_strided", "view", "_reshape_alias", "_unsafe_view", "reshape", "alias", "detach", "detach_", "t",
+    "transpose", "permute", "expand", "squeeze", "unsqueeze", "select", "slice", "unbind", "split", "chunk",
+    "narrow", "diagonal", "unfold", "view_as", "expand_as", "empty", "empty_like", "empty_strided", "resize_",
+    "resolve_conj", "resolve_neg", "to", "lift_fresh", "is_nonzero", "item", "_local_scalar_dense", "size",
+    "stride", "numel", "dim", "contiguous", "result_type", "broadcast_tensors", "set_", "conj",
+    "scalar_tensor")}  # scalar_tensor: a Python number wrapped as a CPU scalar, a kernel argument on a GPU
+
+
+def leaf_ops(fn) -> Counter:
+    """{operator name: count} of the aten operators ``fn()`` runs that call no other aten operator and launch a
+    kernel (views, allocations and no-ops left out: NO_KERNEL)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = Counter()
+    for event in prof.events():
+        if event.name.startswith("aten::") and event.name not in NO_KERNEL and \
+                not any(c.name.startswith("aten::") for c in event.cpu_children):
+            counts[event.name] += 1
+    return counts
+
+
+def memory_layer(preset: str, d_model: int, heads: int) -> MemoryMixer:
+    model = SequenceModel(vocab_size=64, mixer=preset, d_model=d_model, n_layers=1, n_heads=heads,
+                          memory_heads=heads)
+    return next(m for m in model.modules() if isinstance(m, MemoryMixer))
+
+
+def count(layer: MemoryMixer, T: int, batch: int) -> tuple[Counter, Counter]:
+    """(forward, backward) leaf-operator counts of one call of ``layer`` on [batch, T, d_model]."""
+    x = torch.randn(batch, T, layer.q_proj.in_features, requires_grad=True)
+    forward = leaf_ops(lambda: layer(x))
+    out, _ = layer(x)
+    backward = leaf_ops(lambda: out.square().mean().backward())
+    return forward, backward
+
+
+def main(argv=None):
+    ap = common.add_common_args(argparse.ArgumentParser(description=__doc__), repeats=1)
+    ap.add_argument("--presets", nargs="+", default=["atlas", "titans", "omeganet", "deltanet"])
+    ap.add_argument("--chunks", type=int, default=4, help="chunks added between the two counts")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--top", type=int, default=6, help="operators listed per preset")
+    args = common.apply_tiny(ap.parse_args(argv), {"presets": ["atlas", "titans"], "chunks": 2, "d_model": 32,
+                                                   "heads": 4})
+    common.set_threads(args.threads)
+    rows, results = [], []
+    for preset in args.presets:
+        torch.manual_seed(0)
+        layer = memory_layer(preset, args.d_model, args.heads)
+        chunk = layer.config.chunk_size
+        f1, b1 = count(layer, chunk, args.batch)
+        f2, b2 = count(layer, chunk * (1 + args.chunks), args.batch)
+        per_f = (sum(f2.values()) - sum(f1.values())) / args.chunks
+        per_b = (sum(b2.values()) - sum(b1.values())) / args.chunks
+        top = ((f2 + b2) - (f1 + b1)).most_common(args.top)
+        rows.append([preset, str(chunk), f"{per_f:.0f}", f"{per_b:.0f}", f"{per_f + per_b:.0f}",
+                     f"{sum(f1.values()) + sum(b1.values())}",
+                     ", ".join(f"{name[6:]} {n / args.chunks:.0f}" for name, n in top)])
+        results.append({"preset": preset, "chunk_size": chunk, "forward_per_chunk": per_f,
+                        "backward_per_chunk": per_b, "one_chunk_total": sum(f1.values()) + sum(b1.values()),
+                        "top_per_chunk": {name: n / args.chunks for name, n in top}})
+    common.print_table(f"leaf operators (kernel launches on a GPU) per chunk, batch {args.batch}, d_model "
+                       f"{args.d_model}, {args.heads} heads" + (" (--tiny)" if args.tiny else ""),
+                       ["preset", "chunk", "forward", "backward", "total", "one-chunk call", "most per chunk"],
+                       rows)
+    common.write_json(common.out_path("launches", args), {"meta": common.meta(args), "results": results})
+
+
+if __name__ == "__main__":
+    main()
