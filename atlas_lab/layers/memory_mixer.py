@@ -185,7 +185,8 @@ class MemoryMixer(nn.Module):
         gates = self.gates(x)
         # The rule runs in float32 (float64 stays float64) whatever the autocast: under bf16/16-mixed the
         # projections above are low precision, but the inner state, its updates and Newton–Schulz are not, since
-        # their rounding accumulates over the sequence (docs/memory.md §11).
+        # their rounding accumulates over the sequence (docs/memory.md §11). A streamed MemoryState is the rule's
+        # own output, already in its precision.
         rule_dtype = torch.promote_types(q.dtype, torch.float32)
 
         def exact(t):
@@ -195,7 +196,8 @@ class MemoryMixer(nn.Module):
             o, state = memorize(
                 exact(q), exact(k), exact(v), memory=c.memory, feature_map=c.feature_map, objective=c.objective,
                 window=c.window, optimizer=c.optimizer, chunk_size=c.chunk_size,
-                initial_state={name: exact(w) for name, w in state.items()}, degree=c.degree,
+                initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
+                degree=c.degree,
                 coefficients=exact(coefficients), depth=c.depth, expansion=c.expansion, activation=c.activation,
                 residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
                 output_norm=c.output_norm, checkpoint=c.checkpoint, impl="auto",
