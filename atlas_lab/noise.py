@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import re
 import warnings
 
 # (regex matched at the message's start, category name, why it is not ours to fix)
@@ -16,9 +17,15 @@ WARNINGS = [
     (r"The ``noload`` loader strategy is deprecated", "DeprecationWarning", "MLflow's SQLAlchemy store"),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", "FutureWarning", "Lightning's pytree helper, on torch's"),
     (r"Triton is not supported on current platform", "UserWarning", "triton imported on a machine without a GPU"),
+    (r"LightningCLI's args parameter is intended to run from within Python", "UserWarning",
+     "a sweep trial passes its config as args to LightningCLI in a worker or job whose own command line must stay as "
+     "it is (Lightning's DDP launcher starts a job's other ranks from it)"),
     (r"Checkpoint directory .* exists and is not empty", "UserWarning",
      "each fit replaces last.ckpt on purpose (lightning_config.yaml: enable_version_counter: false)"),
 ]
+# (logger, regex matched at the line's start, why): single log lines dropped
+DROPPED_LINES = [("lightning.pytorch.utilities.rank_zero", r"💡 Tip: For seamless cloud logging",
+                  "Lightning's advertisement for its litlogger package, on every fit")]
 # loggers whose INFO lines only say what happened as planned
 QUIET_LOGGERS = ("lightning.fabric.utilities.seed",  # "Seed set to 0", once per run and per checked grid point
                  "alembic.runtime.migration", "mlflow.store.db.utils")  # a fresh tracking store's schema migration
@@ -30,3 +37,16 @@ def quiet() -> None:
         warnings.filterwarnings("ignore", message=message, category=getattr(builtins, category))
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name, pattern, _ in DROPPED_LINES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) and f.pattern == pattern for f in logger.filters):
+            logger.addFilter(_Drop(pattern))
+
+
+class _Drop(logging.Filter):
+    def __init__(self, pattern: str):
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return re.match(self.pattern, record.getMessage()) is None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import optuna
 
+from ..noise import quiet
 from . import study as studies
 from .spec import load_sweep
 from .worker import fit_once
@@ -34,6 +35,7 @@ def _exit_with(parent_pid: int) -> None:
 
 
 def main(argv=None) -> int:
+    quiet()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("sweep")
     ap.add_argument("--storage", required=True)

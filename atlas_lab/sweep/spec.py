@@ -8,7 +8,7 @@ direction: maximize
 sampler: grid                   # grid | tpe | random
 trials: null                    # grid: every point; tpe/random: a count
 repeats: 1                      # seeds per point (repeat r: r added to both seeds, see below)
-pruner: {type: median, warmup_epochs: 2}   # or none / hyperband
+pruner: {type: median, warmup_epochs: 2}   # or none / hyperband; warmup in validations
 grid:                           # dotted config paths -> a list of values, or {label: value}
   model.mixer: [titans, omeganet, atlas]
 search:                         # tpe/random: {low, high, log, int} or {choices: [...]}

@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 
 from optuna.exceptions import UpdateFinishedTrialError
 
+from ..noise import quiet
 from ..lit.cli import AtlasCLI, SaveConfigToTracking, check_config
 from ..lit.module import SequenceModel
 from . import study as studies
@@ -39,21 +40,23 @@ from .tracking import child_run, finish_run
 
 
 class OptunaPruning(Callback):
-    """Reports the sweep metric to Optuna after every validation epoch and stops a trial the pruner prunes. Under
-    DDP rank 0 reports and decides, and every rank stops together."""
+    """Reports the sweep metric to Optuna after every validation, as step 0, 1, 2, … (one per epoch, or several
+    with ``trainer.val_check_interval`` below 1), and stops a trial the pruner prunes. Under DDP rank 0 reports and
+    decides, and every rank stops together."""
 
     def __init__(self, trial: optuna.Trial, metric: str):
-        self.trial, self.metric = trial, metric
+        self.trial, self.metric, self.validations = trial, metric, 0
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
-        epoch, prune = trainer.current_epoch, False
+        step, prune = self.validations, False
+        self.validations += 1
         if trainer.is_global_zero:
-            self.trial.report(float(trainer.callback_metrics[self.metric]), step=epoch)
+            self.trial.report(float(trainer.callback_metrics[self.metric]), step=step)
             prune = self.trial.should_prune()
         if trainer.strategy.broadcast(prune):
-            raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+            raise optuna.TrialPruned(f"pruned at validation {step} (epoch {trainer.current_epoch})")
 
 
 class TrialCLI(AtlasCLI):
@@ -298,6 +301,7 @@ def work(spec: SweepSpec, storage: str, tracking_uri: str, parent: str, worker_i
 
 
 def main(argv=None):
+    quiet()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("sweep")
     ap.add_argument("--storage", required=True)
