@@ -66,21 +66,21 @@ def runs_view(url: str, study: str | None = None) -> str:
     its parent run and children, with the grid axes, the metric and the best value as columns. KeyError: no such
     study."""
     client = MlflowClient(url)
+    sweeps = client.get_experiment_by_name(EXPERIMENT)
+    found = None
+    if study is not None:  # looked up before anything is written: an unknown study changes nothing
+        found = sweeps and client.search_runs([sweeps.experiment_id], max_results=1, filter_string=(
+            f"tags.`atlas_lab.study` = '{study}' and tags.`atlas_lab.role` = 'study'"))
+        if not found:
+            raise KeyError(study)
     for exp in client.search_experiments():
         if exp.tags.get("mlflow.experimentKind") is None:
             client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", MODEL_TRAINING)
-    sweeps = client.get_experiment_by_name(EXPERIMENT)
     if sweeps is None:
-        if study is not None:
-            raise KeyError(study)
         return url
     view = f"{url}/#/experiments/{sweeps.experiment_id}/runs?workflowType=machine_learning"
-    if study is None:
+    if found is None:
         return view
-    found = client.search_runs([sweeps.experiment_id], max_results=1, filter_string=(
-        f"tags.`atlas_lab.study` = '{study}' and tags.`atlas_lab.role` = 'study'"))
-    if not found:
-        raise KeyError(study)
     params = found[0].data.params
     metric = params.get("study.metric", "")
     axes = [k[len("grid."):] for k in params if k.startswith("grid.")]

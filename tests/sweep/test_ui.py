@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from atlas_lab.cli import main
 from atlas_lab.sweep.tracking import free_port
@@ -81,6 +82,8 @@ def test_ui_without_a_store_or_with_an_unknown_study_is_one_line_exit_2(sweep_di
     before = sorted(str(p) for p in Path(".").rglob("*"))
     assert main(["ui", "--port", str(free_port()), "--study", "nosuch"]) == 2
     assert sorted(str(p) for p in Path(".").rglob("*")) == before
+    store = MlflowClient(f"sqlite:///{Path('runs/mlflow.db').resolve()}")  # nor in the store: no experiment retagged
+    assert "mlflow.experimentKind" not in store.get_experiment_by_name("Default").tags
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors[0].startswith("error: --tracking-uri: no tracking store at") and \
         errors[1] == f"error: --study: no study named 'nosuch' in sqlite:///{Path('runs/mlflow.db').resolve()}"
