@@ -211,10 +211,9 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
     repeats = [repeat] if spec.sampler == "grid" else list(range(spec.repeats))
     values, run_ids, run_id = [], [], None
     try:
+        config = check_config(cli_args(spec.base, spec.overrides(labels, sampled))).config  # the same for each repeat
         for r in repeats:
-            overrides = spec.overrides(labels, sampled)
-            config = check_config(cli_args(spec.base, overrides)).config
-            overrides.update(repeat_seeds(config, r))
+            overrides = {**spec.overrides(labels, sampled), **repeat_seeds(config, r)}
             name = spec.run_name(labels, sampled, overrides["seed_everything"], trial.number)
             run_id = child_run(client, parent, spec.study, trial.number, name,
                                {"sweep.labels": json.dumps(labels), "sweep.repeat": str(r)})
