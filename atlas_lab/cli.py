@@ -133,6 +133,7 @@ def ui(port: int, tracking_uri: str | None, study: str | None = None) -> int:
     import tempfile
     from pathlib import Path
 
+    from .sweep.locks import store_file
     from .sweep.tracking import resolve_uri, runs_view, start_server, stop_server
 
     with socket.socket() as s:
@@ -143,9 +144,10 @@ def ui(port: int, tracking_uri: str | None, study: str | None = None) -> int:
                   file=sys.stderr)
             return 2
     uri = resolve_uri(tracking_uri, create=False)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        print(f"error: --tracking-uri: no tracking store at {uri[len('sqlite:///'):]} yet; atlas-lab fit or atlas-lab "
-              "sweep creates it (or give --tracking-uri)", file=sys.stderr)
+    store = store_file(uri)
+    if store is not None and not store.is_file():
+        print(f"error: --tracking-uri: no tracking store at {store} yet; atlas-lab fit or atlas-lab sweep creates it "
+              "(or give --tracking-uri)", file=sys.stderr)
         return 2
     fd, log = tempfile.mkstemp(prefix="atlas-lab-ui-", suffix=".log")
     os.close(fd)

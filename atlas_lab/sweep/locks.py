@@ -22,6 +22,16 @@ def is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgresql+", "postgres://"))
 
 
+def store_file(url: str) -> Path | None:
+    """The file that holds a store: a journal file path, or the database of ``sqlite:///path``; None for a server
+    (``postgresql://…``, ``http://…``) or an in-memory database."""
+    if "://" not in url:
+        return Path(url)
+    if url.startswith(SQLITE) and url[len(SQLITE):] not in ("", ":memory:"):
+        return Path(url[len(SQLITE):])
+    return None
+
+
 @contextlib.contextmanager
 def file_lock(path: str | Path):
     """An exclusive flock on ``path`` (created if missing), released on exit or when the process dies."""

@@ -83,14 +83,16 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
     return columns, rows
 
 
+def baseline_row(rows: list[dict], columns: list[str], baseline: dict | None) -> dict | None:
+    """The row of the baseline point (its labels on every grid axis), or None."""
+    return next((r for r in rows if baseline and all(r[k] == baseline.get(k) for k in columns)), None)
+
+
 def differences(study: optuna.Study, columns: list[str], rows: list[dict]) -> list[dict]:
     """Every other grid point against the study's ``baseline`` point, paired by repeat: the axes it changes, the
     number of pairs, the mean paired difference (point − baseline) and its 95 % interval; ``excludes_0`` where the
     interval lies on one side of 0, ``better`` when the difference goes the metric's way. [] without a baseline."""
-    baseline = study.user_attrs.get("baseline")
-    if not baseline:
-        return []
-    base = next((r for r in rows if all(r[k] == baseline.get(k) for k in columns)), None)
+    base = baseline_row(rows, columns, study.user_attrs.get("baseline"))
     if base is None:
         return []
     maximize = study.user_attrs.get("direction", "maximize") == "maximize"
@@ -189,7 +191,7 @@ def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path,
         return None
     names = dict(zip(columns, short_names(columns)))
     fig, axes = plt.subplots(1, len(columns), figsize=(5.5 * len(columns), 4.2), squeeze=False)
-    base = next((r for r in done if baseline and all(r[k] == baseline.get(k) for k in columns)), None)
+    base = baseline_row(done, columns, baseline)
     for ax, col in zip(axes[0], columns):
         labels = list(dict.fromkeys(str(r[col]) for r in rows))
         others = [k for k in columns if k != col]

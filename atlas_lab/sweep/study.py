@@ -23,7 +23,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from .locks import JournalFlock, StorageLock, is_postgres
+from .locks import JournalFlock, StorageLock, is_postgres, store_file
 from .spec import SweepError, SweepSpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -71,9 +71,8 @@ def open_storage(url: str):
 def load_existing(url: str, name: str) -> optuna.Study:
     """An existing study, opened for reading only: a missing journal file or SQLite database, a database without
     Optuna's tables or a study that is not there is a SweepError, and nothing is created on the way."""
-    sqlite = url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:")
-    path = Path(url[len("sqlite:///"):] if sqlite else url)
-    if ("://" not in url or sqlite) and not path.is_file():
+    path = store_file(url)
+    if path is not None and not path.is_file():
         raise SweepError(f"report: no study named {name!r}: the storage {url} does not exist (--storage: the journal "
                          f"file or database URL the sweep used)")
     import sqlalchemy.exc
