@@ -30,8 +30,10 @@ COVERAGE = ("impl='triton' covers memory='linear' with optimizer 'gd' or 'moment
             "or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or 'auto') otherwise")
 
 
-def unsupported(q, mem, optimizer, chunk_size, W) -> str | None:
+def unsupported(q, mem, optimizer, chunk_size, W, read="token") -> str | None:
     """Why the Triton kernels do not cover a call (None when they do)."""
+    if read != "token":
+        return f"read={read!r} (the kernels compute per-token reads)"
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"dtype {q.dtype}"
     if not (q.is_cuda or INTERPRETED):
@@ -69,9 +71,9 @@ def chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset):
 
 
 def memorize_triton(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                    chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients):
+                    chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, read="token", pending=None):
     """Same arguments and results as ``atlas_lab.memory.reference.memorize_reference``, on the Triton kernels."""
-    reason = unsupported(q, mem, optimizer, chunk_size, W)
+    reason = unsupported(q, mem, optimizer, chunk_size, W, read)
     if reason:
         raise NotImplementedError(f"memorize: impl='triton' does not cover {reason}. {COVERAGE}")
     if optimizer == "muon":  # the chunked path, every chunk's n·N momenta orthogonalised in one NS launch
@@ -85,4 +87,4 @@ def memorize_triton(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, 
         offset=offset, chunk_size=chunk_size, window=window, objective=objective, m=co.get("m"), s=co.get("s"),
         Cs=co.get("Cs"), S0=S["W"] if momentum else None)
     offset = (offset + q.shape[1]) % chunk_size
-    return y, {"W": W_T}, ({"W": S_T} if momentum else None), ({"W": W_e} if offset else None), offset
+    return y, {"W": W_T}, ({"W": S_T} if momentum else None), ({"W": W_e} if offset else None), offset, None

@@ -12,12 +12,31 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="where the memory and kernel tests run (helpers.DEVICE, the `device` fixture): cpu or cuda")
+
+
 def pytest_configure(config):
-    """Other packages' warnings are filtered where the command filters them (atlas_lab/noise.py)."""
+    """Other packages' warnings are filtered where the command filters them (atlas_lab/noise.py); ``--device`` is
+    checked and handed to the tests (helpers.DEVICE)."""
+    import helpers
     from atlas_lab.noise import WARNINGS
 
     for message, category, _ in WARNINGS:
         config.addinivalue_line("filterwarnings", f"ignore:{message}:{category}")
+    device = torch.device(config.getoption("--device"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device on this machine")
+    helpers.DEVICE = device
+
+
+@pytest.fixture
+def device():
+    """The tests' device (``--device``, default cpu)."""
+    import helpers
+
+    return helpers.DEVICE
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,13 @@
-"""Shared test utilities: random memorize problems and relative-error comparisons."""
+"""Shared test utilities: random memorize problems and relative-error comparisons.
+
+DEVICE: where the memory and kernel tests put their tensors — pytest's ``--device`` option (conftest.py; default
+cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
 import torch
 
 from atlas_lab.memory import feature_dim, memorize
 
 GATES = ("alpha", "eta", "theta", "gamma")
+DEVICE = torch.device("cpu")
 
 
 def rel_err(a, b):
@@ -13,8 +17,9 @@ def rel_err(a, b):
 
 
 def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memory="linear", feature_map="identity",
-                 degree=2, **kw):
-    """Random leaf tensors for memorize: q, k, v, gates in a stable range, learnable W_0 and φ coefficients."""
+                 degree=2, device=None, **kw):
+    """Random leaf tensors for memorize on ``device`` (default DEVICE): q, k, v, gates in a stable range, learnable
+    W_0 and φ coefficients. Drawn on the CPU, so that every device sees the same numbers."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):  # drawn in float64 and cast, so that every dtype sees the same numbers
@@ -36,11 +41,9 @@ def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memor
     p["initial_state"] = {n: w.to(dtype) for n, w in W0.items()}
     if feature_map == "polynomial":
         p["coefficients"] = uni(0.3, 1.0, degree + 1)
-    for t in p.values():
-        if isinstance(t, torch.Tensor):
-            t.requires_grad_(True)
-    for w in p["initial_state"].values():
-        w.requires_grad_(True)
+    device = DEVICE if device is None else device
+    p = {n: t.to(device).requires_grad_(True) if isinstance(t, torch.Tensor) else t for n, t in p.items()}
+    p["initial_state"] = {n: w.to(device).requires_grad_(True) for n, w in p["initial_state"].items()}
     return p
 
 
@@ -52,7 +55,7 @@ def run(problem, impl, **options):
     leaves = {n: t for n, t in problem.items() if isinstance(t, torch.Tensor)}
     leaves.update({f"W0.{n}": w for n, w in problem["initial_state"].items()})
     # a loss that touches the output and every part of the final state
-    total = (o * torch.linspace(-1, 1, o.shape[-1], dtype=o.dtype)).sum()
+    total = (o * torch.linspace(-1, 1, o.shape[-1], dtype=o.dtype, device=o.device)).sum()
     for x in (state.weights, state.momentum or {}):
         total = total + sum((w ** 2).sum() * 0.1 for w in x.values())
     grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)

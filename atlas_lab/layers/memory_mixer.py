@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import (FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, build_memory, feature_dim,
-                      memorize)
+from ..memory import (FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, READS, build_memory,
+                      feature_dim, memorize)
 from ..memory.feature_maps import taylor_coefficients
 from .conv import ShortConv
 
@@ -38,6 +38,8 @@ class MemoryConfig:
     optimizer: gd | momentum | muon (ns_steps, ns_coefficients)
     alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
+    read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
+        started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
     normalize: normalised read-out (linear memory + dot objective)
     output_norm: MLP memories: a parameter-free layer norm on the memory's output, M = r + LN(W_L σ(…))
     checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
@@ -61,6 +63,7 @@ class MemoryConfig:
     gamma: Gate = 1.0
     eta_max: float = 1.0
     chunk_size: int = 64
+    read: str = "token"
     normalize: bool = False
     output_norm: bool = False
     checkpoint: bool = False
@@ -68,7 +71,7 @@ class MemoryConfig:
     def validate(self, where: str = "memory") -> "MemoryConfig":
         """Raise ValueError naming the field, the value and the valid choices."""
         choices = {"memory": MEMORIES, "feature_map": FEATURE_MAPS, "objective": OBJECTIVES,
-                   "optimizer": OPTIMIZERS, "ns_coefficients": tuple(NS_COEFFICIENTS)}
+                   "optimizer": OPTIMIZERS, "ns_coefficients": tuple(NS_COEFFICIENTS), "read": READS}
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; "
@@ -200,7 +203,7 @@ class MemoryMixer(nn.Module):
                 degree=c.degree,
                 coefficients=exact(coefficients), depth=c.depth, expansion=c.expansion, activation=c.activation,
                 residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
-                output_norm=c.output_norm, checkpoint=c.checkpoint, impl="auto",
+                output_norm=c.output_norm, checkpoint=c.checkpoint, read=c.read, impl="auto",
                 **{g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}

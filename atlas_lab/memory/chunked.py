@@ -12,6 +12,10 @@ without building any W_t: u ↦ a_t u W_0ᵀ + m_t u S_0ᵀ + (C ⊙ (u Uᵀ)) �
 For muon the per-token momenta S_t are materialised, Newton–Schulz runs on all of them in one
 batched call, and the per-token weights W_t are formed with one matrix product. Custom nn.Module
 memories take the generic route: torch.func gradients and materialised per-token weights.
+
+With chunk-start reads (read="chunk", docs/memory.md §4.1) every token of a chunk reads the weights W̃ the chunk
+started from, and the chunk's Σ_t g_t = Σ_i (Σ_t Γ[t, i]) G_i is one weighted sum of its factors: one optimiser
+step (one Newton–Schulz per weight matrix for muon) per chunk, no per-token state.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from torch.func import grad, vmap
 from .causal import causal_matmul, causal_operands
 from .delta_rule import delta_rule
 from .memories import LinearMemory, ModuleMemory, loss, token_function
-from .optimizers import chunk_coefficients, newton_schulz, orthogonalize
+from .optimizers import accumulate, chunk_coefficients, commit, newton_schulz, orthogonalize
 
 
 def window_band(gamma, n: int, first: int, window):
@@ -126,28 +130,42 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
 
+def chunk_plan(T, m0, chunk_size, offset, window):
+    """The chunks of a call: sizes (the rest of the chunk in progress, whole chunks, a partial last one), each
+    chunk's first token in cache + new tokens, and its window span (lo, hi) there."""
+    sizes = [min(T, chunk_size - offset)] if offset else []
+    sizes += [chunk_size] * ((T - sum(sizes)) // chunk_size)
+    sizes += [T - sum(sizes)] if T > sum(sizes) else []
+    firsts = list(itertools.accumulate(sizes[:-1], initial=m0))
+    spans = [(0 if window is None else max(0, f - window + 1), f + n) for f, n in zip(firsts, sizes)]
+    return sizes, firsts, spans
+
+
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz, checkpoint=False):
+                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz, checkpoint=False,
+                     read="token", pending=None):
     """Same arguments and results as ``reference.memorize_reference``; ``ns`` is the Newton–Schulz
     implementation used by muon (the Triton path passes its batched kernel). checkpoint: keep only each
     chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     phi_q, phi_k = phi(q), phi(k_all)
-    if (chunk_size == 1 and window == 1 and m0 == 0 and optimizer == "gd" and objective == "l2"
-            and isinstance(mem, LinearMemory)):  # the exact delta rule, a block of tokens at a time
-        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])
-        return y, {"W": W_last}, None, None, 0
     if isinstance(mem, ModuleMemory):
         f = token_function(mem)
         module_grads = vmap(vmap(grad(lambda W, p, k, v: loss(objective, f(W, p, k), v)), in_dims=(None, 0, 0, 0)))
-    sizes = [min(T, chunk_size - offset)] if offset else []
-    sizes += [chunk_size] * ((T - sum(sizes)) // chunk_size)
-    sizes += [T - sum(sizes)] if T > sum(sizes) else []
+    else:
+        module_grads = None
+    if read == "chunk":
+        return _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, module_grads,
+                                  objective, window, optimizer, chunk_size, W, S, offset, pending, ns_steps,
+                                  ns_coefficients, ns)
+    if (chunk_size == 1 and window == 1 and m0 == 0 and optimizer == "gd" and objective == "l2"
+            and isinstance(mem, LinearMemory)):  # the exact delta rule, a block of tokens at a time
+        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])
+        return y, {"W": W_last}, None, None, 0, None
+    sizes, firsts, spans = chunk_plan(T, m0, chunk_size, offset, window)
     # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
     pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
-    firsts = list(itertools.accumulate(sizes[:-1], initial=m0))  # each chunk's first token in cache+new
-    spans = [(0 if window is None else max(0, f - window + 1), f + n) for f, n in zip(firsts, sizes)]
     windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
     ys = []
     for n, first, (lo, hi), (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in zip(
@@ -174,4 +192,31 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
             y, W, S = body(*args)
         ys.append(y)
         offset = (offset + n) % chunk_size
-    return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset
+    return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset, None
+
+
+def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, module_grads, objective,
+                       window, optimizer, chunk_size, W, S, offset, pending, ns_steps, ns_coefficients, ns):
+    """read="chunk": each chunk reads W̃ = W (the weights committed at the last boundary) and adds its tokens'
+    Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk that reaches its end commits one optimiser step."""
+    T, m0 = q.shape[1], k_all.shape[1] - q.shape[1]
+    sizes, firsts, spans = chunk_plan(T, m0, chunk_size, offset, window)
+    pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
+    windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
+    ys = []
+    for n, first, (lo, hi), (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in zip(
+            sizes, firsts, spans, pieces, windows):
+        if module_grads is not None:
+            G = module_grads(W, phi_k_c, k_c, v_c)
+            ys.append(vmap(vmap(token_function(mem), in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
+        else:
+            G = mem.gradient_factors(W, phi_k_c, k_c, v_c, objective)
+            ys.append(mem.forward(lambda name, u: u @ W[name].mT, phi_q_c, q_c))
+        weight = window_band(gamma_c, n, first - lo, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
+        pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
+                             eta_c.sum(1), theta_c.prod(1))
+        offset = (offset + n) % chunk_size
+        if offset == 0:
+            W, S = commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients, ns)
+            pending = None
+    return torch.cat(ys, 1), W, S, None, offset, pending

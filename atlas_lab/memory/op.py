@@ -11,6 +11,7 @@ from .reference import memorize_reference
 from .state import MemoryState
 
 IMPLS = {"reference": memorize_reference, "chunked": memorize_chunked}
+READS = ("token", "chunk")
 GATE_DEFAULTS = {"alpha": 1.0, "eta": 1.0, "theta": 0.0, "gamma": 1.0}
 
 
@@ -87,11 +88,11 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def _implementation(impl, q, mem, optimizer, chunk_size, W):
+def _implementation(impl, q, mem, optimizer, chunk_size, W, read):
     """The function behind ``impl``; the Triton kernels are imported only when asked for (or on CUDA for "auto")."""
     if impl == "triton" or (impl == "auto" and q.is_cuda):
         from atlas_lab.kernels import memorize_triton, unsupported
-        if impl == "triton" or unsupported(q, mem, optimizer, chunk_size, W) is None:
+        if impl == "triton" or unsupported(q, mem, optimizer, chunk_size, W, read) is None:
             return memorize_triton
     return IMPLS["chunked" if impl == "auto" else impl]
 
@@ -99,7 +100,8 @@ def _implementation(impl, q, mem, optimizer, chunk_size, W):
 def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
              alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
              degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
-             ns_steps=5, ns_coefficients="quintic", normalize=False, output_norm=False, checkpoint=False):
+             ns_steps=5, ns_coefficients="quintic", normalize=False, output_norm=False, checkpoint=False,
+             read="token"):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
@@ -113,6 +115,9 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a
                   [B, T, H] tensor, a number, or None (alpha = 1, eta = 1, theta = 0, gamma = 1).
     chunk_size:   b; gradients of a chunk are taken at the state before it (part of the model's definition).
+    read:         "token" (y_t reads W_t, the weights after token t: the exact rule) | "chunk" (every token of a
+                  chunk reads the weights the chunk started from, and the optimizer steps once per chunk with
+                  its mean gradient: one Newton–Schulz per chunk and matrix; docs/memory.md §4.1).
     initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
                   weights, or the MemoryState of a previous call to continue the sequence.
@@ -145,6 +150,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     _choice("objective", objective, OBJECTIVES)
     _choice("optimizer", optimizer, OPTIMIZERS)
     _choice("ns_coefficients", ns_coefficients, tuple(NS_COEFFICIENTS))
+    _choice("read", read, READS)
     if window is not None:
         _int("window", window, 1, " or None (global)")
     _int("chunk_size", chunk_size, 1)
@@ -171,7 +177,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     gates = {g: _gate(g, val, B, T, H, q) for g, val in
              (("alpha", alpha), ("eta", eta), ("theta", theta), ("gamma", gamma))}
 
-    offset, W_eval, S = 0, None, None
+    offset, W_eval, S, pending = 0, None, None, None
     cache_k = q_.new_zeros(B * H, 0, d_k)
     cache_v = q_.new_zeros(B * H, 0, d_out)
     cache_g = q_.new_zeros(B * H, 0)
@@ -185,6 +191,9 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         if st.eval_weights is not None:
             W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights", q)
         offset = st.offset
+        if st.pending is not None:
+            pending = {"grad": _broadcast_weights(st.pending["grad"], shapes, B, H, "initial_state.pending", q),
+                       **{g: st.pending[g].reshape(B * H) for g in ("alpha", "eta", "theta")}}
         m = st.keys.shape[2] if st.keys.dim() == 4 else -1
         for part, x, shape in (("keys", st.keys, (B, H, m, d_k)), ("values", st.values, (B, H, m, d_out)),
                                ("gamma", st.gamma, (B, H, m))):
@@ -207,8 +216,11 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
                          f"got {type(initial_state).__name__}")
     if optimizer != "gd" and S is None:
         S = {n: torch.zeros_like(w) for n, w in W.items()}
-    if offset and W_eval is None:
+    if offset and read == "token" and W_eval is None:
         raise ValueError("memorize: initial_state has offset > 0 but no eval_weights")
+    if offset and read == "chunk" and pending is None:
+        raise ValueError("memorize: initial_state has offset > 0 but no pending chunk (read='chunk' continues a "
+                         "state of read='chunk')")
 
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
@@ -216,11 +228,11 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W)
-        y, W, S, W_eval, offset = implementation(
+        implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W, read)
+        y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
             objective=objective, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-            offset=offset, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
+            offset=offset, ns_steps=ns_steps, ns_coefficients=ns_coefficients, read=read, pending=pending,
             **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
 
     if normalize:
@@ -235,5 +247,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     state = MemoryState(
         weights=unflat(W), momentum=unflat(S), eval_weights=unflat(W_eval),
         keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
-        gamma=g_all[:, start:].reshape(B, H, keep), offset=offset)
+        gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
+        pending=None if pending is None else {"grad": unflat(pending["grad"]),
+                                              **{g: pending[g].reshape(B, H) for g in ("alpha", "eta", "theta")}})
     return o, state

@@ -6,6 +6,11 @@
 
 ``step`` is the literal one-token rule used by the reference loop; ``chunk_coefficients`` solves the
 same recurrences inside a chunk in closed form (cumulative products as [n, n] decay matrices).
+
+With chunk-start reads (``read="chunk"``, docs/memory.md §4.1) a chunk of b tokens is one step of the same rule:
+``accumulate`` gathers its tokens' gradients and gates, ``commit`` takes the step at the chunk's end with
+
+    ḡ = (1/b) Σ_t g_t,   α_c = ∏_t α_t,   η_c = Σ_t η_t,   θ_c = ∏_t θ_t
 """
 from __future__ import annotations
 
@@ -117,7 +122,7 @@ def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=
     return ns(S, steps, coefficients) if ndim == 2 else S
 
 
-def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="quintic"):
+def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="quintic", ns=newton_schulz):
     """One token of the optimiser, literally. W, S, g: dicts name -> [N, *shape]; gates: [N].
 
     Returns (W_t, S_t); S is None for gd.
@@ -135,10 +140,27 @@ def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="qui
             W_new[n] = a * w + S_new[n]
         elif optimizer == "muon":
             S_new[n] = bc(theta, w) * S[n] + g[n]
-            W_new[n] = a * w - e * orthogonalize(S_new[n], w.dim() - 1, ns_steps, ns_coefficients)
+            W_new[n] = a * w - e * orthogonalize(S_new[n], w.dim() - 1, ns_steps, ns_coefficients, ns)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
     return W_new, (S_new if optimizer != "gd" else None)
+
+
+def accumulate(pending, g, alpha, eta, theta):
+    """The chunk in progress with more tokens (chunk-start reads): Σ g, ∏ α, Σ η, ∏ θ.
+
+    pending: None (a chunk starts) or {"grad": {name: [N, *shape]}, "alpha", "eta", "theta": [N]}; g: the tokens'
+    summed window gradients {name: [N, *shape]}; gates: their ∏ α, Σ η and ∏ θ, [N]."""
+    if pending is None:
+        return {"grad": g, "alpha": alpha, "eta": eta, "theta": theta}
+    return {"grad": {n: pending["grad"][n] + g[n] for n in g}, "alpha": pending["alpha"] * alpha,
+            "eta": pending["eta"] + eta, "theta": pending["theta"] * theta}
+
+
+def commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients, ns=newton_schulz):
+    """(W_c, S_c): one optimiser step with the chunk's mean gradient ḡ = Σ g / b and gates ∏ α, Σ η, ∏ θ."""
+    g = {n: x / chunk_size for n, x in pending["grad"].items()}
+    return step(optimizer, W, S, g, pending["alpha"], pending["eta"], pending["theta"], ns_steps, ns_coefficients, ns)
 
 
 def decay_matrix(x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ For t = 1..T (chunks of b tokens; W̃ = the weights at the end of the previous c
     g_t = Σ_{i = t−c+1..t} γ_i ∇ℓ_i(W̃)        ℓ_i(W) = loss(M_W(φ(k_i)), v_i)
     (W_t, S_t) = optimizer step(W_{t−1}, S_{t−1}, g_t; α_t, η_t, θ_t)
     y_t = M_{W_t}(φ(q_t))
+With chunk-start reads (read="chunk", §4.1) every token of a chunk reads W̃, y_t = M_{W̃}(φ(q_t)), and the
+optimizer steps once, at the chunk's last token, with the chunk's mean gradient (optimizers.commit).
 Slow and obviously right; every fast path is tested against it.
 """
 from __future__ import annotations
@@ -12,13 +14,15 @@ import torch
 from torch.func import grad, vmap
 
 from .memories import loss, token_function
-from .optimizers import step
+from .optimizers import accumulate, commit, step
 
 
 def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients):
+                       chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, read="token", pending=None):
     """Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T new
-    tokens ([N, m0+T, ·]); gates [N, T]. Returns (y [N, T, d_v], W, S, W̃ or None, offset)."""
+    tokens ([N, m0+T, ·]); gates [N, T]. read: "token" | "chunk"; pending: the chunk in progress of chunk-start
+    reads (optimizers.accumulate), None at a chunk boundary.
+    Returns (y [N, T, d_v], W, S, W̃ or None, offset, pending); with read="chunk" W̃ is W and returned as None."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     f = token_function(mem)
@@ -27,18 +31,25 @@ def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, ph
         return loss(objective, f(W, phi_k, k), v)
 
     grads = vmap(vmap(grad(token_loss), in_dims=(None, 0, 0, 0)))  # over heads×batch, then window tokens
-    read = vmap(f)
+    read_out = vmap(f)
     phi_q, phi_k = phi(q), phi(k_all)
     ys = []
     for t in range(T):
-        if offset == 0:
+        if offset == 0 or read == "chunk":
             W_eval = W
         j = m0 + t
         lo = 0 if window is None else max(0, j - window + 1)
         G = grads(W_eval, phi_k[:, lo:j + 1], k_all[:, lo:j + 1], v_all[:, lo:j + 1])
         gam = gamma_all[:, lo:j + 1]
         g = {n: (gam.reshape(gam.shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
-        W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t], ns_steps, ns_coefficients)
-        ys.append(read(W, phi_q[:, t], q[:, t]))
+        if read == "chunk":
+            ys.append(read_out(W, phi_q[:, t], q[:, t]))
+            pending = accumulate(pending, g, alpha[:, t], eta[:, t], theta[:, t])
+            if offset + 1 == chunk_size:
+                W, S = commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients)
+                pending = None
+        else:
+            W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t], ns_steps, ns_coefficients)
+            ys.append(read_out(W, phi_q[:, t], q[:, t]))
         offset = (offset + 1) % chunk_size
-    return torch.stack(ys, 1), W, S, (W_eval if offset else None), offset
+    return torch.stack(ys, 1), W, S, (W_eval if offset and read == "token" else None), offset, pending

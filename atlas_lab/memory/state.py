@@ -18,6 +18,9 @@ class MemoryState:
                   window weights [B, H, m] (every past token for ``window=None``): the tokens of
                   earlier calls that still lie in the Omega window.
     offset:       tokens of the chunk in progress already consumed, 0 ≤ offset < chunk_size.
+    pending:      read="chunk" only: the chunk in progress, {"grad": {name: [B, H, *shape]} (Σ of its tokens'
+                  window gradients), "alpha", "eta", "theta": [B, H] (∏ α, Σ η, ∏ θ)}; None at a chunk boundary
+                  and for read="token".
 
     With ``normalize=True`` the last row of the linear memory's W (and of S, and the last column of
     ``values``, a constant 1) is the running normaliser z.
@@ -30,11 +33,14 @@ class MemoryState:
     values: torch.Tensor
     gamma: torch.Tensor
     offset: int = 0
+    pending: dict | None = None
 
     def detach(self) -> "MemoryState":
         """A copy cut from the autograd graph (for truncated backpropagation through long streams)."""
         def d(x):
             return None if x is None else {n: w.detach() for n, w in x.items()}
 
+        pending = None if self.pending is None else {
+            "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in ("alpha", "eta", "theta")}}
         return MemoryState(d(self.weights), d(self.momentum), d(self.eval_weights), self.keys.detach(),
-                           self.values.detach(), self.gamma.detach(), self.offset)
+                           self.values.detach(), self.gamma.detach(), self.offset, pending)

@@ -102,6 +102,7 @@ class MemoryOverrides:
     gamma: Optional[Gate] = None
     eta_max: Optional[float] = None
     chunk_size: Optional[int] = None
+    read: Optional[Literal["token", "chunk"]] = None
     normalize: Optional[bool] = None
     output_norm: Optional[bool] = None
     checkpoint: Optional[bool] = None

@@ -141,10 +141,10 @@ class BiasMemory(torch.nn.Module):
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("window", [1, 3, None])
-def test_custom_module_memory(optimizer, window):
+def test_custom_module_memory(optimizer, window, device):
     """The generic torch.func path: chunked == reference, and a module equal to the built-in mlp gives its results."""
     torch.manual_seed(0)
-    module = TwoLayerMLP(4, 16, 4)
+    module = TwoLayerMLP(4, 16, 4).to(device)
     p = make_problem(memory="mlp", T=7, residual=False)
     p["initial_state"] = {n: w.detach().clone().unsqueeze(0).repeat(2, 1, 1).requires_grad_()
                           for n, w in module.named_parameters()}
@@ -153,22 +153,21 @@ def test_custom_module_memory(optimizer, window):
     compare(custom, run(p, "reference", memory=module, **options), 1e-5, f"module {options}")
     compare(custom, run(p, "chunked", memory="mlp", depth=2, expansion=4, residual=False, **options), 1e-5,
             f"module vs built-in {options}")
-    bias_memory = BiasMemory(4, 4)
+    bias_memory = BiasMemory(4, 4).to(device)
     p2 = make_problem(memory="mlp", T=7)
     p2["initial_state"] = {n: w.detach().clone().requires_grad_() for n, w in bias_memory.named_parameters()}
     compare(run(p2, "chunked", memory=bias_memory, **options), run(p2, "reference", memory=bias_memory, **options),
             1e-5, f"bias module {options}")
 
 
-def test_default_gates_and_state():
+def test_default_gates_and_state(device):
     """None gates mean α = 1, η = 1, θ = 0, γ = 1; initial_state=None means zeros for linear memory."""
     torch.manual_seed(0)
-    q, k, v = torch.randn(1, 5, 2, 3, dtype=torch.float64), torch.randn(1, 5, 2, 3, dtype=torch.float64), \
-        torch.randn(1, 5, 2, 3, dtype=torch.float64)
+    q, k, v = (torch.randn(1, 5, 2, 3, dtype=torch.float64).to(device) for _ in range(3))
     o1, s1 = memorize(q, k, v, optimizer="momentum", chunk_size=2)
-    ones = torch.ones(1, 5, 2, dtype=torch.float64)
+    ones = q.new_ones(1, 5, 2)
     o2, s2 = memorize(q, k, v, optimizer="momentum", chunk_size=2, alpha=ones, eta=1.0, theta=0 * ones, gamma=ones,
-                      initial_state={"W": torch.zeros(3, 3, dtype=torch.float64)})
+                      initial_state={"W": q.new_zeros(3, 3)})
     assert rel_err(o1, o2) < 1e-12
     assert s1.weights["W"].shape == (1, 2, 3, 3) and s1.momentum["W"].shape == (1, 2, 3, 3)
 
@@ -219,3 +218,73 @@ def test_muon_state_does_not_keep_the_chunk_per_token_weights_alive():
     for part in (state.weights, state.momentum):
         for w in part.values():
             assert w.untyped_storage().nbytes() == w.numel() * w.element_size()
+
+
+# ---------------------------------------------------------------- chunk-start reads (read="chunk", docs/memory.md §4.1)
+
+@pytest.mark.parametrize("memory,objective,window,optimizer",
+                         list(itertools.product(MEMORIES, OBJECTIVES, WINDOWS, OPTIMIZERS)))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_chunk_start_reads_chunked_equals_reference(memory, objective, window, optimizer, dtype):
+    options = dict(memory=memory, feature_map="polynomial", objective=objective, window=window, optimizer=optimizer,
+                   chunk_size=3, read="chunk", ns_coefficients="cubic" if dtype == torch.float32 else "quintic")
+    p = make_problem(memory=memory, feature_map="polynomial", dtype=dtype)
+    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[dtype], str(options))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_chunk_start_reads_split_into_calls_pass_the_pending_chunk(impl, optimizer):
+    """T = 11 at once equals 4 + 1 + 6 tokens in calls (the chunk of 3 in progress travels in state.pending)."""
+    options = dict(memory="mlp", feature_map="polynomial", objective="l2", window=3, optimizer=optimizer,
+                   chunk_size=3, read="chunk", impl=impl)
+    p = make_problem(memory="mlp", feature_map="polynomial", T=11)
+    gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
+    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], **gates, **options)
+    state, pieces = p["initial_state"], []
+    for lo, hi in [(0, 4), (4, 5), (5, 11)]:
+        o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state,
+                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+        pieces.append(o)
+        assert (state.pending is None) == (hi % 3 == 0) and state.eval_weights is None
+    assert rel_err(torch.cat(pieces, 1), o_full) <= 1e-12
+    for n in s_full.weights:
+        assert rel_err(state.weights[n], s_full.weights[n]) <= 1e-12
+        assert rel_err(state.pending["grad"][n], s_full.pending["grad"][n]) <= 1e-12
+    with pytest.raises(ValueError, match="no pending chunk"):  # a per-token state does not continue as read=chunk
+        _, token_state = memorize(p["q"][:, :4], p["k"][:, :4], p["v"][:, :4], **{**options, "read": "token"})
+        memorize(p["q"][:, 4:], p["k"][:, 4:], p["v"][:, 4:], initial_state=token_state, **options)
+
+
+@pytest.mark.parametrize("memory,optimizer", [("linear", "gd"), ("mlp", "muon"), ("gated_mlp", "momentum")])
+def test_chunk_start_reads_of_chunk_one_read_before_the_exact_step(memory, optimizer):
+    """b = 1: the same weights as the exact rule after every token, each read taken before the token's step:
+    o_chunk[t + 1] = M_{W_t}(φ(q_{t+1})) = the exact rule's output at t for the queries shifted by one."""
+    p = make_problem(memory=memory, feature_map="polynomial", T=9)
+    opts = dict(memory=memory, feature_map="polynomial", window=2, optimizer=optimizer, chunk_size=1,
+                coefficients=p["coefficients"], initial_state=p["initial_state"],
+                **{g: p[g] for g in ("alpha", "eta", "theta", "gamma")})
+    o_chunk, s_chunk = memorize(p["q"], p["k"], p["v"], read="chunk", **opts)
+    q_next = torch.cat([p["q"][:, 1:], p["q"][:, :1]], 1)
+    o_token, s_token = memorize(q_next, p["k"], p["v"], read="token", **opts)
+    assert rel_err(o_chunk[:, 1:], o_token[:, :-1]) < 1e-12
+    for n in s_token.weights:
+        assert rel_err(s_chunk.weights[n], s_token.weights[n]) < 1e-12
+
+
+def test_chunk_start_reads_of_gd_commit_the_exact_chunk_end_state():
+    """Linear memory, gd, α = 1, one η for every token, window 1: a chunk's commit W̃ − (Σ η) ḡ is the exact rule's
+    state at the chunk's end, W̃ − Σ_t η g_t (both take the gradients at W̃), and every token reads W̃."""
+    p = make_problem(T=10)
+    opts = dict(memory="linear", optimizer="gd", objective="l2", window=1, chunk_size=4, alpha=1.0, eta=0.3)
+    o_chunk, s_chunk = memorize(p["q"], p["k"], p["v"], read="chunk", initial_state=p["initial_state"], **opts)
+    W = p["initial_state"]["W"].unsqueeze(0)  # [1, H, d_v, D]
+    for lo in (0, 4, 8):  # each chunk reads the exact rule's weights at its start
+        if lo:
+            W = memorize(p["q"][:, :lo], p["k"][:, :lo], p["v"][:, :lo], initial_state=p["initial_state"],
+                         **opts)[1].weights["W"]
+        hi = min(lo + 4, 10)
+        direct = torch.einsum("bhvd,bthd->bthv", W.expand(2, -1, -1, -1), p["q"][:, lo:hi])
+        assert rel_err(o_chunk[:, lo:hi], direct) < 1e-12
+    exact_at_8 = memorize(p["q"][:, :8], p["k"][:, :8], p["v"][:, :8], initial_state=p["initial_state"], **opts)[1]
+    assert rel_err(s_chunk.weights["W"], exact_at_8.weights["W"]) < 1e-12  # tokens 8, 9: pending, not committed

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import helpers
 from atlas_lab.memory import apply_feature_map, feature_dim, memorize, newton_schulz, polynomial
 from helpers import rel_err
 
@@ -11,7 +12,13 @@ IMPLS = ["chunked", "reference"]
 
 
 def randn(*shape, seed=0, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    """N(0, 1) on the tests' device (``--device``), drawn on the CPU."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(helpers.DEVICE)
+
+
+def rand(*shape, generator, dtype=torch.float64):
+    """U(0, 1) on the tests' device, drawn on the CPU."""
+    return torch.rand(*shape, generator=generator, dtype=dtype).to(helpers.DEVICE)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -19,7 +26,7 @@ def randn(*shape, seed=0, dtype=torch.float64):
 def test_polynomial_kernel_identity(d, p, dtype, tol):
     """φ(q)·φ(k) = Σ_i a_i (q·k)^i exactly, with D = C(d+p, p)."""
     q, k = randn(50, d, seed=1, dtype=dtype), randn(50, d, seed=2, dtype=dtype)
-    a = torch.rand(p + 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    a = rand(p + 1, generator=torch.Generator().manual_seed(3))
     fq, fk = polynomial(q, a), polynomial(k, a)
     assert fq.shape == (50, math.comb(d + p, p)) == (50, feature_dim("polynomial", d, p))
     dot = (q * k).sum(-1).double()
@@ -70,11 +77,11 @@ def test_linear_attention(impl, chunk_size):
 def test_gated_linear_attention(impl):
     """GLA-like scalar gate: y_t = Σ_{i≤t} (∏_{l=i+1..t} α_l) v_i (k_i·q_t)."""
     q, k, v = qkv()
-    alpha = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 0.5 + 0.5
+    alpha = rand(2, 13, 3, generator=torch.Generator().manual_seed(4)) * 0.5 + 0.5
     o, _ = memorize(q, k, v, memory="linear", objective="dot", optimizer="gd", alpha=alpha, chunk_size=4, impl=impl)
     logc = alpha.log().cumsum(1)  # [B, T, H]
     decay = (logc.unsqueeze(2) - logc.unsqueeze(1)).exp()  # [B, t, s, H] = ∏_{s<l≤t} α_l
-    causal = torch.ones(13, 13, dtype=torch.bool).tril()[None, :, None, :]  # [1, t, 1, s]
+    causal = torch.ones(13, 13, dtype=torch.bool, device=q.device).tril()[None, :, None, :]  # [1, t, 1, s]
     scores = torch.einsum("bthd,bshd->bths", q, k) * decay.permute(0, 1, 3, 2) * causal
     direct = torch.einsum("bths,bshd->bthd", scores, v)
     assert rel_err(o, direct) < 1e-10
@@ -88,7 +95,7 @@ def test_deltanet_matches_flash_linear_attention(impl):
     """
     naive = pytest.importorskip("fla.ops.delta_rule.naive")
     q, k, v = qkv(dtype=torch.float32)
-    beta = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(5)).sigmoid()
+    beta = rand(2, 13, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float32).sigmoid()
     o, state = memorize(q * q.shape[-1] ** -0.5, k, v, memory="linear", objective="l2", optimizer="gd", eta=beta,
                         chunk_size=1, impl=impl)  # the exact online delta rule
     o_ref, S_ref = naive.delta_rule_recurrence(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -102,11 +109,11 @@ def test_gated_deltanet_titans_form(impl):
     """Gated DeltaNet with the gradient at W_{t−1}: W_t = α_t W_{t−1} − η_t (W_{t−1} k_t − v_t) k_tᵀ."""
     q, k, v = qkv()
     g = torch.Generator().manual_seed(6)
-    alpha = torch.rand(2, 13, 3, generator=g, dtype=torch.float64) * 0.2 + 0.8
-    eta = torch.rand(2, 13, 3, generator=g, dtype=torch.float64)
+    alpha = rand(2, 13, 3, generator=g) * 0.2 + 0.8
+    eta = rand(2, 13, 3, generator=g)
     o, _ = memorize(q, k, v, memory="linear", objective="l2", optimizer="gd", alpha=alpha, eta=eta, chunk_size=1,
                     impl=impl)
-    W = torch.zeros(2, 3, 4, 5, dtype=torch.float64)
+    W = q.new_zeros(2, 3, 4, 5)
     out = []
     for t in range(13):
         kt, vt, a, e = k[:, t], v[:, t], alpha[:, t, :, None, None], eta[:, t, :, None, None]
@@ -120,10 +127,10 @@ def test_titans_momentum_recurrence_by_hand():
     """Titans form with linear memory, by hand: S_t = θ S − η ∇, W_t = α W + S (gradient at W_{t−1})."""
     q, k, v = qkv()
     g = torch.Generator().manual_seed(7)
-    alpha, eta, theta = (torch.rand(2, 13, 3, generator=g, dtype=torch.float64) * 0.5 + 0.5 for _ in range(3))
+    alpha, eta, theta = (rand(2, 13, 3, generator=g) * 0.5 + 0.5 for _ in range(3))
     o, state = memorize(q, k, v, memory="linear", optimizer="momentum", alpha=alpha, eta=eta, theta=theta,
                         chunk_size=1)
-    W = torch.zeros(2, 3, 4, 5, dtype=torch.float64)
+    W = q.new_zeros(2, 3, 4, 5)
     S = torch.zeros_like(W)
     out = []
     for t in range(13):
@@ -141,7 +148,7 @@ def test_taylor_normalized_linear_memory_converges_to_softmax_attention(impl):
     q, k, v = qkv(T=9, d_k=3)
     q = torch.nn.functional.normalize(q, dim=-1)
     scores = torch.einsum("bthd,bshd->bhts", q, k)
-    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    mask = torch.ones(9, 9, dtype=torch.bool, device=q.device).tril()
     softmax = torch.einsum("bhts,bshd->bthd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
     errors = []
     for p in range(1, 8):
@@ -165,9 +172,10 @@ def test_normalized_linear_attention_state_carries_normaliser():
 def test_cubic_newton_schulz_converges_to_polar_factor():
     """NS_k with cubic coefficients → U Vᵀ of the SVD as k grows; quintic stays near but not at it."""
     g = torch.Generator().manual_seed(8)
-    U = torch.linalg.qr(torch.randn(6, 8, 8, generator=g, dtype=torch.float64))[0]
-    V = torch.linalg.qr(torch.randn(6, 13, 8, generator=g, dtype=torch.float64))[0]
-    G = U @ torch.diag(torch.logspace(-2, 0, 8, dtype=torch.float64)) @ V.mT  # singular values 0.01 .. 1
+    U = torch.linalg.qr(torch.randn(6, 8, 8, generator=g, dtype=torch.float64).to(helpers.DEVICE))[0]
+    V = torch.linalg.qr(torch.randn(6, 13, 8, generator=g, dtype=torch.float64).to(helpers.DEVICE))[0]
+    singular_values = torch.logspace(-2, 0, 8, dtype=torch.float64, device=U.device)  # 0.01 .. 1
+    G = U @ torch.diag(singular_values) @ V.mT
     polar = U @ V.mT
     errors = [rel_err(newton_schulz(G, steps, "cubic"), polar) for steps in (5, 10, 15, 20)]
     assert all(b < a for a, b in zip(errors, errors[1:])), errors
@@ -179,7 +187,7 @@ def test_cubic_newton_schulz_converges_to_polar_factor():
 
 def test_momentum_with_zero_decay_is_gd():
     q, k, v = qkv()
-    eta = torch.rand(2, 13, 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    eta = rand(2, 13, 3, generator=torch.Generator().manual_seed(9))
     o1, _ = memorize(q, k, v, memory="mlp", optimizer="gd", eta=eta, window=3, chunk_size=4)
     o2, _ = memorize(q, k, v, memory="mlp", optimizer="momentum", eta=eta, theta=0.0, window=3, chunk_size=4)
     assert rel_err(o2, o1) < 1e-12
@@ -194,6 +202,7 @@ def test_momentum_with_zero_decay_is_gd():
     (dict(window=0), "window must be an int >= 1 or None"),
     (dict(chunk_size=0), "chunk_size must be an int >= 1"),
     (dict(impl="cuda"), "valid choices: reference, chunked, triton"),
+    (dict(read="every"), "unknown read='every'; valid choices: token, chunk"),
     (dict(alpha=torch.ones(2, 3)), "gate alpha must be a [B, T, H]"),
     (dict(normalize=True), "normalize=True needs memory='linear', objective='dot'"),
     (dict(initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
@@ -212,6 +221,8 @@ def test_triton_says_what_it_does_not_cover():
     q, k, v = qkv(T=4)  # float64 and an MLP memory with gd: not covered by the kernels
     with pytest.raises(NotImplementedError, match="impl='triton' does not cover"):
         memorize(q, k, v, memory="mlp", impl="triton")
+    with pytest.raises(NotImplementedError, match="read='chunk'"):
+        memorize(q.float(), k.float(), v.float(), read="chunk", impl="triton")
 
 
 @pytest.mark.parametrize("impl", ["bmm", "kernel"])

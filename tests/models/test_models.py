@@ -60,6 +60,28 @@ def test_streaming_in_random_pieces_equals_one_call(preset):
     assert err < 1e-10, f"{preset}: streaming differs from one call by {err:.2e}"
 
 
+@pytest.mark.parametrize("preset", ["atlas", "titans", "gated_deltanet", "atlas_mag"])
+def test_chunk_start_reads_train_a_step_and_stream(preset):
+    """memory.read = chunk (one optimizer step per chunk) from the model config: a finite training step, and
+    pieces that split chunks (the chunk in progress travels in the cache) give the outputs of one call."""
+    model = tiny(preset, memory={"read": "chunk"})
+    assert all(m.config.read == "chunk" for m in model.modules() if isinstance(m, MemoryMixer))
+    x = torch.randint(0, 64, (2, 45), generator=torch.Generator().manual_seed(1))
+    logits, _ = model(x)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model = model.double()
+    with torch.no_grad():
+        full, _ = model(x)
+        cache, pieces = None, []
+        for lo, hi in [(0, 7), (7, 8), (8, 30), (30, 45)]:
+            out, cache = model(x[:, lo:hi], cache)
+            pieces.append(out)
+    err = ((torch.cat(pieces, 1) - full).norm() / full.norm()).item()
+    assert err < 1e-10, f"{preset}: streaming differs from one call by {err:.2e}"
+
+
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p != "transformer"])
 def test_recurrent_state_does_not_grow(preset):
     """After the first window, the streaming cache of every recurrent preset keeps a constant size."""
