@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install test test-all demo ui bench bench-tiny clean
+.PHONY: install test test-all demo ui bench bench-tiny gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,11 +43,14 @@ $(VENV)/.bench-peers: $(VENV)/.installed
 	touch $@
 
 # Every benchmark at full size, one after another (long on a CPU; see benchmarks/README.md).
-# Results: runs/bench/<name>.json. kernels.py needs a CUDA GPU and is skipped without one.
+# Results: runs/bench/<name>.json.
 bench: $(VENV)/.bench-peers
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
-	if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then $(PY) benchmarks/kernels.py; \
-	else echo "== benchmarks/kernels.py: skipped (needs a CUDA GPU)"; fi
+
+# The GPU path in one run of at most 8 minutes (tests on cuda, kernel timings, 125M-class training steps):
+# runs/bench/gpu_check.json. Without CUDA: the same code at tiny shapes on the CPU (gpu_check.cpu.json).
+gpu-check: $(VENV)/.installed
+	$(PY) benchmarks/gpu_check.py
 
 # The same scripts with --tiny (tiny shapes, 1 repeat, 1 thread): checks that each runs, in well under a minute each;
 # the times mean nothing. A missing peer is reported and its column skipped. Results: runs/bench/<name>.tiny.json.

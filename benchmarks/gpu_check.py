@@ -220,6 +220,8 @@ def train_child(label: str, size: dict, steps: int) -> dict:
 
     preset, memory = TRAIN_MODELS[label] or (label, None)
     device = "cuda" if CUDA else "cpu"
+    if not CUDA:
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     model = LanguageModel(size["vocab"], preset, d_model=size["d_model"], n_layers=size["n_layers"],
                           n_heads=size["n_heads"], memory=dict(memory or {}, checkpoint=True)
@@ -337,6 +339,7 @@ def main(argv=None) -> int:
     if tiny:
         torch.set_num_threads(1)
     result = common.meta(None, device=torch.cuda.get_device_name() if CUDA else "cpu", budget_s=args.budget)
+    result["tiny"] = tiny
     out = common.BENCH_DIR / "gpu_check.json" if CUDA else common.BENCH_DIR / "gpu_check.cpu.json"
     out = Path(args.out) if args.out else out
     share = {p: SHARES[p] / sum(SHARES[q] for q in args.parts) for p in args.parts}
