@@ -23,12 +23,13 @@ def gates_text(config) -> str:
 
 
 PRESET_COLUMNS = ("preset", "layers", "memory", "feature map", "objective", "window", "chunk", "optimizer", "gates",
-                  "parameters", "state (bytes)", "+bytes/token")
+                  "parameters", "state (bytes)", "+bytes/token", "memory FLOPs/token", "attention FLOPs/token")
 
 
 def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, vocab_size: int,
-                  swa_window: int) -> None:
+                  swa_window: int, T: int = 4096) -> None:
     """Every preset with its components and sizes (``atlas-lab presets``), readable at any width."""
+    from .memory.cost import flops_text
     from .models import PRESETS, LanguageModel
 
     rows = []
@@ -46,11 +47,13 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
             components = [memory, fmap, c.objective, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c)]
         layers = "+".join(dict.fromkeys(model.layer_kinds))
+        flops = model.flops_per_token(T)
         rows.append([name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
-                     f"{model.cache_bytes_per_token():,}"])
+                     f"{model.cache_bytes_per_token():,}", flops_text(flops["memory"]), flops_text(flops["attention"])])
     print_table(console, f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
-                         f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1)",
-                PRESET_COLUMNS, rows, right=PRESET_COLUMNS[-3:])
+                         f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1; forward "
+                         f"FLOPs per token of the memory and attention cores at T = {T}, all layers: "
+                         f"docs/performance.md)", PRESET_COLUMNS, rows, right=PRESET_COLUMNS[-5:])
 
 
 RUN_COMMANDS = ("fit", "validate", "test")
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-heads", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=256)
     p.add_argument("--swa-window", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=4096, help="T of the FLOPs-per-token columns")
     p = sub.add_parser("sweep", help="run (or resume) the study of a sweep file")
     p.add_argument("file", help="a sweep YAML file, e.g. sweeps/demo.yaml")
     p.add_argument("--workers", type=int, default=1, help="local worker processes")
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--study", default=None, help="print the URL of this study's runs")
     args = parser.parse_args(argv)
     if args.command == "presets":
-        print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window)
+        print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window,
+                      args.seq_len)
         return 0
     if args.command == "ui":
         return ui(args.port, args.tracking_uri, args.study)

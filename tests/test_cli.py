@@ -7,11 +7,14 @@ from atlas_lab.models import PRESETS
 
 
 def test_presets_table_lists_every_preset_with_its_columns():
+    from atlas_lab.memory.cost import flops_text
+    from atlas_lab.models import LanguageModel
+
     console = Console(record=True, width=400)
     print_presets(console, d_model=32, n_layers=2, n_heads=4, vocab_size=64, swa_window=8)
     text = console.export_text()
     for column in ("memory", "feature map", "objective", "window", "chunk", "optimizer", "gates", "parameters",
-                   "state (bytes)", "+bytes/token"):
+                   "state (bytes)", "+bytes/token", "memory FLOPs/token", "attention FLOPs/token"):
         assert column in text
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│")}
     assert set(rows) == set(PRESETS)
@@ -20,6 +23,10 @@ def test_presets_table_lists_every_preset_with_its_columns():
     assert "mlp(L=2,E=4,LN)" in rows["deep_transformer"] and "mlp(L=2,E=4)" in rows["atlas"]
     chunk = [c.strip() for c in rows["deltanet"].split("│")][7], [c.strip() for c in rows["atlas"].split("│")][7]
     assert chunk == ("1", "16")
+    flops = {name: [c.strip() for c in row.split("│")][-3:-1] for name, row in rows.items()}
+    assert flops["transformer"][0] == "0" and flops["atlas"][1] == "0" and flops["atlas_mag"][1] != "0"
+    model = LanguageModel(64, "atlas", d_model=32, n_layers=2, n_heads=4)
+    assert flops["atlas"][0] == flops_text(model.flops_per_token(4096)["memory"])
 
 
 @pytest.mark.parametrize("width", [80, 60])

@@ -13,10 +13,12 @@ from typing import Literal, Optional
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichModelSummary
 from torch import nn
 
 from ..data.base import AnswerMixin
 from ..layers import MemoryMixer
+from ..memory.cost import flops_text
 from ..models import PRESETS, LanguageModel, MemoryOverrides
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
 
@@ -47,6 +49,23 @@ class LearningRates(L.Callback):
                 rates.setdefault(group.get("name", "lr"), group["lr"])
         for name, lr in rates.items():
             pl_module.log(f"train/{name}", float(lr), on_step=True, on_epoch=False, batch_size=1)
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary, then one line of what a token costs: the forward FLOPs per token of the
+    model's memory and attention cores at the longest training sequence (atlas_lab.memory.cost)."""
+
+    def on_fit_start(self, trainer, pl_module):
+        super().on_fit_start(trainer, pl_module)
+        datasets = getattr(trainer.datamodule, "datasets", {})
+        train = datasets.get("train")
+        if train is None or not trainer.is_global_zero or not isinstance(pl_module, SequenceModel):
+            return
+        ids = train.input_ids
+        T = ids.shape[1] if getattr(ids, "ndim", 1) == 2 else max(len(x) for x in ids)
+        flops = pl_module.model.flops_per_token(T)
+        print(f"forward FLOPs per token at T = {T} (matrix products of the token mixers, all layers): memory "
+              f"{flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}")
 
 
 def _positive(x) -> bool:

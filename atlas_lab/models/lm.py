@@ -141,6 +141,20 @@ class LanguageModel(nn.Module):
         """Fixed-size streaming state of all layers (memory weights, windows, conv caches, SWA rings)."""
         return sum(b.mixer.state_bytes(batch_size, dtype_bytes) for b in self.blocks)
 
+    def flops_per_token(self, T: int) -> dict:
+        """Forward FLOPs per token of the token mixers' cores over all layers, reading T tokens (matrix products;
+        projections and MLPs left out): {"memory": the memorize calls (atlas_lab.memory.cost), "attention": softmax
+        attention, full or sliding-window}."""
+        from ..memory.cost import attention_flops, memory_flops
+
+        out = {"memory": 0.0, "attention": 0.0}
+        for m in self.modules():
+            if isinstance(m, MemoryMixer):
+                out["memory"] += m.n_heads * memory_flops(m.config, m.head_dim, T)
+            elif isinstance(m, Attention):
+                out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)
+        return out
+
     def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """How much the streaming state grows per token read (KV caches of full attention, global windows)."""
         return sum(b.mixer.cache_bytes_per_token(dtype_bytes) for b in self.blocks)

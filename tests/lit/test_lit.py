@@ -134,3 +134,19 @@ def test_under_autocast_the_memory_rule_runs_in_float32(mixer, dtype, monkeypatc
         assert layer.q_proj(torch.randn(2, 32)).dtype == dtype  # the projections are lowered
     assert seen == [({torch.float32}, False)]
     assert all(w.dtype == torch.float32 for w in cache["memory"].weights.values()) and torch.isfinite(out).all()
+
+
+def test_the_model_summary_shows_the_flops_per_token_at_the_training_length(workdir, capsys):
+    """lightning_config.yaml's ModelSummary: Lightning's table, then the memory's and attention's forward FLOPs per
+    token at the longest training sequence (MQAR: T = 64 in experiments/mqar.yaml's largest slice)."""
+    from atlas_lab.memory.cost import flops_text
+
+    cli = run_cli(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--trainer.fast_dev_run=true",
+                   "--data.init_args.batch_size=1"])
+    out = capsys.readouterr().out
+    train = cli.datamodule.datasets["train"].input_ids
+    T = max(len(x) for x in train)
+    flops = cli.model.model.flops_per_token(T)
+    assert f"forward FLOPs per token at T = {T}" in out
+    assert f"memory {flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}" in out
+    assert flops["memory"] > 0 and "Total params" in out

@@ -1,0 +1,95 @@
+"""What a memory costs before it runs: forward FLOPs per token of the chunked path (docs/performance.md, "Cost").
+
+Counted are the matrix products (2·m·k·n FLOPs each, the same as torch's FlopCounterMode, against which
+tests/memory/test_cost.py checks every formula here); element-wise work, the gates and φ's products are left out.
+Per head, for a chunk of n tokens whose window holds L = n + (c − 1) tokens (fewer in the first chunk), every
+weight matrix (out × in) of the memory:
+
+    gradients at W̃     2L·Σ out·in + 2L·Σ_{matrices not fed by φ} out·in      (forward, then ∂ℓ/∂ of inner layers)
+    read=token, muon   S_t: 2n·L·out·in;  NS: n·k·(4m²M + 2m³);  W_t: 2n²·out·in;  read: 2n·out·in
+                       (m ≤ M the sides of the matrix; cubic coefficients drop the 2m³)
+    read=token, gd     dual form: 2n·out·in (+ 2n·out·in momentum) + 2n·L·(in + out); state: 2L·out·in (×2 momentum)
+    read=chunk         read: 2n·out·in;  Σ_t g_t: 2L·out·in;  muon: one NS per completed chunk, k·(4m²M + 2m³)
+    coefficients       2n²L (Cw Γ) and 2n²L more for momentum (Cs Γ) and 2n³ + 2n² (its decay products)
+
+The exact delta rule (chunk 1, window 1, gd, l2, linear) runs in blocks of 64 tokens (WY form): per block of n
+tokens 2n²D (KKᵀ) + 2nD·d_v (KW₀ᵀ) + 2nD·d_v (QW₀ᵀ) + 2n²D (QKᵀ) + 2n²d_v (·U) + 2nD·d_v (the new W), and the
+triangular solve (n²·d_v, which FlopCounterMode does not count and neither does this formula).
+"""
+from __future__ import annotations
+
+from .feature_maps import feature_dim
+from .memories import build_memory
+from .delta_rule import BLOCK
+
+
+def _chunks(T: int, chunk_size: int, window):
+    """(n, L) of every chunk of a call from a fresh state."""
+    out, first = [], 0
+    while first < T:
+        n = min(chunk_size, T - first)
+        lo = 0 if window is None else max(0, first - window + 1)
+        out.append((n, first + n - lo))
+        first += n
+    return out
+
+
+def _ns(out_dim: int, in_dim: int, steps: int, coefficients: str) -> int:
+    m, M = sorted((out_dim, in_dim))
+    return steps * (4 * m * m * M + (2 * m ** 3 if coefficients != "cubic" else 0))
+
+
+def memory_flops(config, head_dim: int, T: int) -> float:
+    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig-like ``config`` on a
+    fresh sequence of T tokens, head dim d_k = d_v = ``head_dim``. None for a custom nn.Module memory."""
+    c = config
+    D = feature_dim(c.feature_map, head_dim, c.degree)
+    d_v = head_dim + int(c.normalize)
+    if (c.read == "token" and c.chunk_size == 1 and c.window == 1 and c.optimizer == "gd" and c.objective == "l2"
+            and c.memory == "linear"):
+        total = 0
+        for first in range(0, T, BLOCK):
+            n = min(BLOCK, T - first)
+            total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
+        return total / T
+    if not isinstance(c.memory, str):
+        return None
+    mem = build_memory(c.memory, c.depth, c.expansion, c.activation, c.residual, c.output_norm)
+    shapes = mem.shapes(D, head_dim, d_v)
+    sizes = [o * i for o, i in shapes.values()]
+    inner = sum(o * i for o, i in shapes.values() if i != D)  # matrices whose input is not φ(k)
+    total = 0
+    for n, L in _chunks(T, c.chunk_size, c.window):
+        total += 2 * L * (sum(sizes) + inner)
+        if c.read == "chunk":
+            total += (2 * n + 2 * L) * sum(sizes)
+            if c.optimizer == "muon" and n == c.chunk_size:  # a partial last chunk is pending, not committed
+                total += sum(_ns(o, i, c.ns_steps, c.ns_coefficients) for o, i in shapes.values())
+            continue
+        if c.optimizer == "muon":
+            total += 2 * n * n * L  # Cs Γ
+            for o, i in shapes.values():
+                total += 2 * n * L * o * i + n * _ns(o, i, c.ns_steps, c.ns_coefficients) + 2 * n * n * o * i \
+                    + 2 * n * o * i
+            continue
+        momentum = c.optimizer == "momentum"
+        total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)
+        for o, i in shapes.values():
+            total += 2 * n * o * i * (2 if momentum else 1) + 2 * n * L * (i + o) + 2 * L * o * i * (
+                2 if momentum else 1)
+    return total / T
+
+
+def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:
+    """Forward FLOPs per token and head of causal softmax attention over T tokens (QKᵀ and PV: 4·d per key), each
+    token attending to the t keys up to it (the last ``window`` of them for sliding-window attention)."""
+    keys = sum(t if window is None else min(t, window) for t in range(1, T + 1))
+    return 4 * head_dim * keys / T
+
+
+def flops_text(x: float) -> str:
+    """1.23G, 456M, 7.8k, 0."""
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"

@@ -1,0 +1,54 @@
+"""atlas_lab.memory.cost: the FLOPs formulas against torch's FlopCounterMode on the real forward pass."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import helpers
+from atlas_lab.layers import MemoryConfig
+from atlas_lab.memory import memorize
+from atlas_lab.memory.cost import attention_flops, memory_flops
+from atlas_lab.models import PRESETS, resolve_preset
+
+MEMORY_PRESETS = [p for p in PRESETS if resolve_preset(p)[1] is not None and p not in ("atlas_mag", "atlas_mal")]
+EXTRA = {"gated_mlp muon global": dict(memory="gated_mlp", optimizer="muon", window=None, chunk_size=5),
+         "mlp depth 3 momentum": dict(memory="mlp", depth=3, optimizer="momentum", window=2, chunk_size=4),
+         "mlp muon cubic": dict(memory="mlp", optimizer="muon", ns_coefficients="cubic", window=3, chunk_size=4),
+         "normalised linear": dict(memory="linear", feature_map="taylor", objective="dot", normalize=True,
+                                   chunk_size=4)}
+
+
+def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, 2, head_dim, generator=g).to(helpers.DEVICE) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        memorize(q, k, v, memory=config.memory, feature_map=config.feature_map, degree=config.degree,
+                 objective=config.objective, window=config.window, optimizer=config.optimizer,
+                 chunk_size=config.chunk_size, depth=config.depth, expansion=config.expansion,
+                 ns_steps=config.ns_steps, ns_coefficients=config.ns_coefficients, normalize=config.normalize,
+                 output_norm=config.output_norm, read=config.read, alpha=0.9, eta=0.1, theta=0.5, gamma=0.7)
+    return counter.get_total_flops() / 2  # 2 heads
+
+
+@pytest.mark.parametrize("read", ["token", "chunk"])
+@pytest.mark.parametrize("name", MEMORY_PRESETS + list(EXTRA))
+def test_memory_flops_formula_equals_the_counted_forward(name, read, monkeypatch):
+    """Every preset's memory and a few more, at T = 37 (a partial last chunk): formula == count, exactly.
+    The compiled CPU Newton–Schulz kernel is not an aten op, so the count runs NS as batched matmuls."""
+    monkeypatch.setenv("ATLAS_LAB_NS_KERNEL", "0")
+    config = resolve_preset(name)[1] if name in PRESETS else MemoryConfig(**EXTRA[name])
+    config = config.replace(read=read)
+    T, head_dim = 37, 8
+    assert memory_flops(config, head_dim, T) * T == pytest.approx(counted_flops(config, head_dim, T), rel=1e-12)
+
+
+def test_attention_flops_is_the_causal_part_of_the_full_product():
+    """A masked attention's products are the full T × T ones; causal attention needs (T + 1) / 2T of them."""
+    T, d = 50, 16
+    q = torch.randn(1, 2, T, d)
+    with FlopCounterMode(display=False) as counter:
+        scores = (q @ q.mT).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf)
+        scores.softmax(-1) @ q
+    full = counter.get_total_flops() / 2
+    assert attention_flops(d, T) * T == pytest.approx(full * (T + 1) / (2 * T), rel=1e-12)
+    assert attention_flops(d, T, window=10) < attention_flops(d, T) and attention_flops(d, 5, window=10) == \
+        attention_flops(d, 5)
