@@ -35,7 +35,7 @@ ui: $(VENV)/.installed
 # pip fails instead of swapping it.
 BENCH_PEERS ?= titans-pytorch==0.5.5 fla-core
 BENCHMARKS  := memory_ops newton_schulz_cpu titans_layer deltanet models memory_scaling streaming_memory long_context swa \
-               launches
+               launches chunk_read
 
 $(VENV)/.bench-peers: $(VENV)/.installed
 	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/bench-constraints.txt

@@ -14,9 +14,27 @@ import operator
 import torch
 
 
+@functools.lru_cache(maxsize=256)
 def causal_mask(n: int, L: int, device=None) -> torch.Tensor:
-    """[n, L] bool, True where token i ≤ t + L − n: the last n of the L tokens are the rows' own, the rest precede."""
+    """[n, L] bool, True where token i ≤ t + L − n: the last n of the L tokens are the rows' own, the rest precede.
+
+    Cached per (n, L, device): every chunk of a length shares one mask (read only), instead of building it with four
+    kernels per product and chunk."""
     return torch.arange(L, device=device) <= torch.arange(n, device=device).unsqueeze(-1) + (L - n)
+
+
+@functools.lru_cache(maxsize=256)
+def strictly_lower(n: int, device=None) -> torch.Tensor:
+    """[n, n] bool, True where j < t (cached like ``causal_mask``)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)
+
+
+def non_finite_tokens(y: torch.Tensor) -> torch.Tensor:
+    """[N, L] bool: True where token i's entries y[:, i] hold a NaN or an inf. y: [N, L, ...].
+
+    max |y| over the token's entries is NaN or inf exactly then (max propagates NaN): two kernels and a compare, where
+    isfinite + all take five. Detached: a flag, never part of the graph."""
+    return ~(y.detach().flatten(2).abs().amax(-1) < torch.inf)
 
 
 def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
@@ -27,7 +45,7 @@ def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
     those factors are zeroed. Rows t ≥ i then hold NaN, rows t < i are exactly what finite inputs would give.
     """
     n, L = X.shape[-2:]
-    bad = functools.reduce(operator.or_, (~torch.isfinite(y).flatten(2).all(-1) for y in factors))  # [N, L]
+    bad = functools.reduce(operator.or_, (non_finite_tokens(y) for y in factors))  # [N, L]
     X = torch.where(causal_mask(n, L, X.device), torch.where(bad.unsqueeze(-2), torch.nan, X), 0.0)
     return (X, *(torch.where(bad.reshape(bad.shape + (1,) * (y.dim() - 2)), 0.0, y) for y in factors))
 

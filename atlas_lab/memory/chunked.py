@@ -19,6 +19,7 @@ step (one Newton–Schulz per weight matrix for muon) per chunk, no per-token st
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -31,18 +32,23 @@ from .memories import LinearMemory, ModuleMemory, loss, token_function
 from .optimizers import accumulate, chunk_coefficients, commit, newton_schulz, orthogonalize
 
 
+@functools.lru_cache(maxsize=256)
+def window_mask(n: int, L: int, first: int, window, device) -> torch.Tensor:
+    """[n, L] bool: token i lies in the window of chunk token t (at index first + t). Cached: one per chunk shape."""
+    t = torch.arange(n, device=device).unsqueeze(-1) + first
+    i = torch.arange(L, device=device)
+    inside = i <= t
+    if window is not None:
+        inside = inside & (i > t - window)
+    return inside
+
+
 def window_band(gamma, n: int, first: int, window):
     """Γ [N, n, L]: Γ[t, i] = γ_i for window token i of chunk token t (at index first + t), else 0.
 
     gamma: [N, L] window weights of the L tokens (cache, then chunk); window c or None (global).
     """
-    L = gamma.shape[-1]
-    t = torch.arange(n, device=gamma.device).unsqueeze(-1) + first
-    i = torch.arange(L, device=gamma.device)
-    inside = i <= t
-    if window is not None:
-        inside = inside & (i > t - window)
-    return torch.where(inside, gamma.unsqueeze(-2), 0.0)
+    return torch.where(window_mask(n, gamma.shape[-1], first, window, gamma.device), gamma.unsqueeze(-2), 0.0)
 
 
 def combine(C, G):

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from . import newton_schulz_cpu
-from .causal import causal_mask, causal_matmul
+from .causal import causal_mask, causal_matmul, strictly_lower
 
 OPTIMIZERS = ("gd", "momentum", "muon")
 NS_COEFFICIENTS = {
@@ -171,9 +171,9 @@ def decay_matrix(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     logx = torch.log(x.clamp_min(torch.finfo(x.dtype).tiny))
     rep = logx.unsqueeze(-1).expand(*x.shape, n)  # rep[l, j] = log x_l
-    below = torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-1)  # j < l
+    below = strictly_lower(n, x.device)  # j < l
     seg = torch.where(below, rep, 0.0).cumsum(-2)  # seg[t, j] = Σ_{j<l≤t} log x_l
-    return torch.where(below | torch.eye(n, dtype=torch.bool, device=x.device), seg.exp(), 0.0)
+    return torch.where(causal_mask(n, n, x.device), seg.exp(), 0.0)
 
 
 def chunk_coefficients(optimizer, alpha, eta, theta):
