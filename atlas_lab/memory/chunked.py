@@ -136,15 +136,20 @@ def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficien
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
 
-def chunk_plan(T, m0, chunk_size, offset, window):
-    """The chunks of a call: sizes (the rest of the chunk in progress, whole chunks, a partial last one), each
-    chunk's first token in cache + new tokens, and its window span (lo, hi) there."""
+def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
+    """Per chunk of the call (the rest of the chunk in progress, whole chunks, a partial last one): its length n, the
+    offset of its first token in its window, its per-token inputs (q, φ(q), α, η, θ) and its window's
+    (φ(k), k, v, γ), the cache's tokens included."""
+    T, m0 = q.shape[1], k_all.shape[1] - q.shape[1]
     sizes = [min(T, chunk_size - offset)] if offset else []
     sizes += [chunk_size] * ((T - sum(sizes)) // chunk_size)
     sizes += [T - sum(sizes)] if T > sum(sizes) else []
-    firsts = list(itertools.accumulate(sizes[:-1], initial=m0))
+    firsts = list(itertools.accumulate(sizes[:-1], initial=m0))  # each chunk's first token in cache+new
     spans = [(0 if window is None else max(0, f - window + 1), f + n) for f, n in zip(firsts, sizes)]
-    return sizes, firsts, spans
+    # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
+    pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
+    windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
+    return zip(sizes, [f - lo for f, (lo, _) in zip(firsts, spans)], pieces, windows)
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
@@ -169,18 +174,14 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
             and isinstance(mem, LinearMemory)):  # the exact delta rule, a block of tokens at a time
         y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])
         return y, {"W": W_last}, None, None, 0, None
-    sizes, firsts, spans = chunk_plan(T, m0, chunk_size, offset, window)
-    # split (not slice) the per-token inputs: the backward of split is one cat, not a zero-fill per chunk
-    pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
-    windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
     ys = []
-    for n, first, (lo, hi), (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in zip(
-            sizes, firsts, spans, pieces, windows):
+    for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
+            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
         if offset == 0:
             W_eval = W
 
         def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
-                 n=n, shift=first - lo):
+                 n=n, shift=shift):
             if isinstance(mem, ModuleMemory):
                 G = module_grads(W_eval, phi_k_c, k_c, v_c)
             else:
@@ -205,20 +206,16 @@ def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, the
                        window, optimizer, chunk_size, W, S, offset, pending, ns_steps, ns_coefficients, ns):
     """read="chunk": each chunk reads W̃ = W (the weights committed at the last boundary) and adds its tokens'
     Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk that reaches its end commits one optimiser step."""
-    T, m0 = q.shape[1], k_all.shape[1] - q.shape[1]
-    sizes, firsts, spans = chunk_plan(T, m0, chunk_size, offset, window)
-    pieces = zip(*(x.split(sizes, 1) for x in (q, phi_q, alpha, eta, theta)))
-    windows = zip(*(chunk_windows(x, spans) for x in (phi_k, k_all, v_all, gamma_all)))
     ys = []
-    for n, first, (lo, hi), (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in zip(
-            sizes, firsts, spans, pieces, windows):
+    for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
+            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
         if module_grads is not None:
             G = module_grads(W, phi_k_c, k_c, v_c)
             ys.append(vmap(vmap(token_function(mem), in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
         else:
             G = mem.gradient_factors(W, phi_k_c, k_c, v_c, objective)
             ys.append(mem.forward(lambda name, u: u @ W[name].mT, phi_q_c, q_c))
-        weight = window_band(gamma_c, n, first - lo, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
+        weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
         pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
                              eta_c.sum(1), theta_c.prod(1))
         offset = (offset + n) % chunk_size
