@@ -299,6 +299,11 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     # the trainer, and what validate and test score
     "trainer conflict": (["fit", *TINY_RUN, "--trainer.enable_progress_bar=false"],
                          "enable_progress_bar=False` but found `RichProgressBar`"),
+    "unknown callback class": (["fit", *TINY_RUN, "--trainer.callbacks+=atlas_lab.lit.module.NoSuchSummary"],
+                               "trainer.callbacks: class_path 'atlas_lab.lit.module.NoSuchSummary' cannot be imported "
+                               "(module 'atlas_lab.lit.module' has no attribute 'NoSuchSummary')"),
+    "unknown data class": (["fit", *TINY_RUN, "--data.class_path=atlas_lab.data.NoSuchData"],
+                           "data: class_path 'atlas_lab.data.NoSuchData' cannot be imported"),
     "fsdp on the CPU": (["fit", *TINY_RUN, "--trainer.strategy=fsdp", "--trainer.accelerator=cpu"], "FSDP"),
     "test without checkpoint": (["test", *TINY_RUN], "test: --ckpt_path is required"),
     "validate without checkpoint": (["validate", *TINY_RUN], "validate: --ckpt_path is required"),

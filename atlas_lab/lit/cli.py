@@ -55,18 +55,22 @@ def _expected(kind: str) -> str:
 def one_line(message: str) -> str:
     """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
     was expected (every alternative), and the value given."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
+    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
+                        message, re.M)
+    if keys and missing:  # a class that cannot be imported: name it, not one of the Union's alternatives
+        return f"{key}: class_path '{missing.group(1)}' cannot be imported ({missing.group(2).strip()})"
     causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
     causes = [c for c in causes if not c.startswith("Expected a") and not c.startswith("Problem with")]
     if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
         return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
-    keys = re.findall(r'Parser key "([^"]+)"', message)
     expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
                                   for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
     given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
     if not keys or not expected:
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
-    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
     return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
 
 
