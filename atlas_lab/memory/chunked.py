@@ -28,7 +28,7 @@ from torch.func import grad, vmap
 
 from .causal import causal_matmul, causal_operands
 from .delta_rule import delta_rule
-from .memories import LinearMemory, ModuleMemory, loss, token_function
+from .memories import LinearMemory, ModuleMemory, fixed_apply, loss, token_function
 from .optimizers import accumulate, chunk_coefficients, commit, newton_schulz, orthogonalize
 
 
@@ -214,7 +214,7 @@ def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, the
             ys.append(vmap(vmap(token_function(mem), in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
         else:
             G = mem.gradient_factors(W, phi_k_c, k_c, v_c, objective)
-            ys.append(mem.forward(lambda name, u: u @ W[name].mT, phi_q_c, q_c))
+            ys.append(mem.forward(fixed_apply(W), phi_q_c, q_c))
         weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
         pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
                              eta_c.sum(1), theta_c.prod(1))

@@ -8,7 +8,7 @@ from .feature_maps import FEATURE_MAPS, apply_feature_map, feature_dim
 from .memories import MEMORIES, OBJECTIVES, LinearMemory, build_memory
 from .optimizers import NS_COEFFICIENTS, OPTIMIZERS
 from .reference import memorize_reference
-from .state import MemoryState
+from .state import PENDING_GATES, MemoryState
 
 IMPLS = {"reference": memorize_reference, "chunked": memorize_chunked}
 READS = ("token", "chunk")
@@ -193,7 +193,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         offset = st.offset
         if st.pending is not None:
             pending = {"grad": _broadcast_weights(st.pending["grad"], shapes, B, H, "initial_state.pending", q),
-                       **{g: st.pending[g].reshape(B * H) for g in ("alpha", "eta", "theta")}}
+                       **{g: st.pending[g].reshape(B * H) for g in PENDING_GATES}}
         m = st.keys.shape[2] if st.keys.dim() == 4 else -1
         for part, x, shape in (("keys", st.keys, (B, H, m, d_k)), ("values", st.values, (B, H, m, d_out)),
                                ("gamma", st.gamma, (B, H, m))):
@@ -249,5 +249,5 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
         gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
         pending=None if pending is None else {"grad": unflat(pending["grad"]),
-                                              **{g: pending[g].reshape(B, H) for g in ("alpha", "eta", "theta")}})
+                                              **{g: pending[g].reshape(B, H) for g in PENDING_GATES}})
     return o, state

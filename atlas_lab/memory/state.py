@@ -6,6 +6,9 @@ from dataclasses import dataclass
 import torch
 
 
+PENDING_GATES = ("alpha", "eta", "theta")  # the gates of MemoryState.pending (∏ α, Σ η, ∏ θ), beside its "grad"
+
+
 @dataclass
 class MemoryState:
     """Everything needed to continue a sequence exactly where a previous call stopped.
@@ -41,6 +44,6 @@ class MemoryState:
             return None if x is None else {n: w.detach() for n, w in x.items()}
 
         pending = None if self.pending is None else {
-            "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in ("alpha", "eta", "theta")}}
+            "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in PENDING_GATES}}
         return MemoryState(d(self.weights), d(self.momentum), d(self.eval_weights), self.keys.detach(),
                            self.values.detach(), self.gamma.detach(), self.offset, pending)
