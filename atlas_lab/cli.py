@@ -15,7 +15,7 @@ def gates_text(config) -> str:
     """Learned gates by symbol, constants as symbol=value (θ only where the optimiser uses it)."""
     parts = []
     for g, sym in GATE_SYMBOLS.items():
-        if g == "theta" and config.optimizer == "gd":
+        if g == "theta" and not config.components()[3].uses_theta:
             continue
         value = getattr(config, g)
         parts.append(f"{sym}_t" if value == "learned" else f"{sym}={value:g}")
@@ -40,11 +40,8 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
         if c is None:
             components = ["—"] * 7
         else:
-            memory = c.memory if c.memory == "linear" else \
-                f"{c.memory}(L={c.depth},E={c.expansion}{',LN' if c.output_norm else ''})"
-            fmap = c.feature_map if c.feature_map == "identity" else f"{c.feature_map}(p={c.degree})"
-            opt = c.optimizer if c.optimizer != "muon" else f"muon(k={c.ns_steps},{c.ns_coefficients})"
-            components = [memory, fmap, c.objective, "global" if c.window is None else str(c.window),
+            memory, fmap, objective, opt = map(repr, c.components())
+            components = [memory, fmap, objective, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c)]
         layers = "+".join(dict.fromkeys(model.layer_kinds))
         flops = model.flops_per_token(T)

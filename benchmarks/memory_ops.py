@@ -57,10 +57,10 @@ def timed(x, impl, options, repeats):
 def newton_schulz_floor(options, B, T, H, d, repeats):
     """Time of the Newton–Schulz work alone that any exact muon implementation must do: NS_k (forward and
     backward) of every token's momentum of every weight matrix, batched per chunk as the chunked path does."""
-    from atlas_lab.memory import build_memory, feature_dim, newton_schulz
+    from atlas_lab.memory import build_feature_map, build_memory, newton_schulz
 
-    mem = build_memory(options["memory"], options.get("depth", 2), options.get("expansion", 4))
-    shapes = mem.shapes(feature_dim(options["feature_map"], d, options.get("degree", 2)), d, d)
+    mem = build_memory(options["memory"], depth=options.get("depth", 2), expansion=options.get("expansion", 4))
+    shapes = mem.shapes(build_feature_map(options["feature_map"], degree=options.get("degree", 2)).dim(d), d, d)
     b = options["chunk_size"]
     S = {n: torch.randn(B * H * b, *shape, requires_grad=True) for n, shape in shapes.items()}
 

@@ -22,7 +22,7 @@ from common import (add_common_args, apply_tiny, median_time, meta, out_path, pr
                     set_threads, write_json)
 
 from atlas_lab.memory import newton_schulz  # noqa: E402
-from atlas_lab.memory.feature_maps import feature_dim  # noqa: E402
+from atlas_lab.memory.feature_maps import Polynomial  # noqa: E402
 from atlas_lab.models import LanguageModel  # noqa: E402
 
 IMPLS = ("bmm", "kernel")
@@ -73,7 +73,7 @@ def main():
 
     rows, cells = [], []
     for d in args.heads:
-        D = feature_dim("polynomial", d, 2)
+        D = Polynomial(2).dim(d)
         for name, (m, n) in (("W1", (4 * d, D)), ("W2", (d, 4 * d))):
             M, err, t = ns_row(m, n, args.elements, args.repeats)
             rows.append(dict(d=d, weight=name, shape=[m, n], matrices=M, check_rel_err=err,

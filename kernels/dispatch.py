@@ -17,20 +17,25 @@ import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
 from atlas_lab.memory.chunked import memorize_chunked
-from atlas_lab.memory.memories import LinearMemory, MLPMemory
-from atlas_lab.memory.optimizers import chunk_coefficients
+from atlas_lab.memory.memories import GatedMLPMemory, LinearMemory, MLPMemory
+from atlas_lab.memory.objectives import L2, Dot
+from atlas_lab.memory.optimizers import GD, Momentum, Muon
 
 from .chunk_linear_memory import MAX_CHUNK, MAX_FEATURES, chunk_linear_memory, chunk_linear_memory_fwd_kernel
 from .newton_schulz import MAX_COLS, MAX_ROWS, newton_schulz
 
 INTERPRETED = isinstance(chunk_linear_memory_fwd_kernel, InterpretedFunction)  # TRITON_INTERPRET=1 when imported
+# What the kernels cover, by component class (exact classes: a subclass may change what a method computes).
+KERNEL_OBJECTIVES = {L2: "l2", Dot: "dot"}  # the chunk kernel's two gradient forms
+LINEAR_KERNEL_OPTIMIZERS = (GD, Momentum)
+MUON_MEMORIES = (LinearMemory, MLPMemory, GatedMLPMemory)  # built-in memories with analytic gradient factors
 COVERAGE = ("impl='triton' covers memory='linear' with optimizer 'gd' or 'momentum' (objective 'l2' or 'dot', any "
             f"window and feature map, D ≤ {MAX_FEATURES}, chunk_size ≤ {MAX_CHUNK}) and optimizer 'muon' with "
             f"memory 'linear', 'mlp' or 'gated_mlp' (weights up to {MAX_ROWS} × {MAX_COLS}), in float32, float16 "
             "or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or 'auto') otherwise")
 
 
-def unsupported(q, mem, optimizer, chunk_size, W, read="token") -> str | None:
+def unsupported(q, mem, objective, optimizer, chunk_size, W, read="token") -> str | None:
     """Why the Triton kernels do not cover a call (None when they do)."""
     if read != "token":
         return f"read={read!r} (the kernels compute per-token reads)"
@@ -38,13 +43,17 @@ def unsupported(q, mem, optimizer, chunk_size, W, read="token") -> str | None:
         return f"dtype {q.dtype}"
     if not (q.is_cuda or INTERPRETED):
         return f"tensors on {q.device.type} (on the CPU, set TRITON_INTERPRET=1 before triton is first imported)"
-    if optimizer == "muon":
-        if not isinstance(mem, (LinearMemory, MLPMemory)):
-            return "a custom memory module with muon"
+    if type(objective) not in KERNEL_OBJECTIVES:
+        return f"objective {objective!r}"
+    if type(optimizer) is Muon:
+        if type(mem) not in MUON_MEMORIES:
+            return f"memory {mem!r} with muon"
         big = [n for n, w in W.items() if min(w.shape[-2:]) > MAX_ROWS or max(w.shape[-2:]) > MAX_COLS]
         return f"weights {big} larger than {MAX_ROWS} × {MAX_COLS} with muon" if big else None
-    if not isinstance(mem, LinearMemory):
-        return f"memory {getattr(mem, 'name', type(mem).__name__)!r} with optimizer {optimizer!r}"
+    if type(optimizer) not in LINEAR_KERNEL_OPTIMIZERS:
+        return f"optimizer {optimizer!r}"
+    if type(mem) is not LinearMemory:
+        return f"memory {mem!r} with optimizer {optimizer!r}"
     if W["W"].shape[-1] > MAX_FEATURES:
         return f"D = {W['W'].shape[-1]} features (more than {MAX_FEATURES})"
     if chunk_size > MAX_CHUNK:
@@ -64,27 +73,28 @@ def chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset):
     parts = []
     for lo, hi, n in ((0, head, head), (head, head + full, chunk_size), (head + full, T, T - head - full)):
         if hi > lo:
-            co = chunk_coefficients(optimizer, *(x[:, lo:hi].reshape(-1, n) for x in (alpha, eta, theta)))
+            co = optimizer.chunk_coefficients(*(x[:, lo:hi].reshape(-1, n) for x in (alpha, eta, theta)))
             parts.append({name: (x.reshape(N, hi - lo) if x.dim() == 2 else
                                  F.pad(x.reshape(N, hi - lo, n), (0, chunk_size - n))) for name, x in co.items()})
     return {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
 
 
 def memorize_triton(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                    chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, read="token", pending=None):
+                    chunk_size, W, S, W_eval, offset, read="token", pending=None):
     """Same arguments and results as ``atlas_lab.memory.reference.memorize_reference``, on the Triton kernels."""
-    reason = unsupported(q, mem, optimizer, chunk_size, W, read)
+    reason = unsupported(q, mem, objective, optimizer, chunk_size, W, read)
     if reason:
         raise NotImplementedError(f"memorize: impl='triton' does not cover {reason}. {COVERAGE}")
-    if optimizer == "muon":  # the chunked path, every chunk's n·N momenta orthogonalised in one NS launch
+    if type(optimizer) is Muon:  # the chunked path, every chunk's n·N momenta orthogonalised in one NS launch
         return memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, mem=mem, phi=phi, objective=objective,
-                                window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-                                offset=offset, ns_steps=ns_steps, ns_coefficients=ns_coefficients, ns=newton_schulz)
-    momentum = optimizer == "momentum"
+                                window=window, optimizer=optimizer.with_ns(newton_schulz), chunk_size=chunk_size, W=W,
+                                S=S, W_eval=W_eval, offset=offset)
+    momentum = type(optimizer) is Momentum
     co = chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset)
     y, W_T, S_T, W_e = chunk_linear_memory(
         phi(q), phi(k_all), v_all, gamma_all, co["a"], co["Cw"], W["W"], (W if W_eval is None else W_eval)["W"],
-        offset=offset, chunk_size=chunk_size, window=window, objective=objective, m=co.get("m"), s=co.get("s"),
+        offset=offset, chunk_size=chunk_size, window=window, objective=KERNEL_OBJECTIVES[type(objective)],
+        m=co.get("m"), s=co.get("s"),
         Cs=co.get("Cs"), S0=S["W"] if momentum else None)
     offset = (offset + q.shape[1]) % chunk_size
     return y, {"W": W_T}, ({"W": S_T} if momentum else None), ({"W": W_e} if offset else None), offset, None

@@ -4,7 +4,7 @@ DEVICE: where the memory and kernel tests put their tensors — pytest's ``--dev
 cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
 import torch
 
-from atlas_lab.memory import feature_dim, memorize
+from atlas_lab.memory import build_feature_map, memorize
 
 GATES = ("alpha", "eta", "theta", "gamma")
 DEVICE = torch.device("cpu")
@@ -32,7 +32,7 @@ def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memor
     p = dict(q=rnd(B, T, H, d_k), k=k, v=rnd(B, T, H, d_v) * 0.5,
              alpha=uni(0.8, 1.0, B, T, H), eta=uni(0.05, 0.5, B, T, H), theta=uni(0.3, 0.9, B, T, H),
              gamma=uni(0.2, 1.0, B, T, H))
-    D = feature_dim(feature_map, d_k, degree)
+    D = build_feature_map(feature_map, degree=degree).dim(d_k)
     from atlas_lab.memory import build_memory
     mem = build_memory(memory, **{o: kw[o] for o in ("depth", "expansion", "activation", "residual") if o in kw})
     W0 = mem.init_weights(H, D, d_k, d_v, generator=g, dtype=torch.float64)

@@ -282,7 +282,7 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "normalize on atlas": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.normalize=true"],
                            "model.memory.normalize: needs memory=linear, objective=dot"),
     "output_norm on linear": (["fit", *TINY_RUN, "--model.memory.output_norm=true"],
-                              "model.memory.output_norm: applies to the MLP memories"),
+                              "model.memory.memory: output_norm applies to the MLP memories"),
     # the data: checked when it is set up, before the run is created
     "vocabulary": (["fit", *TINY_RUN, "--data.init_args.vocab_size=8"], "data.init_args.vocab_size"),
     "missing corpus": (["fit", *LM_RUN, "--data.init_args.data_path=/no/such/file.txt"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from atlas_lab.memory import apply_feature_map, feature_dim, memorize
+from atlas_lab.memory import build_feature_map, memorize
 
 from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
 
@@ -48,7 +48,7 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
 
         step = eta
         if normalize_eta:
-            phi = apply_feature_map(q, feature_map, options.get("degree", 2), options.get("coefficients"))
+            phi = build_feature_map(feature_map, degree=options.get("degree", 2))(q, options.get("coefficients"))
             step = eta / (phi ** 2).sum(-1)  # [trials, 2N, 1]
         o, _ = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), memory=memory, feature_map=feature_map,
                         optimizer=optimizer, objective=objective, eta=gate(step, 0.0), theta=gate(theta, 0.0),
@@ -60,7 +60,7 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             "recall_error": ((read - v) ** 2).sum(-1).mean().item(),
             "cosine": torch.nn.functional.cosine_similarity(read, v, dim=-1).mean().item(),
             "retrieval_acc": (scores.argmax(-1) == torch.arange(N)).to(dtype).mean().item(),
-            "feature_dim": feature_dim(feature_map, d_k, options.get("degree", 2)),
+            "feature_dim": build_feature_map(feature_map, degree=options.get("degree", 2)).dim(d_k),
             "memory": memory, "feature_map": feature_map, "optimizer": optimizer, "objective": objective,
             "eta": eta, "normalize_eta": normalize_eta, "theta": theta, "alpha": alpha, "chunk_size": chunk_size,
             "d_k": d_k, "d_v": d_v,

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import (FEATURE_MAPS, MEMORIES, NS_COEFFICIENTS, OBJECTIVES, OPTIMIZERS, READS, build_memory,
-                      feature_dim, memorize)
-from ..memory.feature_maps import taylor_coefficients
+from ..memory import READS, build_components, memorize
+from ..memory.op import normalize_applies
 from .conv import ShortConv
 
 Gate = Union[float, Literal["learned"]]
@@ -32,9 +31,11 @@ GATE_RANGES = {"alpha": (lambda x: 0 <= x <= 1, "in [0, 1]"), "eta": (lambda x: 
 class MemoryConfig:
     """The five components of a memory mixer and its gates.
 
+    memory, feature_map, objective, optimizer: a short-hand (below; built with this config's options), or a
+    {class_path, init_args} dict naming a component class (docs/components.md).
     memory: linear | mlp | gated_mlp (depth, expansion, activation, residual for the MLPs)
     feature_map: identity | polynomial (degree, learnable coefficients) | taylor (degree)
-    objective: l2 | dot; window: Omega window c ≥ 1, or None for global
+    objective: l2 | dot | huber | lp; window: Omega window c ≥ 1, or None for global
     optimizer: gd | momentum | muon (ns_steps, ns_coefficients)
     alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
@@ -45,16 +46,16 @@ class MemoryConfig:
     checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
     """
 
-    memory: str = "mlp"
+    memory: Any = "mlp"
     depth: int = 2
     expansion: int = 4
     activation: str = "gelu"
     residual: bool = True
-    feature_map: str = "identity"
+    feature_map: Any = "identity"
     degree: int = 2
-    objective: str = "l2"
+    objective: Any = "l2"
     window: Optional[int] = 1
-    optimizer: str = "gd"
+    optimizer: Any = "gd"
     ns_steps: int = 5
     ns_coefficients: str = "quintic"
     alpha: Gate = "learned"
@@ -70,12 +71,8 @@ class MemoryConfig:
 
     def validate(self, where: str = "memory") -> "MemoryConfig":
         """Raise ValueError naming the field, the value and the valid choices."""
-        choices = {"memory": MEMORIES, "feature_map": FEATURE_MAPS, "objective": OBJECTIVES,
-                   "optimizer": OPTIMIZERS, "ns_coefficients": tuple(NS_COEFFICIENTS), "read": READS}
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ValueError(f"{where}.{key}: unknown value {getattr(self, key)!r}; "
-                                 f"valid choices: {', '.join(valid)}")
+        if self.read not in READS:
+            raise ValueError(f"{where}.read: unknown value {self.read!r}; valid choices: {', '.join(READS)}")
         for g in GATES:
             value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
             if value != "learned" and (not isinstance(value, (int, float)) or isinstance(value, bool)
@@ -90,14 +87,18 @@ class MemoryConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}.{key}: expected an int >= 1, got {value!r}")
-        if self.normalize and not (self.memory == "linear" and self.objective == "dot"
-                                   and self.optimizer in ("gd", "momentum")):
+        mem, _, objective, optimizer = self.components(where)
+        if self.normalize and not normalize_applies(mem, objective, optimizer):
             raise ValueError(f"{where}.normalize: needs memory=linear, objective=dot and optimizer gd or momentum "
-                             f"(got {self.memory}, {self.objective}, {self.optimizer}); set it to false")
-        if self.output_norm and self.memory == "linear":
-            raise ValueError(f"{where}.output_norm: applies to the MLP memories (mlp, gated_mlp); set it to false "
-                             f"for memory=linear")
+                             f"(got {mem!r}, {objective!r}, {optimizer!r}); set it to false")
         return self
+
+    def components(self, where: str = "memory") -> tuple:
+        """(memory, feature map, objective, optimizer) objects of this config."""
+        return build_components(self.memory, self.feature_map, self.objective, self.optimizer, where,
+                                depth=self.depth, expansion=self.expansion, activation=self.activation,
+                                residual=self.residual, output_norm=self.output_norm, degree=self.degree,
+                                ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients)
 
     def replace(self, where: str = "memory", **overrides) -> "MemoryConfig":
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
@@ -128,8 +129,9 @@ class MemoryMixer(nn.Module):
         inner = n_heads * d
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, inner, bias=False) for _ in range(3))
         self.q_conv, self.k_conv, self.v_conv = (ShortConv(inner, conv_size) for _ in range(3))
+        self.mem, self.feature_map, self.objective, self.optimizer = config.components()
         self.learned_gates = [g for g in GATES if getattr(config, g) == "learned"
-                              and (g != "theta" or config.optimizer != "gd")]
+                              and (g != "theta" or self.optimizer.uses_theta)]
         self.gate_proj = nn.Linear(d_model, n_heads * len(self.learned_gates)) if self.learned_gates else None
         if self.gate_proj is not None:
             nn.init.normal_(self.gate_proj.weight, std=0.02)
@@ -137,14 +139,13 @@ class MemoryMixer(nn.Module):
                 bias = self.gate_proj.bias.view(len(self.learned_gates), n_heads)
                 for i, g in enumerate(self.learned_gates):
                     bias[i] = _logit(GATE_INIT[g])
-        mem = build_memory(config.memory, config.depth, config.expansion, config.activation, config.residual,
-                           config.output_norm)
-        D = feature_dim(config.feature_map, d, config.degree)
+        D = self.feature_map.dim(d)
         d_out = d + int(config.normalize)
         self.initial_weights = nn.ParameterDict(
-            {n: nn.Parameter(w) for n, w in mem.init_weights(n_heads, D, d, d_out).items()})
-        if config.feature_map == "polynomial":  # a_i = softplus(raw_i) ≥ 0, initialised to 1/i!
-            a = taylor_coefficients(config.degree).float()
+            {n: nn.Parameter(w) for n, w in self.mem.init_weights(n_heads, D, d, d_out).items()})
+        a = self.feature_map.initial_coefficients()
+        if a is not None:  # a learnable feature map: a_i = softplus(raw_i) ≥ 0, initialised to its a_i
+            a = a.float()
             self.raw_coefficients = nn.Parameter(a + torch.log(-torch.expm1(-a)))
         else:
             self.raw_coefficients = None
@@ -155,7 +156,7 @@ class MemoryMixer(nn.Module):
     def gates(self, x: torch.Tensor) -> dict:
         """{gate: [B, T, H] tensor or constant}."""
         c = self.config
-        out = {g: (None if g == "theta" and c.optimizer == "gd" else getattr(c, g)) for g in GATES}
+        out = {g: (None if g == "theta" and not self.optimizer.uses_theta else getattr(c, g)) for g in GATES}
         if self.gate_proj is not None:
             z = self.gate_proj(x).sigmoid().unflatten(-1, (len(self.learned_gates), self.n_heads))
             for i, g in enumerate(self.learned_gates):
@@ -197,14 +198,11 @@ class MemoryMixer(nn.Module):
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(
-                exact(q), exact(k), exact(v), memory=c.memory, feature_map=c.feature_map, objective=c.objective,
-                window=c.window, optimizer=c.optimizer, chunk_size=c.chunk_size,
+                exact(q), exact(k), exact(v), memory=self.mem, feature_map=self.feature_map, objective=self.objective,
+                window=c.window, optimizer=self.optimizer, chunk_size=c.chunk_size,
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
-                degree=c.degree,
-                coefficients=exact(coefficients), depth=c.depth, expansion=c.expansion, activation=c.activation,
-                residual=c.residual, ns_steps=c.ns_steps, ns_coefficients=c.ns_coefficients, normalize=c.normalize,
-                output_norm=c.output_norm, checkpoint=c.checkpoint, read=c.read, impl="auto",
-                **{g: exact(value) for g, value in gates.items()})
+                coefficients=exact(coefficients), normalize=c.normalize, checkpoint=c.checkpoint, read=c.read,
+                impl="auto", **{g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
 
@@ -212,7 +210,8 @@ class MemoryMixer(nn.Module):
         """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches."""
         c = self.config
         weights = sum(p.numel() for p in self.initial_weights.values())
-        momentum = weights if c.optimizer != "gd" else 0
+        momentum = sum(math.prod(self.optimizer.state_shape(tuple(p.shape[1:])) or (0,))
+                       for p in self.initial_weights.values())
         inner = self.n_heads * self.head_dim
         window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
         evaluation_point = weights if c.chunk_size > 1 else 0

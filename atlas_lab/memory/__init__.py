@@ -1,13 +1,22 @@
 """The memory engine: components, the reference loop, the chunked path and the ``memorize`` op."""
-from .feature_maps import FEATURE_MAPS, apply_feature_map, feature_dim, polynomial, taylor_coefficients
-from .memories import (ACTIVATIONS, MEMORIES, OBJECTIVES, GatedMLPMemory, LinearMemory, MLPMemory, ModuleMemory,
+from .check import check_against_reference
+from .components import Component
+from .feature_maps import FEATURE_MAPS, FeatureMap, Identity, Polynomial, Taylor, build_feature_map, polynomial, \
+    taylor_coefficients
+from .memories import (ACTIVATIONS, MEMORIES, GatedMLPMemory, LinearMemory, Memory, MLPMemory, ModuleMemory,
                        build_memory)
-from .op import READS, memorize
-from .optimizers import NS_COEFFICIENTS, OPTIMIZERS, newton_schulz
+from .objectives import OBJECTIVES, L2, Dot, Huber, Lp, Objective, build_objective
+from .op import READS, build_components, memorize
+from .optimizers import (GD, NS_COEFFICIENTS, OPTIMIZERS, LinearRule, MemoryOptimizer, Momentum, Muon,
+                         TransformedMomentum, build_optimizer, newton_schulz)
 from .state import MemoryState
 
 __all__ = [
-    "memorize", "MemoryState", "newton_schulz", "polynomial", "apply_feature_map", "feature_dim",
-    "taylor_coefficients", "build_memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory",
+    "memorize", "check_against_reference", "MemoryState", "newton_schulz", "polynomial", "taylor_coefficients",
+    "build_components",
+    "Component", "Memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory", "build_memory",
+    "FeatureMap", "Identity", "Polynomial", "Taylor", "build_feature_map",
+    "Objective", "L2", "Dot", "Huber", "Lp", "build_objective",
+    "MemoryOptimizer", "LinearRule", "TransformedMomentum", "GD", "Momentum", "Muon", "build_optimizer",
     "FEATURE_MAPS", "MEMORIES", "OBJECTIVES", "OPTIMIZERS", "NS_COEFFICIENTS", "ACTIVATIONS", "READS",
 ]

@@ -10,8 +10,10 @@ built-in memories analytically as rank-1 factors G_i = δ_i u_iᵀ per weight ma
 for gd and momentum, and the read-out y_t = M_{W_t}(φ(q_t)) is computed in dual form, layer by layer,
 without building any W_t: u ↦ a_t u W_0ᵀ + m_t u S_0ᵀ + (C ⊙ (u Uᵀ)) Δ for every weight matrix.
 For muon the per-token momenta S_t are materialised, Newton–Schulz runs on all of them in one
-batched call, and the per-token weights W_t are formed with one matrix product. Custom nn.Module
-memories take the generic route: torch.func gradients and materialised per-token weights.
+batched call, and the per-token weights W_t are formed with one matrix product (any ``TransformedMomentum``).
+An optimiser with neither form runs its ``update`` token by token on the chunk's materialised gradients.
+Memories without analytic factors (custom nn.Module memories, objectives without ∂ℓ/∂y) take torch.func
+gradients; memories without a dual form are read with materialised per-token weights.
 
 With chunk-start reads (read="chunk", docs/memory.md §4.1) every token of a chunk reads the weights W̃ the chunk
 started from, and the chunk's Σ_t g_t = Σ_i (Σ_t Γ[t, i]) G_i is one weighted sum of its factors: one optimiser
@@ -27,9 +29,9 @@ import torch.utils.checkpoint
 from torch.func import grad, vmap
 
 from .causal import causal_matmul, causal_operands
-from .delta_rule import delta_rule
-from .memories import LinearMemory, ModuleMemory, fixed_apply, loss, token_function
-from .optimizers import accumulate, chunk_coefficients, commit, newton_schulz, orthogonalize
+from .delta_rule import delta_rule, delta_rule_applies
+from .memories import fixed_apply
+from .optimizers import LinearRule, TransformedMomentum, accumulate, commit
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,45 +97,86 @@ def _bc(x, like):
 
 def _materialized_read(mem, W_t, phi_q, q):
     """y_t = M_{W_t}(φ(q_t)) with per-token weights W_t {name: [N, n, *shape]}."""
-    if isinstance(mem, ModuleMemory):
-        return vmap(vmap(token_function(mem)))(W_t, phi_q, q)
+    if not mem.dual_form:
+        return vmap(vmap(mem.token_forward))(W_t, phi_q, q)
     return mem.forward(lambda n, u: (W_t[n] @ u.unsqueeze(-1)).squeeze(-1), phi_q, q)
 
 
-def _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q, q, ns_steps, ns_coefficients, ns):
-    """One chunk: read-outs y [N, n, d_v] and the state (W, S) after its last token."""
-    a = co["a"]
-    if optimizer == "muon":
-        S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
-        NS = {n: orthogonalize(S_t[n], W[n].dim() - 1, ns_steps, ns_coefficients, ns) for n in W}
-        W_t = {n: _bc(a, NS[n]) * W[n].unsqueeze(1) + combine(co["Cw"], NS[n]) for n in W}
-        # clones, not views: a view of the last token would keep every token's weights alive
-        return _materialized_read(mem, W_t, phi_q, q), {n: w[:, -1].clone() for n, w in W_t.items()}, \
-            {n: s[:, -1].clone() for n, s in S_t.items()}
+def _last(x):
+    """Each token's tensors -> the last token's, cloned: a view would keep every token's weights alive."""
+    return {n: w[:, -1].clone() for n, w in x.items()}
+
+
+def _chunk_transformed(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
+    """TransformedMomentum: every S_t in closed form, D(S_t) in one call, W_t by one product."""
+    co = opt.chunk_coefficients(alpha, eta, theta)
+    Cs = causal_matmul(co["Cs"], band)
+    S_t = {n: _bc(co["s"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(Cs, G[n]) for n in W}
+    D = {n: opt.direction(S_t[n], W[n].dim() - 1) for n in W}
+    W_t = {n: _bc(co["a"], D[n]) * W[n].unsqueeze(1) + combine(co["Cw"], D[n]) for n in W}
+    return _materialized_read(mem, W_t, phi_q, q), _last(W_t), _last(S_t)
+
+
+def _chunk_stepwise(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
+    """Any other rule: g_t = Σ_i Γ[t, i] G_i for every chunk token, then ``update`` token by token."""
+    g = {n: combine(band, G[n]) for n in W}
+    W, S = dict(W), (None if S is None else dict(S))
+    W_t = {n: [] for n in W}
+    for t in range(q.shape[1]):
+        for n in W:
+            W[n], s = opt.update(W[n], None if S is None else S[n], g[n][:, t], alpha[:, t], eta[:, t], theta[:, t])
+            if S is not None:
+                S[n] = s
+            W_t[n].append(W[n])
+    return _materialized_read(mem, {n: torch.stack(w, 1) for n, w in W_t.items()}, phi_q, q), W, S
+
+
+def _chunk_linear(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
+    """LinearRule: the chunk's state in closed form and the read-out in dual form (no W_t built)."""
+    co = opt.chunk_coefficients(alpha, eta, theta)
+    C = causal_matmul(co["Cw"], band)
+    Cs = causal_matmul(co["Cs"], band) if "Cs" in co else None
+    a, m = co["a"], co.get("m")
 
     def state_after(n):
         w = _bc(a[:, -1], W[n]) * W[n] + combine_last(C[:, -1], G[n])
-        return w + _bc(co["m"][:, -1], S[n]) * S[n] if optimizer == "momentum" else w
+        return w + _bc(m[:, -1], S[n]) * S[n] if m is not None else w
 
     W_new = {n: state_after(n) for n in W}
-    S_new = None
-    if optimizer == "momentum":
-        S_new = {n: _bc(co["s"][:, -1], S[n]) * S[n] + combine_last(Cs[:, -1], G[n]) for n in W}
+    S_new = None if Cs is None else {n: _bc(co["s"][:, -1], S[n]) * S[n] + combine_last(Cs[:, -1], G[n]) for n in W}
 
-    if isinstance(mem, ModuleMemory):
-        W_t = {n: _bc(a, G[n]) * W[n].unsqueeze(1) + combine(C, G[n]) for n in W}
-        if optimizer == "momentum":
-            W_t = {n: W_t[n] + _bc(co["m"], W_t[n]) * S[n].unsqueeze(1) for n in W}
+    if not (mem.dual_form and all(isinstance(x, tuple) for x in G.values())):  # dual form: rank-1 factors only
+        W_t = {n: _bc(a, W[n].unsqueeze(1)) * W[n].unsqueeze(1) + combine(C, G[n]) for n in W}
+        if m is not None:
+            W_t = {n: W_t[n] + _bc(m, W_t[n]) * S[n].unsqueeze(1) for n in W}
         return _materialized_read(mem, W_t, phi_q, q), W_new, S_new
 
     def dual_apply(n, u):  # u [N, n, in] -> u @ W_tᵀ for every token t, W_t never built
         C_n, delta, x = causal_operands(C, *G[n])
         out = a.unsqueeze(-1) * (u @ W[n].mT)
-        if optimizer == "momentum":
-            out = out + co["m"].unsqueeze(-1) * (u @ S[n].mT)
+        if m is not None:
+            out = out + m.unsqueeze(-1) * (u @ S[n].mT)
         return torch.baddbmm(out, C_n * (u @ x.mT), delta)
 
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
+
+
+def chunk_route(opt):
+    """The in-chunk evaluation an optimiser's form allows (module docstring)."""
+    if isinstance(opt, LinearRule):
+        return _chunk_linear
+    if isinstance(opt, TransformedMomentum):
+        return _chunk_transformed
+    return _chunk_stepwise
+
+
+def gradients(mem, objective):
+    """G(W̃, φ(k), k, v) for a window of tokens: rank-1 factors where the memory and the objective give them, else
+    torch.func's per-token gradients [N, L, *shape]."""
+    if mem.gradient_factors is not None and objective.grad is not None:
+        return lambda W, phi_k, k, v: mem.gradient_factors(W, phi_k, k, v, objective)
+    return vmap(vmap(grad(lambda W, p, k, v: objective.loss(mem.token_forward(W, p, k), v)),
+                     in_dims=(None, 0, 0, 0)))
 
 
 def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
@@ -153,27 +196,20 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, ns=newton_schulz, checkpoint=False,
-                     read="token", pending=None):
-    """Same arguments and results as ``reference.memorize_reference``; ``ns`` is the Newton–Schulz
-    implementation used by muon (the Triton path passes its batched kernel). checkpoint: keep only each
-    chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
+                     chunk_size, W, S, W_eval, offset, checkpoint=False, read="token", pending=None):
+    """Same arguments and results as ``reference.memorize_reference``. checkpoint: keep only each chunk's inputs for
+    the backward and recompute the chunk there (activation checkpointing per chunk)."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     phi_q, phi_k = phi(q), phi(k_all)
-    if isinstance(mem, ModuleMemory):
-        f = token_function(mem)
-        module_grads = vmap(vmap(grad(lambda W, p, k, v: loss(objective, f(W, p, k), v)), in_dims=(None, 0, 0, 0)))
-    else:
-        module_grads = None
+    grads = gradients(mem, objective)
     if read == "chunk":
-        return _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, module_grads,
-                                  objective, window, optimizer, chunk_size, W, S, offset, pending, ns_steps,
-                                  ns_coefficients, ns)
-    if (chunk_size == 1 and window == 1 and m0 == 0 and optimizer == "gd" and objective == "l2"
-            and isinstance(mem, LinearMemory)):  # the exact delta rule, a block of tokens at a time
-        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])
+        return _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, grads, window,
+                                  optimizer, chunk_size, W, S, offset, pending)
+    if chunk_size == 1 and window == 1 and m0 == 0 and delta_rule_applies(mem, objective, optimizer):
+        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])  # a block of tokens at a time
         return y, {"W": W_last}, None, None, 0, None
+    route = chunk_route(optimizer)
     ys = []
     for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
@@ -182,15 +218,9 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
 
         def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
                  n=n, shift=shift):
-            if isinstance(mem, ModuleMemory):
-                G = module_grads(W_eval, phi_k_c, k_c, v_c)
-            else:
-                G = mem.gradient_factors(W_eval, phi_k_c, k_c, v_c, objective)
+            G = grads(W_eval, phi_k_c, k_c, v_c)
             band = window_band(gamma_c, n, shift, window)
-            co = chunk_coefficients(optimizer, alpha_c, eta_c, theta_c)
-            C = causal_matmul(co["Cw"], band) if optimizer != "muon" else None
-            Cs = causal_matmul(co["Cs"], band) if optimizer != "gd" else None
-            return _chunk(mem, optimizer, G, co, C, Cs, W, S, phi_q_c, q_c, ns_steps, ns_coefficients, ns)
+            return route(mem, optimizer, G, band, alpha_c, eta_c, theta_c, W, S, phi_q_c, q_c)
 
         args = (W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c)
         if checkpoint and torch.is_grad_enabled():  # keep only the chunk's inputs; recompute the rest in backward
@@ -202,24 +232,23 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset, None
 
 
-def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, module_grads, objective,
-                       window, optimizer, chunk_size, W, S, offset, pending, ns_steps, ns_coefficients, ns):
+def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, grads, window, optimizer,
+                       chunk_size, W, S, offset, pending):
     """read="chunk": each chunk reads W̃ = W (the weights committed at the last boundary) and adds its tokens'
     Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk that reaches its end commits one optimiser step."""
     ys = []
     for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
-        if module_grads is not None:
-            G = module_grads(W, phi_k_c, k_c, v_c)
-            ys.append(vmap(vmap(token_function(mem), in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
-        else:
-            G = mem.gradient_factors(W, phi_k_c, k_c, v_c, objective)
+        G = grads(W, phi_k_c, k_c, v_c)
+        if mem.dual_form:
             ys.append(mem.forward(fixed_apply(W), phi_q_c, q_c))
+        else:
+            ys.append(vmap(vmap(mem.token_forward, in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
         weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
         pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
                              eta_c.sum(1), theta_c.prod(1))
         offset = (offset + n) % chunk_size
         if offset == 0:
-            W, S = commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients, ns)
+            W, S = commit(optimizer, W, S, pending, chunk_size)
             pending = None
     return torch.cat(ys, 1), W, S, None, offset, pending

@@ -6,8 +6,9 @@ Per head, for a chunk of n tokens whose window holds L = n + (c − 1) tokens (f
 weight matrix (out × in) of the memory:
 
     gradients at W̃     2L·Σ out·in + 2L·Σ_{matrices not fed by φ} out·in      (forward, then ∂ℓ/∂ of inner layers)
-    read=token, muon   S_t: 2n·L·out·in;  NS: n·k·(4m²M + 2m³);  W_t: 2n²·out·in;  read: 2n·out·in
-                       (m ≤ M the sides of the matrix; cubic coefficients drop the 2m³)
+    read=token, muon   S_t: 2n·L·out·in;  D = NS: n·k·(4m²M + 2m³);  W_t: 2n²·out·in;  read: 2n·out·in
+                       (m ≤ M the sides of the matrix; cubic coefficients drop the 2m³; any TransformedMomentum
+                       with its ``direction_flops`` in place of NS's)
     read=token, gd     dual form: 2n·out·in (+ 2n·out·in momentum) + 2n·L·(in + out); state: 2L·out·in (×2 momentum)
     read=chunk         read: 2n·out·in;  Σ_t g_t: 2L·out·in;  muon: one NS per completed chunk, k·(4m²M + 2m³)
     coefficients       2n²L (Cw Γ) and 2n²L more for momentum (Cs Γ) and 2n³ + 2n² (its decay products)
@@ -18,9 +19,9 @@ triangular solve (n²·d_v, which FlopCounterMode does not count and neither doe
 """
 from __future__ import annotations
 
-from .feature_maps import feature_dim
-from .memories import build_memory
-from .delta_rule import BLOCK
+from .delta_rule import BLOCK, delta_rule_applies
+from .memories import ModuleMemory
+from .optimizers import LinearRule, TransformedMomentum
 
 
 def _chunks(T: int, chunk_size: int, window):
@@ -34,45 +35,40 @@ def _chunks(T: int, chunk_size: int, window):
     return out
 
 
-def _ns(out_dim: int, in_dim: int, steps: int, coefficients: str) -> int:
-    m, M = sorted((out_dim, in_dim))
-    return steps * (4 * m * m * M + (2 * m ** 3 if coefficients != "cubic" else 0))
-
-
-def memory_flops(config, head_dim: int, T: int) -> float:
-    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig-like ``config`` on a
-    fresh sequence of T tokens, head dim d_k = d_v = ``head_dim``. None for a custom nn.Module memory."""
+def memory_flops(config, head_dim: int, T: int) -> float | None:
+    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
+    sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
+    memory, or an optimiser that is neither a LinearRule nor a TransformedMomentum (it runs token by token)."""
     c = config
-    D = feature_dim(c.feature_map, head_dim, c.degree)
+    mem, fmap, objective, opt = c.components()
+    D = fmap.dim(head_dim)
     d_v = head_dim + int(c.normalize)
-    if (c.read == "token" and c.chunk_size == 1 and c.window == 1 and c.optimizer == "gd" and c.objective == "l2"
-            and c.memory == "linear"):
+    if c.read == "token" and c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, objective, opt):
         total = 0
         for first in range(0, T, BLOCK):
             n = min(BLOCK, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
         return total / T
-    if not isinstance(c.memory, str):
+    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum)):
         return None
-    mem = build_memory(c.memory, c.depth, c.expansion, c.activation, c.residual, c.output_norm)
     shapes = mem.shapes(D, head_dim, d_v)
     sizes = [o * i for o, i in shapes.values()]
     inner = sum(o * i for o, i in shapes.values() if i != D)  # matrices whose input is not φ(k)
+    transformed = isinstance(opt, TransformedMomentum)
     total = 0
     for n, L in _chunks(T, c.chunk_size, c.window):
         total += 2 * L * (sum(sizes) + inner)
         if c.read == "chunk":
             total += (2 * n + 2 * L) * sum(sizes)
-            if c.optimizer == "muon" and n == c.chunk_size:  # a partial last chunk is pending, not committed
-                total += sum(_ns(o, i, c.ns_steps, c.ns_coefficients) for o, i in shapes.values())
+            if transformed and n == c.chunk_size:  # a partial last chunk is pending, not committed
+                total += sum(opt.direction_flops(o, i) for o, i in shapes.values())
             continue
-        if c.optimizer == "muon":
+        if transformed:
             total += 2 * n * n * L  # Cs Γ
             for o, i in shapes.values():
-                total += 2 * n * L * o * i + n * _ns(o, i, c.ns_steps, c.ns_coefficients) + 2 * n * n * o * i \
-                    + 2 * n * o * i
+                total += 2 * n * L * o * i + n * opt.direction_flops(o, i) + 2 * n * n * o * i + 2 * n * o * i
             continue
-        momentum = c.optimizer == "momentum"
+        momentum = opt.state_shape((1, 1)) is not None
         total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)
         for o, i in shapes.values():
             total += 2 * n * o * i * (2 if momentum else 1) + 2 * n * L * (i + o) + 2 * L * o * i * (
@@ -87,8 +83,10 @@ def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:
     return 4 * head_dim * keys / T
 
 
-def flops_text(x: float) -> str:
-    """1.23G, 456M, 7.8k, 0."""
+def flops_text(x: float | None) -> str:
+    """1.23G, 456M, 7.8k, 0; "n/a" for None (no formula)."""
+    if x is None:
+        return "n/a"
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= scale:
             return f"{x / scale:.3g}{unit}"

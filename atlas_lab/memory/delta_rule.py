@@ -18,8 +18,16 @@ from __future__ import annotations
 import torch
 
 from .causal import causal_operands
+from .memories import LinearMemory
+from .objectives import L2
+from .optimizers import GD
 
 BLOCK = 64
+
+
+def delta_rule_applies(mem, objective, optimizer) -> bool:
+    """The components of the delta rule: a linear memory, the l2 objective, gd (at chunk size 1, window 1)."""
+    return isinstance(mem, LinearMemory) and isinstance(objective, L2) and isinstance(optimizer, GD)
 
 
 def delta_rule(phi_q, phi_k, v, alpha, eta, W, block: int | None = None):

@@ -16,14 +16,7 @@ from functools import lru_cache
 
 import torch
 
-FEATURE_MAPS = ("identity", "polynomial", "taylor")
-
-
-def feature_dim(feature_map: str, d: int, degree: int = 2) -> int:
-    """D, the output width of φ for inputs of width d."""
-    if feature_map == "identity":
-        return d
-    return math.comb(d + degree, degree)
+from .components import Component, build
 
 
 def taylor_coefficients(degree: int) -> torch.Tensor:
@@ -62,20 +55,79 @@ def polynomial(x: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks, dim=-1)
 
 
-def apply_feature_map(x: torch.Tensor, feature_map: str, degree: int = 2, coefficients: torch.Tensor | None = None):
-    """φ(x) for the named feature map. ``coefficients`` (polynomial only) defaults to 1/i!."""
-    if feature_map == "identity":
+class FeatureMap(Component):
+    """φ: [..., d] -> [..., D]. ``coefficients``: the map's learnable a_i where it has them (a layer keeps them as a
+    parameter, initialised to ``initial_coefficients()``); None where it has none."""
+
+    def dim(self, d: int) -> int:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def initial_coefficients(self) -> torch.Tensor | None:
+        return None
+
+
+class Identity(FeatureMap):
+    """φ(x) = x."""
+
+    def dim(self, d):
+        return d
+
+    def __call__(self, x, coefficients=None):
         return x
-    if feature_map == "taylor":
+
+    def __repr__(self):
+        return "identity"
+
+
+class Polynomial(FeatureMap):
+    """φ_p with learnable a_i ≥ 0 (default 1/i!): φ(q)·φ(k) = Σ_{i≤p} a_i (q·k)^i."""
+
+    def __init__(self, degree: int = 2):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f"{type(self).__name__.lower()} degree must be an int >= 1, got {degree!r}")
+        self.degree = degree
+
+    def dim(self, d):
+        return math.comb(d + self.degree, self.degree)
+
+    def initial_coefficients(self):
+        return taylor_coefficients(self.degree)
+
+    def __call__(self, x, coefficients=None):
+        if coefficients is None:
+            coefficients = taylor_coefficients(self.degree)
+        if coefficients.shape != (self.degree + 1,):
+            raise ValueError(f"polynomial coefficients must have shape [degree+1] = [{self.degree + 1}], "
+                             f"got {tuple(coefficients.shape)}")
+        return polynomial(x, coefficients)
+
+    def __repr__(self):
+        return f"polynomial(p={self.degree})"
+
+
+class Taylor(Polynomial):
+    """φ_p with a_i fixed to 1/i!: the truncated Taylor series of exp(q·k)."""
+
+    def initial_coefficients(self):
+        return None
+
+    def __call__(self, x, coefficients=None):
         if coefficients is not None:
             raise ValueError("feature_map='taylor' has fixed coefficients 1/i!; "
                              "use feature_map='polynomial' to learn them")
-        return polynomial(x, taylor_coefficients(degree))
-    if feature_map == "polynomial":
-        if coefficients is None:
-            coefficients = taylor_coefficients(degree)
-        if coefficients.shape != (degree + 1,):
-            raise ValueError(f"polynomial coefficients must have shape [degree+1] = [{degree + 1}], "
-                             f"got {tuple(coefficients.shape)}")
-        return polynomial(x, coefficients)
-    raise ValueError(f"unknown feature_map {feature_map!r}; valid choices: {', '.join(FEATURE_MAPS)}")
+        return polynomial(x, taylor_coefficients(self.degree))
+
+    def __repr__(self):
+        return f"taylor(p={self.degree})"
+
+
+FEATURE_MAPS = {"identity": Identity, "polynomial": Polynomial, "taylor": Taylor}
+
+
+def build_feature_map(spec, where: str = "feature_map", **options) -> FeatureMap:
+    """A feature map from a short-hand (polynomial and taylor take ``degree`` from options), a FeatureMap or a
+    class_path dict."""
+    return build("feature_map", FEATURE_MAPS, spec, FeatureMap, options, where)

@@ -6,8 +6,9 @@ evaluated at fixed weights, at per-token weights materialised by the optimiser, 
 "dual form" where W_t = a_t W_0 + Σ_i C[t, i] δ_i u_iᵀ is never built.
 
 Built-in memories also give their per-token loss gradients analytically as rank-1 factors,
-∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``). Any ``torch.nn.Module`` mapping φ(k) [D] to
-[d_v] is a custom memory (``ModuleMemory``); its gradients come from torch.func.
+∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``, for an objective that gives ∂ℓ/∂y). Any
+``torch.nn.Module`` mapping φ(k) [D] to [d_v] is a custom memory (``ModuleMemory``); its gradients come from
+torch.func. A new architecture subclasses ``Memory`` (docs/components.md).
 
     linear:     M(k) = W φ(k)
     mlp:        M(k) = r(k) + N(W_L σ(… σ(W_1 φ(k))))          hidden width E·d_v
@@ -17,9 +18,7 @@ Built-in memories also give their per-token loss gradients analytically as rank-
     over the d_v outputs (the Miras form; it keeps −⟨M(φ(k)), v⟩ bounded below, docs/memory.md). Its Jacobian is
     applied to ∂ℓ/∂y before the last layer's factor, so the gradients stay rank-1 factors.
 
-Objectives (attentional bias), with their gradient in the output y = M(φ(k)):
-    l2:  ℓ = ½‖y − v‖²,  ∂ℓ/∂y = y − v
-    dot: ℓ = −⟨y, v⟩,    ∂ℓ/∂y = −v
+The objective (``objectives.py``) enters the factors only through its ∂ℓ/∂y at the output.
 """
 from __future__ import annotations
 
@@ -28,9 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-MEMORIES = ("linear", "mlp", "gated_mlp")
-OBJECTIVES = ("l2", "dot")
-
+from .components import Component, build
 
 class _GeluGrad(torch.autograd.Function):
     """σ'(z) = Φ(z) + z·φ(z) for the exact GELU, with its own derivative σ''(z) = φ(z)·(2 − z²):
@@ -66,24 +63,6 @@ ACTIVATIONS = {
 }
 
 
-def loss(objective: str, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """ℓ(y, v) summed over the last dim."""
-    if objective == "l2":
-        return 0.5 * ((y - v) ** 2).sum(-1)
-    if objective == "dot":
-        return -(y * v).sum(-1)
-    raise ValueError(f"unknown objective {objective!r}; valid choices: {', '.join(OBJECTIVES)}")
-
-
-def loss_grad(objective: str, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """∂ℓ/∂y."""
-    if objective == "l2":
-        return y - v
-    if objective == "dot":
-        return -v
-    raise ValueError(f"unknown objective {objective!r}; valid choices: {', '.join(OBJECTIVES)}")
-
-
 LN_EPS = 1e-5
 
 
@@ -106,10 +85,41 @@ def fixed_apply(W):
     return lambda n, u: u @ W[n].mT
 
 
-class LinearMemory:
+class Memory(Component):
+    """A memory architecture M_W: R^D -> R^{d_v} with weights W = {name: [out, in]}.
+
+    shapes(D, d_k, d_v) -> {name: (out, in)}; init_weights(H, D, d_k, d_v, generator, dtype, device) -> {name:
+    [H, out, in]}; forward(apply, phi, x) -> y, written with apply(name, u) = u @ W[name]ᵀ so that the chunked path
+    can evaluate it in dual form; x is the raw key (for a residual). Optional: ``gradient_factors`` (rank-1
+    factors of ∇ℓ), else the gradients come from torch.func.  ``dual_form``: forward is written with ``apply``."""
+
+    gradient_factors = None
+    dual_form = True  # forward is written with ``apply`` (False: read only at materialised weights)
+
+    def shapes(self, D: int, d_k: int, d_v: int) -> dict:
+        raise NotImplementedError
+
+    def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
+        return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
+
+    def forward(self, apply, phi, x):
+        raise NotImplementedError
+
+    def token_forward(self, W, phi, x):
+        """y = M_W(φ) at fixed weights (one token under torch.func, or a batch)."""
+        return self.forward(fixed_apply(W), phi, x)
+
+
+class LinearMemory(Memory):
     """M(k) = W φ(k); W: [d_v, D], zeros at start unless given."""
 
-    name = "linear"
+    def __init__(self, output_norm: bool = False):
+        if output_norm:
+            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp), not memory='linear'; "
+                             "set output_norm=False")
+
+    def __repr__(self):
+        return "linear"
 
     def shapes(self, D: int, d_k: int, d_v: int) -> dict:
         return {"W": (d_v, D)}
@@ -122,7 +132,7 @@ class LinearMemory:
 
     def gradient_factors(self, W, phi, x, v, objective):
         """Rank-1 factors of ∇ℓ_i at W for a batch of tokens: {name: (δ [N, L, out], u [N, L, in])}."""
-        return {"W": (loss_grad(objective, phi @ W["W"].mT, v), phi)}
+        return {"W": (objective.grad(phi @ W["W"].mT, v), phi)}
 
 
 def _normal_init(H, shapes, generator, dtype, device):
@@ -133,12 +143,10 @@ def _normal_init(H, shapes, generator, dtype, device):
     return out
 
 
-class MLPMemory:
+class MLPMemory(Memory):
     """M(k) = r(k) + N(W_L σ(… σ(W_1 φ(k)))); W_1: [E·d_v, D], W_l: [E·d_v, E·d_v], W_L: [d_v, E·d_v].
 
     output_norm: N = parameter-free layer norm over the outputs (else the identity)."""
-
-    name = "mlp"
 
     def __init__(self, depth: int = 2, expansion: int = 4, activation: str = "gelu", residual: bool = True,
                  output_norm: bool = False):
@@ -156,8 +164,8 @@ class MLPMemory:
         dims = [D] + [h] * (self.depth - 1) + [d_v]
         return {f"W{i + 1}": (dims[i + 1], dims[i]) for i in range(self.depth)}
 
-    def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
-        return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
+    def __repr__(self):
+        return f"mlp(L={self.depth},E={self.expansion}{',LN' if self.output_norm else ''})"
 
     def _output(self, x, z):
         """y = r(x) + N(z) from the last layer's pre-output z."""
@@ -166,7 +174,7 @@ class MLPMemory:
 
     def _output_grad(self, objective, x, z, v):
         """∂ℓ/∂z at the last layer's pre-output z."""
-        dy = loss_grad(objective, self._output(x, z), v)
+        dy = objective.grad(self._output(x, z), v)
         return layer_norm_backward(z, dy) if self.output_norm else dy
 
     def forward(self, apply, phi, x):
@@ -194,8 +202,6 @@ class MLPMemory:
 class GatedMLPMemory(MLPMemory):
     """Atlas++: M(k) = r(k) + N(W_1 (σ(W_2 φ(k)) ⊙ W_3 φ(k))); W_1: [d_v, E·d_v], W_2, W_3: [E·d_v, D]."""
 
-    name = "gated_mlp"
-
     def __init__(self, expansion: int = 4, activation: str = "gelu", residual: bool = True,
                  output_norm: bool = False):
         super().__init__(depth=2, expansion=expansion, activation=activation, residual=residual,
@@ -204,6 +210,9 @@ class GatedMLPMemory(MLPMemory):
     def shapes(self, D, d_k, d_v):
         h = self.expansion * d_v
         return {"W1": (d_v, h), "W2": (h, D), "W3": (h, D)}
+
+    def __repr__(self):
+        return f"gated_mlp(E={self.expansion}{',LN' if self.output_norm else ''})"
 
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]
@@ -218,14 +227,14 @@ class GatedMLPMemory(MLPMemory):
         return {"W1": (dy, u), "W2": (du * z3 * dact(z2), phi), "W3": (du * act(z2), phi)}
 
 
-class ModuleMemory:
+class ModuleMemory(Memory):
     """A custom memory: any nn.Module mapping φ(k) [D] -> [d_v], used functionally through torch.func.
 
     Its parameters define the weight shapes and the default initial weights W_0 (shared by all heads).
     Gradients of ℓ come from torch.func.grad (the generic path, slower than the analytic built-ins).
     """
 
-    name = "module"
+    dual_form = False
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -237,36 +246,23 @@ class ModuleMemory:
         return {n: p.detach().to(dtype=dtype, device=device).expand(H, *p.shape).clone()
                 for n, p in self.module.named_parameters()}
 
-    def forward_weights(self, W, phi, x):
+    def token_forward(self, W, phi, x):
         """y = M_W(φ) for one token (used under torch.func.vmap)."""
         return torch.func.functional_call(self.module, W, (phi,))
 
+    def __repr__(self):
+        return f"module({type(self.module).__name__})"
 
-def build_memory(memory, depth=2, expansion=4, activation="gelu", residual=True, output_norm=False):
-    """A memory object from its name (or a custom nn.Module, or an already built memory).
 
-    output_norm applies to the MLP memories only (ValueError for the linear memory)."""
+MEMORIES = {"linear": LinearMemory, "mlp": MLPMemory, "gated_mlp": GatedMLPMemory}
+
+
+def build_memory(memory, where: str = "memory", **options) -> Memory:
+    """A memory from a short-hand (built with ``options``: depth, expansion, activation, residual, output_norm), a
+    Memory, a class_path dict, or an nn.Module (a custom memory, ``ModuleMemory``)."""
     if isinstance(memory, torch.nn.Module):
-        if output_norm:
+        if options.get("output_norm"):
             raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp); a custom nn.Module memory "
                              "normalises inside its own forward")
         return ModuleMemory(memory)
-    if isinstance(memory, (LinearMemory, MLPMemory, ModuleMemory)):
-        return memory
-    if memory == "linear":
-        if output_norm:
-            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp), not memory='linear'; "
-                             "set output_norm=False")
-        return LinearMemory()
-    if memory == "mlp":
-        return MLPMemory(depth, expansion, activation, residual, output_norm)
-    if memory == "gated_mlp":
-        return GatedMLPMemory(expansion, activation, residual, output_norm)
-    raise ValueError(f"unknown memory {memory!r}; valid choices: {', '.join(MEMORIES)}, or an nn.Module")
-
-
-def token_function(mem):
-    """f(W, φ, x) -> y for one token (unbatched), for torch.func."""
-    if isinstance(mem, ModuleMemory):
-        return mem.forward_weights
-    return lambda W, phi, x: mem.forward(fixed_apply(W), phi, x)
+    return build("memory", MEMORIES, memory, Memory, options, where)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 from .chunked import memorize_chunked
-from .feature_maps import FEATURE_MAPS, apply_feature_map, feature_dim
-from .memories import MEMORIES, OBJECTIVES, LinearMemory, build_memory
-from .optimizers import NS_COEFFICIENTS, OPTIMIZERS
+from .feature_maps import build_feature_map
+from .memories import LinearMemory, build_memory
+from .objectives import Dot, build_objective
+from .optimizers import LinearRule, build_optimizer, initial_state as optimizer_state
 from .reference import memorize_reference
 from .state import PENDING_GATES, MemoryState
 
@@ -88,13 +89,29 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def _implementation(impl, q, mem, optimizer, chunk_size, W, read):
+def _implementation(impl, q, mem, objective, optimizer, chunk_size, W, read):
     """The function behind ``impl``; the Triton kernels are imported only when asked for (or on CUDA for "auto")."""
     if impl == "triton" or (impl == "auto" and q.is_cuda):
         from atlas_lab.kernels import memorize_triton, unsupported
-        if impl == "triton" or unsupported(q, mem, optimizer, chunk_size, W, read) is None:
+        if impl == "triton" or unsupported(q, mem, objective, optimizer, chunk_size, W, read) is None:
             return memorize_triton
     return IMPLS["chunked" if impl == "auto" else impl]
+
+
+def build_components(memory="linear", feature_map="identity", objective="l2", optimizer="gd", where="memory",
+                     **options):
+    """(memory, feature map, objective, optimizer) objects from short-hands, objects or class_path dicts; the
+    short-hands take their options (depth, expansion, activation, residual, output_norm, degree, ns_steps,
+    ns_coefficients) from ``options``."""
+    return (build_memory(memory, f"{where}.memory", **options),
+            build_feature_map(feature_map, f"{where}.feature_map", **options),
+            build_objective(objective, f"{where}.objective", **options),
+            build_optimizer(optimizer, f"{where}.optimizer", **options))
+
+
+def normalize_applies(mem, objective, optimizer) -> bool:
+    """normalize=True: a linear memory, the dot objective and a rule linear in the gradients (gd, momentum)."""
+    return isinstance(mem, LinearMemory) and isinstance(objective, Dot) and isinstance(optimizer, LinearRule)
 
 
 def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
@@ -106,12 +123,14 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
 
-    memory:       "linear" | "mlp" | "gated_mlp" | an nn.Module mapping φ(k) [D] -> [d_v] (custom memory)
-    feature_map:  "identity" | "polynomial" | "taylor"   (degree=p; coefficients=a_i ≥ 0, shape [p+1],
-                  for "polynomial", default 1/i!)
-    objective:    "l2" (½‖M(φ(k)) − v‖²) | "dot" (−⟨M(φ(k)), v⟩)
+    The four components are each a short-hand name, an object or a {"class_path", "init_args"} dict
+    (docs/components.md); the short-hands take the options below.
+    memory:       "linear" | "mlp" | "gated_mlp" | a Memory | an nn.Module mapping φ(k) [D] -> [d_v] (custom memory)
+    feature_map:  "identity" | "polynomial" | "taylor" | a FeatureMap  (degree=p; coefficients=a_i ≥ 0, shape
+                  [p+1], for "polynomial", default 1/i!)
+    objective:    "l2" (½‖M(φ(k)) − v‖²) | "dot" (−⟨M(φ(k)), v⟩) | "huber" | "lp" | an Objective
     window:       c ≥ 1 (Omega window; 1 = online), or None (every past token: global)
-    optimizer:    "gd" | "momentum" | "muon" (ns_steps=k, ns_coefficients="quintic" | "cubic")
+    optimizer:    "gd" | "momentum" | "muon" (ns_steps=k, ns_coefficients="quintic" | "cubic") | a MemoryOptimizer
     alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a
                   [B, T, H] tensor, a number, or None (alpha = 1, eta = 1, theta = 0, gamma = 1).
     chunk_size:   b; gradients of a chunk are taken at the state before it (part of the model's definition).
@@ -144,32 +163,26 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     output by NaN and they may not.
     """
     _choice("impl", impl, (*IMPLS, "triton", "auto"))
-    if isinstance(memory, str):
-        _choice("memory", memory, MEMORIES)
-    _choice("feature_map", feature_map, FEATURE_MAPS)
-    _choice("objective", objective, OBJECTIVES)
-    _choice("optimizer", optimizer, OPTIMIZERS)
-    _choice("ns_coefficients", ns_coefficients, tuple(NS_COEFFICIENTS))
     _choice("read", read, READS)
     if window is not None:
         _int("window", window, 1, " or None (global)")
     _int("chunk_size", chunk_size, 1)
-    _int("ns_steps", ns_steps, 1)
-    if feature_map != "identity":
-        _int("degree", degree, 1, f" for feature_map={feature_map!r}")
     _check_qkv(q, k, v)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
-    mem = build_memory(memory, depth, expansion, activation, residual, output_norm)
-    if normalize and not (isinstance(mem, LinearMemory) and objective == "dot" and optimizer in ("gd", "momentum")):
+    mem, fmap, objective, optimizer = build_components(
+        memory, feature_map, objective, optimizer, "memorize", depth=depth, expansion=expansion,
+        activation=activation, residual=residual, output_norm=output_norm, degree=degree, ns_steps=ns_steps,
+        ns_coefficients=ns_coefficients)
+    if normalize and not normalize_applies(mem, objective, optimizer):
         raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or "
                          "'momentum'")
-    D = feature_dim(feature_map, d_k, degree)
+    D = fmap.dim(d_k)
     d_out = d_v + int(normalize)
     shapes = mem.shapes(D, d_k, d_out)
 
     def phi(x):
-        return apply_feature_map(x, feature_map, degree, coefficients)
+        return fmap(x, coefficients)
 
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
     if normalize:  # z_t is one more row of W, learnt on the constant value 1
@@ -187,7 +200,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
             raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}")
         W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights", q)
         if st.momentum is not None:
-            S = _broadcast_weights(st.momentum, shapes, B, H, "initial_state.momentum", q)
+            state_shapes = {n: optimizer.state_shape(shape) for n, shape in shapes.items()}
+            S = _broadcast_weights(st.momentum, state_shapes, B, H, "initial_state.momentum", q)
         if st.eval_weights is not None:
             W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights", q)
         offset = st.offset
@@ -214,8 +228,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     else:
         raise ValueError(f"memorize: initial_state must be None, a dict of weights or a MemoryState; "
                          f"got {type(initial_state).__name__}")
-    if optimizer != "gd" and S is None:
-        S = {n: torch.zeros_like(w) for n, w in W.items()}
+    if S is None:
+        S = optimizer_state(optimizer, W)
     if offset and read == "token" and W_eval is None:
         raise ValueError("memorize: initial_state has offset > 0 but no eval_weights")
     if offset and read == "chunk" and pending is None:
@@ -228,11 +242,11 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = _implementation(impl, q_, mem, optimizer, chunk_size, W, read)
+        implementation = _implementation(impl, q_, mem, objective, optimizer, chunk_size, W, read)
         y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
             objective=objective, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-            offset=offset, ns_steps=ns_steps, ns_coefficients=ns_coefficients, read=read, pending=pending,
+            offset=offset, read=read, pending=pending,
             **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
 
     if normalize:

@@ -4,8 +4,14 @@
     momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)
     muon:      S_t = θ_t S_{t-1} + g_t,       W_t = α_t W_{t-1} − η_t NS_k(S_t)  (Atlas eq. 32)
 
-``step`` is the literal one-token rule used by the reference loop; ``chunk_coefficients`` solves the
-same recurrences inside a chunk in closed form (cumulative products as [n, n] decay matrices).
+Every optimiser is a ``MemoryOptimizer`` with ``update``, the literal one-token rule of one weight matrix (the
+reference loop runs it). What else it provides decides the chunked path (docs/components.md):
+  * ``LinearRule`` (gd, momentum): W_t and S_t are linear in the gradients; ``chunk_coefficients`` solves the
+    recurrences inside a chunk in closed form (cumulative products as [n, n] decay matrices), and the read-out is
+    taken in dual form without building any W_t.
+  * ``TransformedMomentum`` (muon): S_t = θ_t S_{t−1} + g_t, W_t = α_t W_{t−1} − η_t D(S_t) for a map D
+    (``direction``): every S_t of a chunk in closed form, D on all of them in one call, W_t by one product.
+  * anything else: the chunk's per-token gradients are formed and ``update`` runs token by token.
 
 With chunk-start reads (``read="chunk"``, docs/memory.md §4.1) a chunk of b tokens is one step of the same rule:
 ``accumulate`` gathers its tokens' gradients and gates, ``commit`` takes the step at the chunk's end with
@@ -19,8 +25,8 @@ from torch.nn import functional as F
 
 from . import newton_schulz_cpu
 from .causal import causal_mask, causal_matmul, strictly_lower
+from .components import Component, build
 
-OPTIMIZERS = ("gd", "momentum", "muon")
 NS_COEFFICIENTS = {
     "quintic": (3.4445, -4.7750, 2.0315),  # Muon's: fast, singular values end up in ~[0.5, 1.5]
     "cubic": (1.5, -0.5, 0.0),  # converges to the polar factor U Vᵀ as the number of steps grows
@@ -122,28 +128,160 @@ def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=
     return ns(S, steps, coefficients) if ndim == 2 else S
 
 
-def step(optimizer, W, S, g, alpha, eta, theta, ns_steps=5, ns_coefficients="quintic", ns=newton_schulz):
+def _bc(x, like):
+    """Gates [N] against a weight [N, *shape]."""
+    return x.reshape(x.shape + (1,) * (like.dim() - 1))
+
+
+class MemoryOptimizer(Component):
+    """The memory's learning rule. ``update(w, s, g, alpha, eta, theta) -> (w, s)``: one token for one weight
+    matrix, w and g [N, *shape], s its state [N, *state_shape(shape)] (None for a stateless rule), gates [N].
+
+    uses_theta: whether the rule reads the θ gate (a layer learns θ only then)."""
+
+    uses_theta = False
+
+    def state_shape(self, shape: tuple) -> tuple | None:
+        """The optimiser state of one weight matrix of ``shape`` (None: no state)."""
+        return None
+
+    def update(self, w, s, g, alpha, eta, theta):
+        raise NotImplementedError
+
+
+class LinearRule(MemoryOptimizer):
+    """A rule linear in the gradients, solved over a chunk by ``chunk_coefficients``."""
+
+    def chunk_coefficients(self, alpha, eta, theta) -> dict:
+        """Closed forms over one chunk of n tokens, from (W_0, S_0). Gates: [N, n]. Returns
+          W_t = a[t] W_0 + m[t] S_0 + Σ_j Cw[t, j] g_j,   S_t = s[t] S_0 + Σ_j Cs[t, j] g_j
+        a (m, s): [N, n]; Cw (Cs): [N, n, n] lower triangular; m, s, Cs only for a rule with state."""
+        raise NotImplementedError
+
+
+class TransformedMomentum(MemoryOptimizer):
+    """S_t = θ_t S_{t−1} + g_t,  W_t = α_t W_{t−1} − η_t D(S_t); a subclass gives D (``direction``)."""
+
+    uses_theta = True
+
+    def state_shape(self, shape):
+        return tuple(shape)
+
+    def direction(self, S: torch.Tensor, ndim: int) -> torch.Tensor:
+        """D(S) for momenta S [..., *shape] of weights with ``ndim`` dims."""
+        raise NotImplementedError
+
+    def direction_flops(self, out_dim: int, in_dim: int) -> int:
+        """Matrix-product FLOPs of D on one [out, in] momentum (memory/cost.py; 0: element-wise)."""
+        return 0
+
+    def update(self, w, s, g, alpha, eta, theta):
+        s = _bc(theta, w) * s + g
+        return _bc(alpha, w) * w - _bc(eta, w) * self.direction(s, w.dim() - 1), s
+
+    def chunk_coefficients(self, alpha, eta, theta) -> dict:
+        """S_t = s[t] S_0 + Σ_j Cs[t, j] g_j and W_t = a[t] W_0 + Σ_j Cw[t, j] D(S_j) over a chunk (gates [N, n])."""
+        A = decay_matrix(alpha)  # (the order of these products is kept: it fixes autograd's order of sums)
+        a = A[..., 0] * alpha[..., :1]
+        Th = decay_matrix(theta)
+        return {"a": a, "s": Th[..., 0] * theta[..., :1], "Cs": Th, "Cw": _times_eta(A, eta)}
+
+
+class GD(LinearRule):
+    """W_t = α_t W_{t−1} − η_t g_t."""
+
+    def update(self, w, s, g, alpha, eta, theta):
+        return _bc(alpha, w) * w - _bc(eta, w) * g, None
+
+    def chunk_coefficients(self, alpha, eta, theta):
+        A = decay_matrix(alpha)  # ∏ α over (j, t]
+        return {"a": A[..., 0] * alpha[..., :1], "Cw": _times_eta(A, eta)}
+
+    def __repr__(self):
+        return "gd"
+
+
+class Momentum(LinearRule):
+    """S_t = θ_t S_{t−1} − η_t g_t,  W_t = α_t W_{t−1} + S_t (Titans' form, S_0 = 0)."""
+
+    uses_theta = True
+
+    def state_shape(self, shape):
+        return tuple(shape)
+
+    def update(self, w, s, g, alpha, eta, theta):
+        s = _bc(theta, w) * s - _bc(eta, w) * g
+        return _bc(alpha, w) * w + s, s
+
+    def chunk_coefficients(self, alpha, eta, theta):
+        A = decay_matrix(alpha)
+        a = A[..., 0] * alpha[..., :1]
+        Th = decay_matrix(theta)
+        s = Th[..., 0] * theta[..., :1]
+        AT = causal_matmul(A, Th)  # Σ_{m=j..t} A[t,m] Θ[m,j]
+        return {"a": a, "m": causal_matmul(A, s.unsqueeze(-1)).squeeze(-1), "s": s, "Cw": _times_eta(AT, eta),
+                "Cs": _times_eta(Th, eta)}
+
+    def __repr__(self):
+        return "momentum"
+
+
+class Muon(TransformedMomentum):
+    """D(S) = NS_k(S) for matrices (``ns_steps`` k, ``ns_coefficients`` quintic | cubic), S for vectors (Atlas eq. 32).
+
+    ns: the Newton–Schulz implementation (``newton_schulz``; the Triton path gives its kernel, ``with_ns``)."""
+
+    def __init__(self, ns_steps: int = 5, ns_coefficients: str = "quintic"):
+        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+            raise ValueError(f"muon ns_steps must be an int >= 1, got {ns_steps!r}")
+        if ns_coefficients not in NS_COEFFICIENTS:
+            raise ValueError(f"muon ns_coefficients: unknown value {ns_coefficients!r}; valid choices: "
+                             f"{', '.join(NS_COEFFICIENTS)}")
+        self.ns_steps, self.ns_coefficients, self.ns = ns_steps, ns_coefficients, newton_schulz
+
+    def with_ns(self, ns) -> "Muon":
+        """The same rule on another Newton–Schulz implementation."""
+        other = Muon(self.ns_steps, self.ns_coefficients)
+        other.ns = ns
+        return other
+
+    def direction(self, S, ndim):
+        return orthogonalize(S, ndim, self.ns_steps, self.ns_coefficients, self.ns)
+
+    def direction_flops(self, out_dim, in_dim):
+        """k steps of A = X Xᵀ (2m²M), A² (2m³, not for cubic: c = 0) and B X (2m²M); m ≤ M the matrix's sides."""
+        m, M = sorted((out_dim, in_dim))
+        return self.ns_steps * (4 * m * m * M + (2 * m ** 3 if NS_COEFFICIENTS[self.ns_coefficients][2] else 0))
+
+    def __repr__(self):
+        return f"muon(k={self.ns_steps},{self.ns_coefficients})"
+
+
+OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon}
+
+
+def build_optimizer(spec, where: str = "optimizer", **options) -> MemoryOptimizer:
+    """An optimiser from a short-hand (muon takes ns_steps, ns_coefficients from ``options``), a MemoryOptimizer
+    or a class_path dict."""
+    return build("optimizer", OPTIMIZERS, spec, MemoryOptimizer, options, where)
+
+
+def step(optimizer, W, S, g, alpha, eta, theta):
     """One token of the optimiser, literally. W, S, g: dicts name -> [N, *shape]; gates: [N].
 
-    Returns (W_t, S_t); S is None for gd.
-    """
-    def bc(x, like):
-        return x.reshape(x.shape + (1,) * (like.dim() - 1))
-
+    Returns (W_t, S_t); S is None for a rule without state."""
     W_new, S_new = {}, {}
     for n, w in W.items():
-        a, e = bc(alpha, w), bc(eta, w)
-        if optimizer == "gd":
-            W_new[n] = a * w - e * g[n]
-        elif optimizer == "momentum":
-            S_new[n] = bc(theta, w) * S[n] - e * g[n]
-            W_new[n] = a * w + S_new[n]
-        elif optimizer == "muon":
-            S_new[n] = bc(theta, w) * S[n] + g[n]
-            W_new[n] = a * w - e * orthogonalize(S_new[n], w.dim() - 1, ns_steps, ns_coefficients, ns)
-        else:
-            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
-    return W_new, (S_new if optimizer != "gd" else None)
+        W_new[n], S_new[n] = optimizer.update(w, None if S is None else S[n], g[n], alpha, eta, theta)
+    return W_new, (S_new if S is not None else None)
+
+
+def initial_state(optimizer, W):
+    """S_0 = 0 of every weight matrix ({name: [N, *state_shape]}), None for a rule without state."""
+    shapes = {n: optimizer.state_shape(tuple(w.shape[1:])) for n, w in W.items()}
+    if any(s is None for s in shapes.values()):
+        return None
+    return {n: W[n].new_zeros(W[n].shape[0], *shape) for n, shape in shapes.items()}
 
 
 def accumulate(pending, g, alpha, eta, theta):
@@ -157,10 +295,10 @@ def accumulate(pending, g, alpha, eta, theta):
             "eta": pending["eta"] + eta, "theta": pending["theta"] * theta}
 
 
-def commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients, ns=newton_schulz):
+def commit(optimizer, W, S, pending, chunk_size):
     """(W_c, S_c): one optimiser step with the chunk's mean gradient ḡ = Σ g / b and gates ∏ α, Σ η, ∏ θ."""
     g = {n: x / chunk_size for n, x in pending["grad"].items()}
-    return step(optimizer, W, S, g, pending["alpha"], pending["eta"], pending["theta"], ns_steps, ns_coefficients, ns)
+    return step(optimizer, W, S, g, pending["alpha"], pending["eta"], pending["theta"])
 
 
 def decay_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -176,33 +314,7 @@ def decay_matrix(x: torch.Tensor) -> torch.Tensor:
     return torch.where(causal_mask(n, n, x.device), seg.exp(), 0.0)
 
 
-def chunk_coefficients(optimizer, alpha, eta, theta):
-    """Closed forms of the optimiser over one chunk of n tokens, started from (W_0, S_0). Gates: [N, n].
-
-    Returns a dict of tensors with
-      W_t = a[t] W_0 + m[t] S_0 + Σ_j Cw[t, j] g_j                      (gd, momentum)
-      S_t = s[t] S_0 + Σ_j Cs[t, j] g_j                                 (momentum, muon)
-      muon: W_t = a[t] W_0 + Σ_j Cw[t, j] NS(S_j)
-    a, m, s: [N, n]; Cw, Cs: [N, n, n] lower triangular. A non-finite gate of token j reaches rows t ≥ j only.
-    """
-    lower = causal_mask(alpha.shape[-1], alpha.shape[-1], alpha.device)
-
-    def times_eta(P):  # P[t, j] η_j on and below the diagonal (where, not a product: a NaN η_j stays in rows t ≥ j)
-        return torch.where(lower, -P * eta.unsqueeze(-2), 0.0)
-
-    A = decay_matrix(alpha)  # ∏ α over (j, t]
-    a = A[..., 0] * alpha[..., :1]  # ∏ α over [0, t]
-    out = {"a": a}
-    if optimizer == "gd":
-        out["Cw"] = times_eta(A)
-    elif optimizer == "momentum":
-        Th = decay_matrix(theta)
-        s = Th[..., 0] * theta[..., :1]
-        AT = causal_matmul(A, Th)  # Σ_{m=j..t} A[t,m] Θ[m,j]
-        out.update(m=causal_matmul(A, s.unsqueeze(-1)).squeeze(-1), s=s, Cw=times_eta(AT), Cs=times_eta(Th))
-    elif optimizer == "muon":
-        Th = decay_matrix(theta)
-        out.update(s=Th[..., 0] * theta[..., :1], Cs=Th, Cw=times_eta(A))
-    else:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
-    return out
+def _times_eta(P, eta):
+    """−P[t, j] η_j on and below the diagonal (where, not a product: a NaN η_j stays in rows t ≥ j)."""
+    lower = causal_mask(eta.shape[-1], eta.shape[-1], eta.device)
+    return torch.where(lower, -P * eta.unsqueeze(-2), 0.0)

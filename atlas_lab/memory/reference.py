@@ -13,22 +13,23 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
-from .memories import loss, token_function
 from .optimizers import accumulate, commit, step
 
 
 def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, ns_steps, ns_coefficients, read="token", pending=None):
+                       chunk_size, W, S, W_eval, offset, read="token", pending=None):
     """Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T new
-    tokens ([N, m0+T, ·]); gates [N, T]. read: "token" | "chunk"; pending: the chunk in progress of chunk-start
-    reads (optimizers.accumulate), None at a chunk boundary.
+    tokens ([N, m0+T, ·]); gates [N, T]. mem, objective, optimizer: component objects (any Memory, Objective,
+    MemoryOptimizer: only ``token_forward``, ``loss`` and ``update`` are used); phi: the feature map as a function.
+    read: "token" | "chunk"; pending: the chunk in progress of chunk-start reads (optimizers.accumulate), None at a
+    chunk boundary.
     Returns (y [N, T, d_v], W, S, W̃ or None, offset, pending); with read="chunk" W̃ is W and returned as None."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
-    f = token_function(mem)
+    f = mem.token_forward
 
     def token_loss(W, phi_k, k, v):
-        return loss(objective, f(W, phi_k, k), v)
+        return objective.loss(f(W, phi_k, k), v)
 
     grads = vmap(vmap(grad(token_loss), in_dims=(None, 0, 0, 0)))  # over heads×batch, then window tokens
     read_out = vmap(f)
@@ -46,10 +47,10 @@ def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, ph
             ys.append(read_out(W, phi_q[:, t], q[:, t]))
             pending = accumulate(pending, g, alpha[:, t], eta[:, t], theta[:, t])
             if offset + 1 == chunk_size:
-                W, S = commit(optimizer, W, S, pending, chunk_size, ns_steps, ns_coefficients)
+                W, S = commit(optimizer, W, S, pending, chunk_size)
                 pending = None
         else:
-            W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t], ns_steps, ns_coefficients)
+            W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t])
             ys.append(read_out(W, phi_q[:, t], q[:, t]))
         offset = (offset + 1) % chunk_size
     return torch.stack(ys, 1), W, S, (W_eval if offset and read == "token" else None), offset, pending

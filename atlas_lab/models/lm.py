@@ -144,13 +144,14 @@ class LanguageModel(nn.Module):
     def flops_per_token(self, T: int) -> dict:
         """Forward FLOPs per token of the token mixers' cores over all layers, reading T tokens (matrix products;
         projections and MLPs left out): {"memory": the memorize calls (atlas_lab.memory.cost), "attention": softmax
-        attention, full or sliding-window}."""
+        attention, full or sliding-window}; "memory" is None where a memory has no cost formula (cost.py)."""
         from ..memory.cost import attention_flops, memory_flops
 
         out = {"memory": 0.0, "attention": 0.0}
         for m in self.modules():
             if isinstance(m, MemoryMixer):
-                out["memory"] += m.n_heads * memory_flops(m.config, m.head_dim, T)
+                flops = memory_flops(m.config, m.head_dim, T)
+                out["memory"] = None if flops is None or out["memory"] is None else out["memory"] + m.n_heads * flops
             elif isinstance(m, Attention):
                 out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)
         return out

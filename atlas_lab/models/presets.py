@@ -14,9 +14,16 @@ here, part of the model's definition.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, TypedDict, Union
 
 from ..layers.memory_mixer import Gate, MemoryConfig
+
+class ComponentPath(TypedDict, total=False):
+    """A user component in YAML: {class_path: package.module.Class, init_args: {...}} (LightningCLI's form)."""
+
+    class_path: str
+    init_args: dict
+
 
 LAYER_KINDS = ("memory", "attention", "swa", "mag")
 _L = "learned"
@@ -81,19 +88,21 @@ PRESETS: dict[str, dict] = {
 class MemoryOverrides:
     """Changes to a preset's memory components; a field left at None keeps the preset's value.
 
-    window: an int c ≥ 1, or "global" (every past token). See MemoryConfig for the meaning of each field.
+    memory, feature_map, objective, optimizer: a short-hand, or {class_path: ..., init_args: {...}} naming a
+    component class (docs/components.md). window: an int c ≥ 1, or "global" (every past token). See MemoryConfig
+    for the meaning of each field.
     """
 
-    memory: Optional[Literal["linear", "mlp", "gated_mlp"]] = None
+    memory: Optional[Union[Literal["linear", "mlp", "gated_mlp"], ComponentPath]] = None
     depth: Optional[int] = None
     expansion: Optional[int] = None
     activation: Optional[Literal["gelu", "silu", "relu", "tanh"]] = None
     residual: Optional[bool] = None
-    feature_map: Optional[Literal["identity", "polynomial", "taylor"]] = None
+    feature_map: Optional[Union[Literal["identity", "polynomial", "taylor"], ComponentPath]] = None
     degree: Optional[int] = None
-    objective: Optional[Literal["l2", "dot"]] = None
+    objective: Optional[Union[Literal["l2", "dot", "huber", "lp"], ComponentPath]] = None
     window: Optional[Union[int, Literal["global"]]] = None
-    optimizer: Optional[Literal["gd", "momentum", "muon"]] = None
+    optimizer: Optional[Union[Literal["gd", "momentum", "muon"], ComponentPath]] = None
     ns_steps: Optional[int] = None
     ns_coefficients: Optional[Literal["quintic", "cubic"]] = None
     alpha: Optional[Gate] = None

@@ -6,14 +6,14 @@ import itertools
 import pytest
 import torch
 
+from atlas_lab import memory as engine
 from atlas_lab.memory import memorize
 from helpers import compare, make_problem, rel_err, run
 
-MEMORIES = ["linear", "mlp", "gated_mlp"]
-FEATURE_MAPS = ["identity", "polynomial", "taylor"]
-OBJECTIVES = ["l2", "dot"]
+# every built-in component, from the registries: a component added there is tested here
+MEMORIES, FEATURE_MAPS, OBJECTIVES, OPTIMIZERS = (list(r) for r in (engine.MEMORIES, engine.FEATURE_MAPS,
+                                                                      engine.OBJECTIVES, engine.OPTIMIZERS))
 WINDOWS = [1, 3, None]
-OPTIMIZERS = ["gd", "momentum", "muon"]
 TOL = {torch.float64: 1e-5, torch.float32: 1e-4}
 
 
@@ -91,8 +91,9 @@ def test_output_norm_chunked_equals_reference(memory, objective, window, optimiz
 
     float64: chunked == reference within 1e-5. float32: LN divides by the output's std (small at d_v = 4), so a
     float32 evaluation of the function is ~1e-4 from the float64 one whichever path computes it. The float32 chunked
-    path is compared with the float64 reference, within 1e-4 or 5× the float32 reference's own error (the dual form
-    sums the window's rank-1 terms in another order: measured 1–4× on these problems)."""
+    path is compared with the float64 reference, within 1e-4 or 10× the float32 reference's own error (the dual form
+    sums the window's rank-1 terms in another order: measured 1–5.3× on these problems, the most on one CPU's
+    vector width and not another's; a wrong gradient is off by O(1))."""
     options = dict(memory=memory, feature_map="polynomial", objective=objective, window=window, optimizer=optimizer,
                    chunk_size=4, output_norm=True, ns_coefficients="cubic")
     p64, p32 = (make_problem(memory=memory, feature_map="polynomial", T=13, dtype=d) for d in (torch.float64,
@@ -102,7 +103,7 @@ def test_output_norm_chunked_equals_reference(memory, objective, window, optimiz
     (oc, _, gc), (orf, _, gr), (o64, _, g64) = run(p32, "chunked", **options), run(p32, "reference", **options), oracle
     for name, fast, ref, exact in [("output", oc, orf, o64)] + [(n, gc[n], gr[n], g64[n]) for n in g64
                                                                  if g64[n] is not None]:
-        assert rel_err(fast, exact) <= max(TOL[torch.float32], 5 * rel_err(ref, exact)), f"{options}: {name}"
+        assert rel_err(fast, exact) <= max(TOL[torch.float32], 10 * rel_err(ref, exact)), f"{options}: {name}"
 
 
 def test_output_norm_normalises_the_memory_output():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import helpers
-from atlas_lab.memory import apply_feature_map, feature_dim, memorize, newton_schulz, polynomial
+from atlas_lab.memory import Polynomial, Taylor, memorize, newton_schulz, polynomial
 from helpers import rel_err
 
 IMPLS = ["chunked", "reference"]
@@ -28,7 +28,7 @@ def test_polynomial_kernel_identity(d, p, dtype, tol):
     q, k = randn(50, d, seed=1, dtype=dtype), randn(50, d, seed=2, dtype=dtype)
     a = rand(p + 1, generator=torch.Generator().manual_seed(3))
     fq, fk = polynomial(q, a), polynomial(k, a)
-    assert fq.shape == (50, math.comb(d + p, p)) == (50, feature_dim("polynomial", d, p))
+    assert fq.shape == (50, math.comb(d + p, p)) == (50, Polynomial(p).dim(d))
     dot = (q * k).sum(-1).double()
     kernel = sum(a[i] * dot ** i for i in range(p + 1))
     assert rel_err((fq * fk).sum(-1), kernel) < tol
@@ -39,7 +39,7 @@ def test_taylor_kernel_converges_to_exp():
     exact = torch.exp((q * k).sum(-1))
     errors = []
     for p in range(1, 9):
-        kernel = (apply_feature_map(q, "taylor", p) * apply_feature_map(k, "taylor", p)).sum(-1)
+        kernel = (Taylor(p)(q) * Taylor(p)(k)).sum(-1)
         errors.append(rel_err(kernel, exact))
     assert all(b < a for a, b in zip(errors, errors[1:])), errors
     assert errors[-1] < 1e-4
@@ -48,10 +48,10 @@ def test_taylor_kernel_converges_to_exp():
 def test_polynomial_default_coefficients_are_taylor():
     """Default a_i = 1/i!: φ(q)·φ(k) = Σ_{i≤3} (q·k)^i / i!, the same map as taylor."""
     q, k = randn(10, 3, seed=1), randn(10, 3, seed=2)
-    fq, fk = apply_feature_map(q, "polynomial", 3), apply_feature_map(k, "polynomial", 3)
+    fq, fk = Polynomial(3)(q), Polynomial(3)(k)
     dot = (q * k).sum(-1)
     assert rel_err((fq * fk).sum(-1), sum(dot ** i / math.factorial(i) for i in range(4))) < 1e-12
-    assert torch.equal(fq, apply_feature_map(q, "taylor", 3))
+    assert torch.equal(fq, Taylor(3)(q))
 
 
 def qkv(B=2, T=13, H=3, d_k=5, d_v=4, dtype=torch.float64, normalize_k=True):

@@ -1,0 +1,52 @@
+"""``check_against_reference``: one call that checks a component (or a combination) against the oracle.
+
+A random problem (gates, initial weights, T not a multiple of the chunk, an Omega window) goes through the fast path
+and through ``reference``; outputs, final weights and the gradients of a loss on the outputs with respect to q, k, v,
+the gates and the initial weights must agree (docs/components.md).
+"""
+from __future__ import annotations
+
+import torch
+
+from .op import build_components, memorize
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check_against_reference(memory="mlp", feature_map="identity", objective="l2", optimizer="gd", *, window=3,
+                            chunk_size=3, T=8, B=2, H=2, d=4, read="token", impl="chunked", dtype=torch.float64,
+                            tol=1e-6, seed=0, **options) -> dict:
+    """Max relative errors {"output", "weights", "gradients"} of ``impl`` against ``reference``; AssertionError when
+    one exceeds ``tol``. Components: short-hands, objects or class_path dicts, as ``memorize`` takes them."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, lo=None, hi=None):
+        x = torch.rand(*shape, generator=g, dtype=torch.float64) if lo is not None else \
+            torch.randn(*shape, generator=g, dtype=torch.float64)
+        return (lo + (hi - lo) * x if lo is not None else x).to(dtype)
+
+    mem, fmap, obj, opt = build_components(memory, feature_map, objective, optimizer, "check", **options)
+    q, k, v = rnd(B, T, H, d), torch.nn.functional.normalize(rnd(B, T, H, d), dim=-1), 0.5 * rnd(B, T, H, d)
+    gates = dict(alpha=rnd(B, T, H, lo=0.8, hi=1.0), eta=rnd(B, T, H, lo=0.05, hi=0.5),
+                 theta=rnd(B, T, H, lo=0.3, hi=0.9), gamma=rnd(B, T, H, lo=0.2, hi=1.0))
+    W0 = mem.init_weights(H, fmap.dim(d), d, d, generator=g, dtype=dtype)
+    W0 = {n: (w if w.abs().sum() > 0 else 0.1 * rnd(*w.shape)) for n, w in W0.items()}  # a non-zero start
+    leaves = {"q": q, "k": k, "v": v, **gates, **{f"W0.{n}": w for n, w in W0.items()}}
+    for x in leaves.values():
+        x.requires_grad_(True)
+    weight = rnd(B, T, H, d)
+    results = {}
+    for which in (impl, "reference"):
+        o, state = memorize(q, k, v, memory=mem, feature_map=fmap, objective=obj, optimizer=opt, window=window,
+                            chunk_size=chunk_size, read=read, impl=which, **gates,
+                            initial_state={n: w for n, w in W0.items()})
+        grads = torch.autograd.grad((o * weight).sum(), list(leaves.values()), allow_unused=True)
+        results[which] = (o, state.weights, grads)
+    (o, W, G), (o_ref, W_ref, G_ref) = results[impl], results["reference"]
+    errors = {"output": _rel(o, o_ref), "weights": max(_rel(W[n], W_ref[n]) for n in W_ref),
+              "gradients": max((_rel(a, b) for a, b in zip(G, G_ref) if b is not None), default=0.0)}
+    bad = {k: e for k, e in errors.items() if not e <= tol}
+    assert not bad, f"{impl} differs from reference for {mem!r}, {fmap!r}, {obj!r}, {opt!r}: {bad} (tol {tol})"
+    return errors
