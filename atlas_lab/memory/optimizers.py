@@ -3,6 +3,8 @@
     gd:        W_t = α_t W_{t-1} − η_t g_t
     momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)
     muon:      S_t = θ_t S_{t-1} + g_t,       W_t = α_t W_{t-1} − η_t NS_k(S_t)  (Atlas eq. 32)
+    adam:      m_t = β₁ m_{t−1} + (1 − β₁) g_t,  v_t = β₂ v_{t−1} + (1 − β₂) g_t²,
+               W_t = α_t W_{t−1} − η_t m_t / √(v_t + ε²)                      (no bias correction)
 
 Every optimiser is a ``MemoryOptimizer`` with ``update``, the literal one-token rule of one weight matrix (the
 reference loop runs it). What else it provides decides the chunked path (docs/components.md):
@@ -257,7 +259,32 @@ class Muon(TransformedMomentum):
         return f"muon(k={self.ns_steps},{self.ns_coefficients})"
 
 
-OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon}
+class Adam(MemoryOptimizer):
+    """Adam (Kingma & Ba, 2015) as the memory's rule, with the retention gate α and the learning rate η of the
+    token; β₁, β₂ are constants (θ is not used) and there is no bias correction (the state keeps no step count).
+    ε sits inside the root, √(v + ε²), so that the rule's derivative stays finite where v = 0: the layer's backward
+    differentiates through m / √(v + ε²), whose derivative in g reaches 1/ε at g = 0. ε = 1e-3 bounds it (at the
+    outer optimisers' 1e-8, float32 gradients of the keys came out non-finite). v is not linear in g, so a chunk
+    runs token by token."""
+
+    def __init__(self, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-3):
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and eps > 0):
+            raise ValueError(f"adam needs 0 <= beta1, beta2 < 1 and eps > 0; got {beta1}, {beta2}, {eps}")
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+
+    def state_shape(self, shape):
+        return (2, *shape)  # m, v
+
+    def update(self, w, s, g, alpha, eta, theta):
+        m = self.beta1 * s[:, 0] + (1 - self.beta1) * g
+        v = self.beta2 * s[:, 1] + (1 - self.beta2) * g * g
+        return _bc(alpha, w) * w - _bc(eta, w) * m / (v + self.eps ** 2).sqrt(), torch.stack([m, v], 1)
+
+    def __repr__(self):
+        return f"adam(β={self.beta1:g},{self.beta2:g})"
+
+
+OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon, "adam": Adam}
 
 
 def build_optimizer(spec, where: str = "optimizer", **options) -> MemoryOptimizer:

@@ -185,6 +185,32 @@ def test_cubic_newton_schulz_converges_to_polar_factor():
     assert sv.min() > 0.5 and sv.max() < 1.5 and (sv - 1).abs().max() > 1e-3
 
 
+def test_adam_first_step_is_a_scaled_sign_and_zero_betas_are_normalised_steps():
+    """From m = v = 0, one Adam step moves each weight by η (1 − β₁) g / √((1 − β₂) g² + ε²), i.e. by
+    η (1 − β₁)/√(1 − β₂) · sign(g) where |g| ≫ ε; with β₁ = β₂ = 0 every token steps by η g / √(g² + ε²)."""
+    from atlas_lab.memory.optimizers import Adam, initial_state, step
+
+    g = torch.Generator().manual_seed(4)
+    W = {"W": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)}
+    grad = {"W": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)}
+    alpha, eta = torch.full((6,), 0.9, dtype=torch.float64), torch.full((6,), 0.1, dtype=torch.float64)
+    adam = Adam(beta1=0.8, beta2=0.99, eps=1e-12)
+    W1, S1 = step(adam, W, initial_state(adam, W), grad, alpha, eta, None)
+    expected = 0.9 * W["W"] - 0.1 * (0.2 / math.sqrt(0.01)) * grad["W"].sign()
+    assert rel_err(W1["W"], expected) < 1e-10
+    assert rel_err(S1["W"][:, 0], 0.2 * grad["W"]) < 1e-14 and rel_err(S1["W"][:, 1], 0.01 * grad["W"] ** 2) < 1e-14
+    # in a layer: chunks of 3, a window of 2 — the chunk's per-token path equals the oracle (tests/memory/
+    # test_memory_equivalence.py runs every combination); here the state continues across calls
+    q, k, v = qkv()
+    o, state = memorize(q, k, v, memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3, eta=0.05)
+    assert state.momentum["W1"].shape[:3] == (2, 3, 2) and torch.isfinite(o).all()
+    o1, s1 = memorize(q[:, :5], k[:, :5], v[:, :5], memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
+                      eta=0.05)
+    o2, _ = memorize(q[:, 5:], k[:, 5:], v[:, 5:], memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
+                     eta=0.05, initial_state=s1)
+    assert rel_err(torch.cat([o1, o2], 1), o) < 1e-12
+
+
 def test_momentum_with_zero_decay_is_gd():
     q, k, v = qkv()
     eta = rand(2, 13, 3, generator=torch.Generator().manual_seed(9))
@@ -197,7 +223,7 @@ def test_momentum_with_zero_decay_is_gd():
     (dict(memory="deep"), "valid choices: linear, mlp, gated_mlp"),
     (dict(feature_map="exp"), "valid choices: identity, polynomial, taylor"),
     (dict(objective="l1"), "valid choices: l2, dot"),
-    (dict(optimizer="adam"), "valid choices: gd, momentum, muon"),
+    (dict(optimizer="adamw"), "valid choices: gd, momentum, muon, adam"),
     (dict(optimizer="muon", ns_coefficients="septic"), "valid choices: quintic, cubic"),
     (dict(window=0), "window must be an int >= 1 or None"),
     (dict(chunk_size=0), "chunk_size must be an int >= 1"),
