@@ -18,7 +18,7 @@ def gates_text(config) -> str:
         if g == "theta" and not config.components()[3].uses_theta:
             continue
         value = getattr(config, g)
-        parts.append(f"{sym}_t" if value == "learned" else f"{sym}={value:g}")
+        parts.append(f"{sym}_t" if value == "learned" else f"{sym}_h" if value == "head_decay" else f"{sym}={value:g}")
     return " ".join(parts)
 
 

@@ -18,7 +18,7 @@ from ..memory import READS, build_components, memorize
 from ..memory.op import normalize_applies
 from .conv import ShortConv
 
-Gate = Union[float, Literal["learned"]]
+Gate = Union[float, Literal["learned", "head_decay"]]
 GATES = ("alpha", "eta", "theta", "gamma")
 # initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
 GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
@@ -37,7 +37,8 @@ class MemoryConfig:
     feature_map: identity | polynomial (degree, learnable coefficients) | taylor (degree)
     objective: l2 | dot | huber | lp; window: Omega window c ≥ 1, or None for global
     optimizer: gd | momentum | muon (ns_steps, ns_coefficients)
-    alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant
+    alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant; alpha also "head_decay":
+        RetNet's fixed per-head retention α_h = 1 − 2^(−5−h), h = 0..H−1
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
     read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
         started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
@@ -75,6 +76,8 @@ class MemoryConfig:
             raise ValueError(f"{where}.read: unknown value {self.read!r}; valid choices: {', '.join(READS)}")
         for g in GATES:
             value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
+            if g == "alpha" and value == "head_decay":
+                continue
             if value != "learned" and (not isinstance(value, (int, float)) or isinstance(value, bool)
                                        or not holds(value)):
                 raise ValueError(f"{where}.{g}: expected 'learned' or a constant {expected}, got {value!r}")
@@ -157,6 +160,10 @@ class MemoryMixer(nn.Module):
         """{gate: [B, T, H] tensor or constant}."""
         c = self.config
         out = {g: (None if g == "theta" and not self.optimizer.uses_theta else getattr(c, g)) for g in GATES}
+        if out["alpha"] == "head_decay":  # RetNet: α_h = 1 − 2^(−5−h)
+            h = torch.arange(self.n_heads, device=x.device, dtype=torch.float64)
+            out["alpha"] = (1 - 2.0 ** (-5 - h)).to(torch.promote_types(x.dtype, torch.float32)).expand(
+                *x.shape[:2], self.n_heads)
         if self.gate_proj is not None:
             z = self.gate_proj(x).sigmoid().unflatten(-1, (len(self.learned_gates), self.n_heads))
             for i, g in enumerate(self.learned_gates):

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers import MAG, Attention, MemoryMixer
-from .presets import LAYER_KINDS, MemoryOverrides, resolve_preset
+from .presets import LAYER_KINDS, PRESETS, MemoryOverrides, resolve_preset
 
 
 class SwiGLU(nn.Module):
@@ -60,15 +60,21 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"{key}: d_model={d_model} must be divisible by {key}={heads}")
         pattern, memory_config = resolve_preset(preset, memory)
         pattern = layers or pattern
-        bad = [k for k in pattern if k not in LAYER_KINDS]
+        # a layer may also be named after a single-memory-layer preset: a memory layer with that preset's memory
+        layer_presets = [p for p, spec in PRESETS.items() if spec["layers"] == ["memory"]]
+        bad = [k for k in pattern if k not in LAYER_KINDS and k not in layer_presets]
         if bad:
-            raise ValueError(f"layers: unknown layer kind(s) {bad}; valid choices: {', '.join(LAYER_KINDS)}")
+            raise ValueError(f"layers: unknown layer kind(s) {bad}; valid choices: {', '.join(LAYER_KINDS)}, or a "
+                             f"preset of one memory layer ({', '.join(layer_presets)})")
+        own = {k: resolve_preset(k, memory)[1] for k in set(pattern) if k in layer_presets}
         if memory_config is None and any(k in ("memory", "mag") for k in pattern):
             raise ValueError(f"layers: preset {preset!r} has no memory configuration for memory/mag layers")
         self.preset, self.memory_config, self.vocab_size = preset, memory_config, vocab_size
         self.layer_kinds = [pattern[i % len(pattern)] for i in range(n_layers)]
 
         def mixer(kind):
+            if kind in own:
+                return MemoryMixer(d_model, memory_heads, own[kind])
             if kind == "memory":
                 return MemoryMixer(d_model, memory_heads, memory_config)
             if kind == "attention":

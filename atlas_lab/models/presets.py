@@ -1,7 +1,9 @@
 """Named models (docs/memory.md §6): each is a layer pattern plus the five memory components and gates.
 
-A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag)
-and ``memory`` (fields of MemoryConfig that differ from its defaults). Any field can be overridden.
+A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, or the
+name of a one-memory-layer preset: a memory layer with that preset's memory) and ``memory`` (fields of MemoryConfig
+that differ from its defaults, or the name of the preset whose memory the memory layers take). Any field can be
+overridden; memory overrides apply to every memory layer.
 Gates not listed as "learned" are constants; window presets use c = 8.
 
 Chunk size (docs/memory.md §4, §9): a preset whose published model is the exact online rule uses it — DeltaNet
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal, Optional, TypedDict, Union
 
 from ..layers.memory_mixer import Gate, MemoryConfig
+from ..memory import FEATURE_MAPS, MEMORIES, OBJECTIVES, OPTIMIZERS  # the short-hands: each kind's registry
 
 class ComponentPath(TypedDict, total=False):
     """A user component in YAML: {class_path: package.module.Class, init_args: {...}} (LightningCLI's form)."""
@@ -46,6 +49,14 @@ PRESETS: dict[str, dict] = {
     # linear memory
     "linear_attention": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=1.0, eta=1.0)),
     "gla": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=1.0)),
+    # RetNet (Sun et al. 2023, eq. 5–8): a fixed decay per head, γ_h = 1 − 2^(−5−h), no input gate; its
+    # xPos/complex rotation of q, k is left out (the memory layers have no positional encoding).
+    "retnet": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha="head_decay", eta=1.0)),
+    # Mamba2's SSD layer (Dao & Gu 2024, §3–§7): h_t = a_t h_{t−1} + Δ_t x_t B_tᵀ, y_t = h_t C_t, i.e. a linear memory
+    # with the dot objective, a scalar data-dependent decay a_t (α) and input gate Δ_t (η) per head; x, B, C are our
+    # v, k, q. Departs from Mamba2's block: a = σ(w·x + b) instead of exp(−softplus(Δ) A), Δ = σ(·) instead of
+    # softplus(·), q and k L2-normalised, no D skip; the short conv, SiLU output gate and norm are the mixer's.
+    "mamba2": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=_L)),
     # DeltaNet (Schlag et al. 2021; Yang et al. 2024) and Gated DeltaNet (Yang et al. 2025): the exact delta rule,
     # chunk 1. Chunk-start gradients over b > 1 tokens are another, unstable model (I − Σ η_i k_i k_iᵀ can have
     # eigenvalues far below −1); `--model.memory.chunk_size=16` still asks for it.
@@ -78,9 +89,17 @@ PRESETS: dict[str, dict] = {
                                                 alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
     "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
                                                alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_WINDOW_ETA_MAX)),
+    # Miras' Yaad (Behrouz et al. 2025, "It's All Connected", §5): a 2-layer MLP memory, the Huber attentional bias
+    # (δ = 1, a constant: Yaad's δ_t is data-dependent), ℓ2 retention (α_t) and gradient descent.
+    "yaad": dict(layers=["memory"], memory=dict(memory="mlp", objective="huber", alpha=_L, eta=_L,
+                                                eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
+    # Samba (Ren et al. 2024, §2): Mamba, MLP, SWA, MLP — our blocks each carry their MLP: mamba2 layers and SWA.
+    "samba": dict(layers=["memory", "swa"], memory="mamba2"),
+    # Gated DeltaNet-H2 (Yang, Kautz & Hatamizadeh 2025, §4): Mamba2, Gated DeltaNet and SWA layers in turn.
+    "gated_deltanet_h2": dict(layers=["mamba2", "memory", "swa"], memory="gated_deltanet"),
 }
 
 
@@ -93,16 +112,16 @@ class MemoryOverrides:
     for the meaning of each field.
     """
 
-    memory: Optional[Union[Literal["linear", "mlp", "gated_mlp"], ComponentPath]] = None
+    memory: Optional[Union[Literal[tuple(MEMORIES)], ComponentPath]] = None
     depth: Optional[int] = None
     expansion: Optional[int] = None
     activation: Optional[Literal["gelu", "silu", "relu", "tanh"]] = None
     residual: Optional[bool] = None
-    feature_map: Optional[Union[Literal["identity", "polynomial", "taylor"], ComponentPath]] = None
+    feature_map: Optional[Union[Literal[tuple(FEATURE_MAPS)], ComponentPath]] = None
     degree: Optional[int] = None
-    objective: Optional[Union[Literal["l2", "dot", "huber", "lp"], ComponentPath]] = None
+    objective: Optional[Union[Literal[tuple(OBJECTIVES)], ComponentPath]] = None
     window: Optional[Union[int, Literal["global"]]] = None
-    optimizer: Optional[Union[Literal["gd", "momentum", "muon"], ComponentPath]] = None
+    optimizer: Optional[Union[Literal[tuple(OPTIMIZERS)], ComponentPath]] = None
     ns_steps: Optional[int] = None
     ns_coefficients: Optional[Literal["quintic", "cubic"]] = None
     alpha: Optional[Gate] = None

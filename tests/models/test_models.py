@@ -174,7 +174,7 @@ def test_memory_heads_apply_to_memories_only():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(preset="atlass"), "unknown preset 'atlass'; valid choices: transformer, swa"),
     (dict(preset="atlas", memory={"windw": 2}), "unknown field(s) ['windw']; valid fields: memory, depth"),
-    (dict(preset="atlas", memory={"optimizer": "adam"}), "memory.optimizer: unknown value 'adam'; valid choices: gd"),
+    (dict(preset="atlas", memory={"optimizer": "adamw"}), "memory.optimizer: unknown value 'adamw'; valid choices: gd"),
     (dict(preset="transformer", memory={"window": 2}), "has no memory layer"),
     (dict(preset="atlas", layers=["memory", "lstm"]), "unknown layer kind(s) ['lstm']"),
     (dict(preset="atlas", memory={"window": 0}), "memory.window: expected an int >= 1 or null"),
@@ -220,3 +220,54 @@ def test_no_logit_sees_a_later_token_or_another_sequence(preset):
         a, b = model(x)[0], model(y)[0]
     assert torch.equal(a[1, :60], b[1, :60]) and torch.equal(a[[0, 2]], b[[0, 2]])
     assert not torch.equal(a[1, 60:], b[1, 60:])
+
+
+def _preset_memory(preset, q, k, v, **gates):
+    """memorize with the components of ``preset``'s memory layer (a one-memory-layer preset)."""
+    from atlas_lab.memory import memorize
+
+    _, config = resolve_preset(preset)
+    mem, fmap, objective, optimizer = config.components()
+    return memorize(q, k, v, memory=mem, feature_map=fmap, objective=objective, optimizer=optimizer,
+                    window=config.window, chunk_size=config.chunk_size, **gates)[0]
+
+
+def test_retnet_preset_is_fla_retention():
+    """retnet: α_h = 1 − 2^(−5−h) from the layer's gates, and its memory equals flash-linear-attention's naive
+    retention o_t = Σ_{s≤t} γ_h^{t−s} (q_t·k_s / √d) v_s."""
+    naive = pytest.importorskip("fla.ops.retention.naive")
+    B, T, H, d = 2, 37, 4, 8
+    mixer = tiny("retnet", memory_heads=H).blocks[0].mixer
+    alpha = mixer.gates(torch.zeros(B, T, 32))["alpha"]
+    assert torch.equal(alpha[0, 0], torch.tensor([1 - 2.0 ** (-5 - h) for h in range(H)]))
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, T, H, d, generator=g) for _ in range(3))
+    o = _preset_memory("retnet", q * d ** -0.5, k, v, alpha=alpha, eta=1.0)
+    o_ref = naive.naive_retention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    assert ((o - o_ref).norm() / o_ref.norm()).item() < 1e-5
+
+
+def test_mamba2_preset_is_fla_simple_gla():
+    """mamba2: h_t = a_t h_{t−1} + Δ_t v_t k_tᵀ, y_t = h_t q_t — flash-linear-attention's naive simple GLA (Mamba2's
+    SSD form) with log-decay g = log a and values Δ·v."""
+    naive = pytest.importorskip("fla.ops.simple_gla.naive")
+    B, T, H, d = 2, 37, 3, 8
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, T, H, d, generator=g) for _ in range(3))
+    a, delta = torch.rand(B, T, H, generator=g) * 0.3 + 0.7, torch.rand(B, T, H, generator=g)
+    o = _preset_memory("mamba2", q, k, v, alpha=a, eta=delta)
+    o_ref, _ = naive.naive_chunk_simple_gla(q, k, v * delta.unsqueeze(-1), a.log(), scale=1.0, chunk_size=16)
+    assert ((o - o_ref).norm() / o_ref.norm()).item() < 1e-5
+
+
+def test_hybrid_layer_patterns_take_each_presets_memory():
+    """gated_deltanet_h2 cycles Mamba2, Gated DeltaNet and SWA layers; samba Mamba2 and SWA; a memory override reaches
+    every memory layer."""
+    model = tiny("gated_deltanet_h2", n_layers=3, memory={"chunk_size": 8})
+    kinds = [type(b.mixer).__name__ for b in model.blocks]
+    assert model.layer_kinds == ["mamba2", "memory", "swa"] and kinds == ["MemoryMixer", "MemoryMixer", "Attention"]
+    mamba, gdn = model.blocks[0].mixer.config, model.blocks[1].mixer.config
+    assert (mamba.objective, gdn.objective, mamba.chunk_size, gdn.chunk_size) == ("dot", "l2", 8, 8)
+    assert tiny("samba").layer_kinds == ["memory", "swa"] and tiny("samba").memory_config.objective == "dot"
+    with pytest.raises(ValueError, match="or a preset of one memory layer"):
+        tiny("atlas", layers=["atlas_mag"])
