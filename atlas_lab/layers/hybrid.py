@@ -15,13 +15,14 @@ from .memory_mixer import MemoryConfig, MemoryMixer
 class MAG(nn.Module):
     """Memory-as-gate mixer. x: [B, T, d] -> [B, T, d]; the streaming cache holds both branches' caches.
 
-    n_heads: the attention branch's heads; memory_heads: the memory branch's (default n_heads)."""
+    n_heads: the attention branch's heads; memory_heads: the memory branch's (default n_heads); persistent: the
+    attention branch's persistent memory tokens."""
 
     def __init__(self, d_model: int, n_heads: int, config: MemoryConfig, swa_window: int,
-                 memory_heads: int | None = None):
+                 memory_heads: int | None = None, persistent: int = 0):
         super().__init__()
         self.memory = MemoryMixer(d_model, memory_heads or n_heads, config)
-        self.swa = Attention(d_model, n_heads, window=swa_window)
+        self.swa = Attention(d_model, n_heads, window=swa_window, persistent=persistent)
         self.memory_norm, self.swa_norm = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
 

@@ -115,6 +115,8 @@ class SequenceModel(L.LightningModule):
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
         memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
             e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
+        persistent_tokens: persistent memory (Titans §3.3): learnable key/value pairs every attention layer's queries
+            attend to besides their window (the hybrids' SWA, MAG's attention branch); 0: none.
         memory_lr: the peak learning rate of the memory mixers' parameters (memory layers and MAG's memory branch:
             projections, gates, initial memory weights); null: lr. Models without memory layers ignore it, so one
             config can give attention and memory layers the rates each trains best at.
@@ -132,7 +134,8 @@ class SequenceModel(L.LightningModule):
     def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
                  swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
-                 lr: float = 1e-3, memory_lr: Optional[float] = None, weight_decay: float = 0.1,
+                 persistent_tokens: int = 0, lr: float = 1e-3, memory_lr: Optional[float] = None,
+                 weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  schedule_steps: Optional[int] = None,
                  target: Literal["next_token", "positions", "compression"] = "next_token",
@@ -146,7 +149,8 @@ class SequenceModel(L.LightningModule):
         try:
             self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                        memory=memory, layers=layers, swa_window=swa_window,
-                                       tie_embeddings=tie_embeddings, memory_heads=memory_heads)
+                                       tie_embeddings=tie_embeddings, memory_heads=memory_heads,
+                                       persistent_tokens=persistent_tokens)
         except ValueError as e:  # its messages start with the argument's name: here an argument of model
             raise ValueError(f"model.{e}") from None
         self.compression_head = CompressionHead(d_model, max_len, vocab_size) if target == "compression" else None

@@ -46,13 +46,14 @@ class LanguageModel(nn.Module):
     preset: a name from ``atlas_lab.models.PRESETS``; memory: overrides of its MemoryConfig fields
     (e.g. {"window": 16, "optimizer": "gd"}); layers: overrides its layer pattern (cycled over n_layers).
     n_heads: heads of attention and, unless memory_heads is given, of the memories (memory layers and the
-    memory branch of MAG); head dim = d_model / heads.
+    memory branch of MAG); head dim = d_model / heads. persistent_tokens: learnable key/value pairs that every
+    attention layer's queries (SWA, full, MAG's branch) attend to besides their window (Titans' persistent memory).
     """
 
     def __init__(self, vocab_size: int, preset: str = "atlas", d_model: int = 128, n_layers: int = 4,
                  n_heads: int = 8, memory: dict | MemoryOverrides | None = None, layers: list[str] | None = None,
                  swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True,
-                 memory_heads: int | None = None):
+                 memory_heads: int | None = None, persistent_tokens: int = 0):
         super().__init__()
         memory_heads = memory_heads or n_heads
         for key, heads in (("n_heads", n_heads), ("memory_heads", memory_heads)):
@@ -78,10 +79,10 @@ class LanguageModel(nn.Module):
             if kind == "memory":
                 return MemoryMixer(d_model, memory_heads, memory_config)
             if kind == "attention":
-                return Attention(d_model, n_heads)
+                return Attention(d_model, n_heads, persistent=persistent_tokens)
             if kind == "swa":
-                return Attention(d_model, n_heads, window=swa_window)
-            return MAG(d_model, n_heads, memory_config, swa_window, memory_heads)
+                return Attention(d_model, n_heads, window=swa_window, persistent=persistent_tokens)
+            return MAG(d_model, n_heads, memory_config, swa_window, memory_heads, persistent_tokens)
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)

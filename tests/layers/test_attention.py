@@ -5,6 +5,7 @@ import torch
 
 from atlas_lab.layers import Attention
 from atlas_lab.layers.attention import sliding_window_attention_blocked, sliding_window_attention_dense
+from atlas_lab.layers.rope import rotary
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
@@ -54,3 +55,32 @@ def test_swa_layer_equals_masked_softmax_attention():
     inside = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - w)
     o = torch.einsum("bhts,bshd->bthd", scores.masked_fill(~inside, -torch.inf).softmax(-1), v)
     torch.testing.assert_close(y, layer.o_proj(o.reshape(1, T, 16)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", [None, 3, 8])
+def test_persistent_tokens_are_keys_every_query_sees(window):
+    """With persistent pairs (P, V_P), each query's output is softmax over [P; its causal window] computed directly;
+    the blocked SWA path (T > window) and a stream of pieces give the same as one call."""
+    torch.manual_seed(0)
+    attn = Attention(16, 2, window=window, persistent=3).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    y, _ = attn(x)
+    B, T, H, d = 2, 13, 2, 8
+    q, k, v = attn.qkv(x).view(B, T, 3, H, d).unbind(2)
+    pos = torch.arange(T)
+    q, k = rotary(q, pos, attn.rope_base), rotary(k, pos, attn.rope_base)
+    pk, pv = attn.persistent
+    out = torch.zeros(B, T, H, d, dtype=torch.float64)
+    for t in range(T):
+        lo = 0 if window is None else max(0, t - window + 1)
+        keys = torch.cat([pk.unsqueeze(0).expand(B, -1, -1, -1), k[:, lo:t + 1].transpose(1, 2)], 2)
+        vals = torch.cat([pv.unsqueeze(0).expand(B, -1, -1, -1), v[:, lo:t + 1].transpose(1, 2)], 2)
+        w = torch.softmax(torch.einsum("bhd,bhsd->bhs", q[:, t], keys) / d ** 0.5, -1)
+        out[:, t] = torch.einsum("bhs,bhsd->bhd", w, vals)
+    direct = attn.o_proj(out.reshape(B, T, H * d))
+    assert (y - direct).abs().max() < 1e-12
+    cache, pieces = None, []
+    for lo, hi in [(0, 5), (5, 6), (6, 13)]:
+        o, cache = attn(x[:, lo:hi], cache)
+        pieces.append(o)
+    assert (torch.cat(pieces, 1) - y).abs().max() < 1e-12

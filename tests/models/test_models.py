@@ -271,3 +271,24 @@ def test_hybrid_layer_patterns_take_each_presets_memory():
     assert tiny("samba").layer_kinds == ["memory", "swa"] and tiny("samba").memory_config.objective == "dot"
     with pytest.raises(ValueError, match="or a preset of one memory layer"):
         tiny("atlas", layers=["atlas_mag"])
+
+
+@pytest.mark.parametrize("preset", ["atlas_mag", "atlas_mal", "samba", "gated_deltanet_h2"])
+def test_hybrids_with_persistent_tokens_train_and_stream(preset):
+    """persistent_tokens = 4: every attention layer (MAG's branch included) holds 4 learnable key/value pairs, which
+    get gradients; a stream of pieces equals one call."""
+    model = tiny(preset, n_layers=3, persistent_tokens=4)
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    assert attention and all(m.persistent is not None and m.persistent[0].shape[1] == 4 for m in attention)
+    x = torch.randint(0, 64, (2, 23), generator=torch.Generator().manual_seed(1))
+    logits, _ = model(x)
+    torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for m in attention for p in m.persistent)
+    model = model.double()
+    with torch.no_grad():
+        full, _ = model(x)
+        cache, pieces = None, []
+        for lo, hi in [(0, 6), (6, 7), (7, 23)]:
+            out, cache = model(x[:, lo:hi], cache)
+            pieces.append(out)
+    assert ((torch.cat(pieces, 1) - full).norm() / full.norm()).item() < 1e-10
