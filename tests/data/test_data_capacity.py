@@ -63,7 +63,7 @@ def test_options_reach_memorize(monkeypatch):
     assert (kw["memory"], kw["depth"], kw["expansion"], kw["chunk_size"]) == ("mlp", 2, 2, 4)
     assert row["depth"] == 2 and row["chunk_size"] == 4 and torch.isfinite(torch.tensor(row["recall_error"]))
     with pytest.raises(ValueError, match="optimizer"):
-        capacity_probe([8], optimizer="adam")
+        capacity_probe([8], optimizer="adamw")
     with pytest.raises(ValueError, match="n_pairs"):
         capacity_probe([])
 
