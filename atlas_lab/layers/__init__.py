@@ -1,8 +1,8 @@
 """Token mixers and building blocks: memory mixer, attention (full / sliding window), hybrids, conv."""
 from .attention import Attention
 from .conv import ShortConv
-from .hybrid import MAG
+from .hybrid import MAC, MAG
 from .memory_mixer import GATES, MemoryConfig, MemoryMixer
 from .rope import rotary
 
-__all__ = ["Attention", "ShortConv", "MAG", "MemoryConfig", "MemoryMixer", "GATES", "rotary"]
+__all__ = ["Attention", "ShortConv", "MAG", "MAC", "MemoryConfig", "MemoryMixer", "GATES", "rotary"]

@@ -111,7 +111,8 @@ class SequenceModel(L.LightningModule):
         vocab_size: linked from the data module.
         mixer: the preset name (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
         memory: overrides of the preset's memory components (e.g. ``{window: 16, optimizer: gd}``).
-        layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag).
+        layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag, mac, or a
+            one-memory-layer preset such as mamba2).
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
         memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
             e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.

@@ -179,6 +179,13 @@ def gradients(mem, objective):
                      in_dims=(None, 0, 0, 0)))
 
 
+def read_at(mem, W, phi_q, q):
+    """y_t = M_W(φ(q_t)) for every token at one set of weights W {name: [N, *shape]}. phi_q: [N, n, D]."""
+    if mem.dual_form:
+        return mem.forward(fixed_apply(W), phi_q, q)
+    return vmap(vmap(mem.token_forward, in_dims=(None, 0, 0)))(W, phi_q, q)
+
+
 def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
     """Per chunk of the call (the rest of the chunk in progress, whole chunks, a partial last one): its length n, the
     offset of its first token in its window, its per-token inputs (q, φ(q), α, η, θ) and its window's
@@ -240,10 +247,7 @@ def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, the
     for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
         G = grads(W, phi_k_c, k_c, v_c)
-        if mem.dual_form:
-            ys.append(mem.forward(fixed_apply(W), phi_q_c, q_c))
-        else:
-            ys.append(vmap(vmap(mem.token_forward, in_dims=(None, 0, 0)))(W, phi_q_c, q_c))
+        ys.append(read_at(mem, W, phi_q_c, q_c))
         weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
         pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
                              eta_c.sum(1), theta_c.prod(1))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers import MAG, Attention, MemoryMixer
+from ..layers import MAC, MAG, Attention, MemoryMixer
 from .presets import LAYER_KINDS, PRESETS, MemoryOverrides, resolve_preset
 
 
@@ -68,8 +68,8 @@ class LanguageModel(nn.Module):
             raise ValueError(f"layers: unknown layer kind(s) {bad}; valid choices: {', '.join(LAYER_KINDS)}, or a "
                              f"preset of one memory layer ({', '.join(layer_presets)})")
         own = {k: resolve_preset(k, memory)[1] for k in set(pattern) if k in layer_presets}
-        if memory_config is None and any(k in ("memory", "mag") for k in pattern):
-            raise ValueError(f"layers: preset {preset!r} has no memory configuration for memory/mag layers")
+        if memory_config is None and any(k in ("memory", "mag", "mac") for k in pattern):
+            raise ValueError(f"layers: preset {preset!r} has no memory configuration for memory/mag/mac layers")
         self.preset, self.memory_config, self.vocab_size = preset, memory_config, vocab_size
         self.layer_kinds = [pattern[i % len(pattern)] for i in range(n_layers)]
 
@@ -82,6 +82,8 @@ class LanguageModel(nn.Module):
                 return Attention(d_model, n_heads, persistent=persistent_tokens)
             if kind == "swa":
                 return Attention(d_model, n_heads, window=swa_window, persistent=persistent_tokens)
+            if kind == "mac":  # segments of the SWA window's length
+                return MAC(d_model, n_heads, memory_config, swa_window, memory_heads, persistent_tokens)
             return MAG(d_model, n_heads, memory_config, swa_window, memory_heads, persistent_tokens)
 
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -155,11 +157,14 @@ class LanguageModel(nn.Module):
         from ..memory.cost import attention_flops, memory_flops
 
         out = {"memory": 0.0, "attention": 0.0}
+        segment_attention = {id(m.attention) for m in self.modules() if isinstance(m, MAC)}
         for m in self.modules():
-            if isinstance(m, MemoryMixer):
+            if isinstance(m, MAC):
+                out["attention"] += m.attention_flops(T)
+            elif isinstance(m, MemoryMixer):
                 flops = memory_flops(m.config, m.head_dim, T)
                 out["memory"] = None if flops is None or out["memory"] is None else out["memory"] + m.n_heads * flops
-            elif isinstance(m, Attention):
+            elif isinstance(m, Attention) and id(m) not in segment_attention:
                 out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)
         return out
 

@@ -1,6 +1,6 @@
 """Named models (docs/memory.md §6): each is a layer pattern plus the five memory components and gates.
 
-A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, or the
+A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, mac, or the
 name of a one-memory-layer preset: a memory layer with that preset's memory) and ``memory`` (fields of MemoryConfig
 that differ from its defaults, or the name of the preset whose memory the memory layers take). Any field can be
 overridden; memory overrides apply to every memory layer.
@@ -28,7 +28,7 @@ class ComponentPath(TypedDict, total=False):
     init_args: dict
 
 
-LAYER_KINDS = ("memory", "attention", "swa", "mag")
+LAYER_KINDS = ("memory", "attention", "swa", "mag", "mac")
 _L = "learned"
 _WINDOW = 8
 _COMMON = dict(chunk_size=16)
@@ -96,6 +96,10 @@ PRESETS: dict[str, dict] = {
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
+    # memory as context (Titans §4.1; Atlas uses it for BABILong): segments of swa_window tokens attend to themselves
+    # and to what they retrieve from the memory, which then reads the attention's output (layers/hybrid.py, MAC)
+    "titans_mac": dict(layers=["mac"], memory="titans"),
+    "atlas_mac": dict(layers=["mac"], memory="atlas"),
     # Samba (Ren et al. 2024, §2): Mamba, MLP, SWA, MLP — our blocks each carry their MLP: mamba2 layers and SWA.
     "samba": dict(layers=["memory", "swa"], memory="mamba2"),
     # Gated DeltaNet-H2 (Yang, Kautz & Hatamizadeh 2025, §4): Mamba2, Gated DeltaNet and SWA layers in turn.

@@ -292,3 +292,48 @@ def test_hybrids_with_persistent_tokens_train_and_stream(preset):
             out, cache = model(x[:, lo:hi], cache)
             pieces.append(out)
     assert ((torch.cat(pieces, 1) - full).norm() / full.norm()).item() < 1e-10
+
+
+def test_mac_is_memory_as_context():
+    """MAC against a direct computation: segments of 4, retrieval h = M at the segment's start weights (memorize with
+    η = 0, which never moves them), attention as an explicit softmax over [P; h_j, x_j for j ≤ i in the segment], the
+    memory layer read once over the whole sequence of attention outputs y, o = W_o(RMSNorm(y) ⊙ σ(RMSNorm(z)))."""
+    from atlas_lab.layers import MAC
+    from atlas_lab.layers.rope import rotary
+    from atlas_lab.memory import memorize
+
+    torch.manual_seed(0)
+    _, config = resolve_preset("titans")
+    mac = MAC(16, 2, config, segment=4, memory_heads=4, persistent=2).double()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    out, _ = mac(x)
+    mem, a = mac.memory, mac.attention
+    B, T, Hm, dm, H, d = 2, 10, 4, 4, 2, 8
+    weights, ys = {n: w.unsqueeze(0).expand(B, *w.shape) for n, w in mem.initial_weights.items()}, []
+    for lo in range(0, T, 4):
+        xs = x[:, lo:lo + 4]
+        n = xs.shape[1]
+        qh = torch.nn.functional.normalize(torch.nn.functional.silu(mac.retrieve_q(xs)).view(B, n, Hm, dm), dim=-1)
+        read, _ = memorize(qh, qh, torch.zeros_like(qh), memory=mem.mem, feature_map=mem.feature_map,
+                           objective=mem.objective, optimizer=mem.optimizer, eta=0.0, chunk_size=16,
+                           initial_state=weights)
+        h = mac.retrieve_out(read.reshape(B, n, Hm * dm))
+        pos = torch.arange(lo, lo + n)
+        q, k, v = a.qkv(xs).view(B, n, 3, H, d).unbind(2)
+        _, kh, vh = a.qkv(h).view(B, n, 3, H, d).unbind(2)
+        q, k, kh = rotary(q, pos, a.rope_base), rotary(k, pos, a.rope_base), rotary(kh, pos, a.rope_base)
+        y = torch.zeros(B, n, H, d, dtype=x.dtype)
+        for i in range(n):
+            keys = torch.cat([a.persistent[0].unsqueeze(0).expand(B, -1, -1, -1), kh[:, :i + 1].transpose(1, 2),
+                              k[:, :i + 1].transpose(1, 2)], 2)
+            vals = torch.cat([a.persistent[1].unsqueeze(0).expand(B, -1, -1, -1), vh[:, :i + 1].transpose(1, 2),
+                              v[:, :i + 1].transpose(1, 2)], 2)
+            w = torch.softmax(torch.einsum("bhd,bhsd->bhs", q[:, i], keys) / d ** 0.5, -1)
+            y[:, i] = torch.einsum("bhs,bhsd->bhd", w, vals)
+        ys.append(a.o_proj(y.reshape(B, n, H * d)))
+        _, state = mem(torch.cat(ys, 1))  # the memory after reading every y so far, from the start
+        weights = state["memory"].weights
+    y = torch.cat(ys, 1)
+    z, _ = mem(y)
+    direct = mac.o_proj(mac.y_norm(y) * torch.sigmoid(mac.z_norm(z)))
+    assert (out - direct).abs().max() < 1e-10

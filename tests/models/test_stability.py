@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LENGTH, PIECE = 16_384, 512
 LM_SIZE = dict(d_model=128, n_layers=4, n_heads=8, memory_heads=32)  # experiments/lm.yaml
 # The muon presets orthogonalise every token's momentum: their 16K reads take 40–120 s each on 2 CPU cores (slow).
-SLOW_AT_INIT = ("atlas", "atlas_pp", "atlas_mag", "atlas_mal")
+SLOW_AT_INIT = ("atlas", "atlas_pp", "atlas_mag", "atlas_mal", "atlas_mac")
 
 
 def assert_stable(preset: str, model: LanguageModel):
