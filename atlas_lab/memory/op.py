@@ -7,7 +7,7 @@ from .chunked import memorize_chunked
 from .feature_maps import build_feature_map
 from .memories import LinearMemory, build_memory
 from .objectives import Dot, build_objective
-from .optimizers import LinearRule, build_optimizer, initial_state as optimizer_state
+from .optimizers import LinearRule, build_optimizer, start as optimizer_start
 from .reference import memorize_reference
 from .state import PENDING_GATES, MemoryState
 
@@ -228,8 +228,10 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     else:
         raise ValueError(f"memorize: initial_state must be None, a dict of weights or a MemoryState; "
                          f"got {type(initial_state).__name__}")
-    if S is None:
-        S = optimizer_state(optimizer, W)
+    if not isinstance(initial_state, MemoryState):  # a sequence starts (the rule may map W_0, e.g. onto a simplex)
+        W, S = optimizer_start(optimizer, W)
+    elif S is None:
+        S = optimizer_start(optimizer, W)[1]
     if offset and read == "token" and W_eval is None:
         raise ValueError("memorize: initial_state has offset > 0 but no eval_weights")
     if offset and read == "chunk" and pending is None:

@@ -150,6 +150,11 @@ class MemoryOptimizer(Component):
     def update(self, w, s, g, alpha, eta, theta):
         raise NotImplementedError
 
+    def start(self, w):
+        """(W_0, S_0) of a sequence from the initial weights w [N, *shape]: w and a zero state by default."""
+        shape = self.state_shape(tuple(w.shape[1:]))
+        return w, (None if shape is None else w.new_zeros(w.shape[0], *shape))
+
 
 class LinearRule(MemoryOptimizer):
     """A rule linear in the gradients, solved over a chunk by ``chunk_coefficients``."""
@@ -284,7 +289,66 @@ class Adam(MemoryOptimizer):
         return f"adam(β={self.beta1:g},{self.beta2:g})"
 
 
-OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon, "adam": Adam}
+def _lq_norm(A, q, eps=1e-12):
+    """‖A‖_q over each weight matrix's entries, [N, 1, ...] (at least eps)."""
+    return A.abs().pow(q).flatten(1).sum(1).pow(1 / q).clamp_min(eps).reshape(-1, *[1] * (A.dim() - 1))
+
+
+class LqRetention(MemoryOptimizer):
+    """Miras' ℓq retention (Moneta): an accumulator A_t = α_t A_{t−1} − η_t g_t and W_t = A_t / ‖A_t‖_q^{q−2}, the norm
+    over each weight matrix's entries; q = 2 is gd. A_0 = W_0 ‖W_0‖_q^{(q−2)/(3−q)}, so that W_0 is the layer's
+    initial weights (q = 3 is refused: W would always have unit norm). State: A."""
+
+    def __init__(self, q: float = 4.0):
+        if not (q > 1 and q != 3):
+            raise ValueError(f"lq_retention q must be > 1 and not 3, got {q!r}")
+        self.q = float(q)
+
+    def state_shape(self, shape):
+        return tuple(shape)
+
+    def start(self, w):
+        return w, w * _lq_norm(w, self.q) ** ((self.q - 2) / (3 - self.q))
+
+    def update(self, w, s, g, alpha, eta, theta):
+        A = _bc(alpha, w) * s - _bc(eta, w) * g
+        return A / _lq_norm(A, self.q) ** (self.q - 2), A
+
+    def __repr__(self):
+        return f"lq_retention(q={self.q:g})"
+
+
+class KLRetention(MemoryOptimizer):
+    """Miras' KL retention (Memora): W_t = c · softmax(α_t log W_{t−1} − η_t g_t) over each row of a weight matrix
+    (rows positive, summing to c; c = √in by default, the scale of a N(0, 1/in) row). Kept as logits z with W = c ·
+    softmax(z): z_t = α_t z_{t−1} − η_t g_t is the same rule (a row's constant drops out of the softmax). A sequence
+    starts from W_0 = c · softmax(w), the layer's initial weights read as logits."""
+
+    def __init__(self, scale: float | None = None):
+        if scale is not None and not scale > 0:
+            raise ValueError(f"kl_retention scale must be > 0, got {scale!r}")
+        self.scale = scale
+
+    def state_shape(self, shape):
+        return tuple(shape)
+
+    def _weights(self, z):
+        c = self.scale if self.scale is not None else z.shape[-1] ** 0.5
+        return c * torch.softmax(z, -1)
+
+    def start(self, w):
+        return self._weights(w), w
+
+    def update(self, w, s, g, alpha, eta, theta):
+        z = _bc(alpha, w) * s - _bc(eta, w) * g
+        return self._weights(z), z
+
+    def __repr__(self):
+        return "kl_retention" + (f"(c={self.scale:g})" if self.scale is not None else "")
+
+
+OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon, "adam": Adam, "lq_retention": LqRetention,
+              "kl_retention": KLRetention}
 
 
 def build_optimizer(spec, where: str = "optimizer", **options) -> MemoryOptimizer:
@@ -303,12 +367,12 @@ def step(optimizer, W, S, g, alpha, eta, theta):
     return W_new, (S_new if S is not None else None)
 
 
-def initial_state(optimizer, W):
-    """S_0 = 0 of every weight matrix ({name: [N, *state_shape]}), None for a rule without state."""
-    shapes = {n: optimizer.state_shape(tuple(w.shape[1:])) for n, w in W.items()}
-    if any(s is None for s in shapes.values()):
-        return None
-    return {n: W[n].new_zeros(W[n].shape[0], *shape) for n, shape in shapes.items()}
+def start(optimizer, W):
+    """(W_0, S_0) of a sequence from initial weights W {name: [N, *shape]} (``MemoryOptimizer.start``); S_0 is None
+    for a rule without state."""
+    pairs = {n: optimizer.start(w) for n, w in W.items()}
+    S = {n: s for n, (_, s) in pairs.items()}
+    return {n: w for n, (w, _) in pairs.items()}, (None if any(s is None for s in S.values()) else S)
 
 
 def accumulate(pending, g, alpha, eta, theta):

@@ -188,14 +188,14 @@ def test_cubic_newton_schulz_converges_to_polar_factor():
 def test_adam_first_step_is_a_scaled_sign_and_zero_betas_are_normalised_steps():
     """From m = v = 0, one Adam step moves each weight by η (1 − β₁) g / √((1 − β₂) g² + ε²), i.e. by
     η (1 − β₁)/√(1 − β₂) · sign(g) where |g| ≫ ε; with β₁ = β₂ = 0 every token steps by η g / √(g² + ε²)."""
-    from atlas_lab.memory.optimizers import Adam, initial_state, step
+    from atlas_lab.memory.optimizers import Adam, start, step
 
     g = torch.Generator().manual_seed(4)
     W = {"W": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)}
     grad = {"W": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)}
     alpha, eta = torch.full((6,), 0.9, dtype=torch.float64), torch.full((6,), 0.1, dtype=torch.float64)
     adam = Adam(beta1=0.8, beta2=0.99, eps=1e-12)
-    W1, S1 = step(adam, W, initial_state(adam, W), grad, alpha, eta, None)
+    W1, S1 = step(adam, W, start(adam, W)[1], grad, alpha, eta, None)
     expected = 0.9 * W["W"] - 0.1 * (0.2 / math.sqrt(0.01)) * grad["W"].sign()
     assert rel_err(W1["W"], expected) < 1e-10
     assert rel_err(S1["W"][:, 0], 0.2 * grad["W"]) < 1e-14 and rel_err(S1["W"][:, 1], 0.01 * grad["W"] ** 2) < 1e-14
@@ -209,6 +209,37 @@ def test_adam_first_step_is_a_scaled_sign_and_zero_betas_are_normalised_steps():
     o2, _ = memorize(q[:, 5:], k[:, 5:], v[:, 5:], memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
                      eta=0.05, initial_state=s1)
     assert rel_err(torch.cat([o1, o2], 1), o) < 1e-12
+
+
+def test_miras_retention_rules_follow_their_equations():
+    """ℓq retention at q = 2 is gd, and at q = 4 each step is W = A / ‖A‖₄² of A = α A − η g from A_0 with W_0 =
+    A_0/‖A_0‖₄²; KL retention's step is c · softmax(α log W − η g) over each row, rows positive and summing to c."""
+    from atlas_lab.memory.optimizers import GD, KLRetention, LqRetention, start, step
+
+    g = torch.Generator().manual_seed(7)
+    W = {"W1": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)}
+    grads = [{"W1": torch.randn(6, 3, 5, generator=g, dtype=torch.float64)} for _ in range(3)]
+    alpha, eta = torch.full((6,), 0.9, dtype=torch.float64), torch.full((6,), 0.2, dtype=torch.float64)
+    gd = W
+    lq, (W_lq, S_lq) = LqRetention(2.0), start(LqRetention(2.0), W)
+    for gr in grads:
+        gd, _ = step(GD(), gd, None, gr, alpha, eta, None)
+        W_lq, S_lq = step(lq, W_lq, S_lq, gr, alpha, eta, None)
+    assert rel_err(W_lq["W1"], gd["W1"]) < 1e-14
+    q4 = LqRetention(4.0)
+    W4, A = start(q4, W)
+    norm = A["W1"].flatten(1).norm(p=4, dim=1)[:, None, None]
+    assert rel_err(A["W1"] / norm ** 2, W["W1"]) < 1e-12 and rel_err(W4["W1"], W["W1"]) < 1e-14
+    W4, A2 = step(q4, W4, A, grads[0], alpha, eta, None)
+    A_direct = 0.9 * A["W1"] - 0.2 * grads[0]["W1"]
+    assert rel_err(W4["W1"], A_direct / A_direct.flatten(1).norm(p=4, dim=1)[:, None, None] ** 2) < 1e-12
+    kl = KLRetention()
+    W_kl, z = start(kl, W)
+    c = torch.full((6, 3), 5 ** 0.5, dtype=torch.float64)
+    assert (W_kl["W1"] > 0).all() and rel_err(W_kl["W1"].sum(-1), c) < 1e-14
+    W_next, _ = step(kl, W_kl, z, grads[0], alpha, eta, None)
+    direct = 5 ** 0.5 * torch.softmax(0.9 * W_kl["W1"].log() - 0.2 * grads[0]["W1"], -1)
+    assert rel_err(W_next["W1"], direct) < 1e-12
 
 
 def test_momentum_with_zero_decay_is_gd():
