@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..memory.chunked import read_at
 from .attention import Attention, _with_persistent
 from .memory_mixer import MemoryConfig, MemoryMixer
 from .rope import rotary
@@ -78,8 +79,6 @@ class MAC(nn.Module):
 
     def retrieve(self, x, weights):
         """h = W_h M_W(φ(q̂)) at fixed weights W {name: [B, H, *shape]}. x: [B, n, d] -> [B, n, d]."""
-        from ..memory.chunked import read_at
-
         mem, B, n = self.memory, x.shape[0], x.shape[1]
         H, d = mem.n_heads, mem.head_dim
         q = F.normalize(F.silu(self.retrieve_q(x)).view(B, n, H, d), dim=-1).permute(0, 2, 1, 3).reshape(B * H, n, d)
