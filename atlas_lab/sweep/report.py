@@ -177,6 +177,15 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
     return files
 
 
+def axis_labels(rows: list[dict], col: str) -> list[str]:
+    """A grid axis' labels in plotting order: numeric values ascending (a window, a step count), others as the rows
+    list them."""
+    values = list(dict.fromkeys(r[col] for r in rows))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        values = sorted(values)
+    return [str(v) for v in values]
+
+
 def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path, baseline: dict | None = None
                   ) -> Path | None:
     """One panel per grid axis: every point's mean and 95 % interval against that axis' label, one labelled series
@@ -193,7 +202,7 @@ def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path,
     fig, axes = plt.subplots(1, len(columns), figsize=(5.5 * len(columns), 4.2), squeeze=False)
     base = baseline_row(done, columns, baseline)
     for ax, col in zip(axes[0], columns):
-        labels = list(dict.fromkeys(str(r[col]) for r in rows))
+        labels = axis_labels(rows, col)
         others = [k for k in columns if k != col]
         series: dict[str, list] = {}
         for r in done:

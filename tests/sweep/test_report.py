@@ -8,7 +8,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from rich.console import Console
 
-from atlas_lab.sweep.report import differences, interval, result_rows, summarize
+from atlas_lab.sweep.report import axis_labels, differences, interval, result_rows, summarize
 
 T_975 = {2: 4.302652729749464, 4: 2.7764451051977934}  # Student's t quantile 0.975 at 2 and 4 degrees of freedom
 
@@ -98,3 +98,13 @@ def test_summary_files_hold_the_statistics_and_the_differences(tmp_path):
     md = (out / "results.md").read_text()
     assert "paired differences to the baseline" in md and "* better" in md
     assert (out / "ablation.png").stat().st_size > 0
+
+
+def test_plot_axes_put_numeric_labels_in_order():
+    """A numeric grid axis (the Omega window) is plotted in ascending order, not in the best-first order of the rows;
+    other axes keep the rows' order."""
+    rows = [{"window": 2, "mixer": "atlas"}, {"window": 32, "mixer": "atlas"}, {"window": 1, "mixer": "omeganet"},
+            {"window": 16, "mixer": "atlas"}, {"window": 4, "mixer": "omeganet"}]
+    assert axis_labels(rows, "window") == ["1", "2", "4", "16", "32"]
+    assert axis_labels(rows, "mixer") == ["atlas", "omeganet"]
+    assert axis_labels([{"flag": True}, {"flag": False}], "flag") == ["True", "False"]
