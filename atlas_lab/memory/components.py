@@ -5,7 +5,7 @@ Every kind of component (memory architecture, feature map, objective, memory opt
 
     a short-hand   "muon"                      -> the registered class, built from the call's options
                                                   (``from_options``: each class takes the options it has)
-    an object      Muon(steps=3)               -> used as it is
+    an object      Muon(ns_steps=3)            -> used as it is
     a class_path   {"class_path": "pkg.mod.Adam", "init_args": {"beta2": 0.99}}   (LightningCLI's convention)
 
 The engine never asks a component for its name: it asks what the component provides (docs/components.md).
