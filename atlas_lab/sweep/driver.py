@@ -30,7 +30,7 @@ from rich.text import Text
 from . import study as studies
 from .report import summarize
 from .spec import SweepError, SweepSpec, cli_args, load_sweep
-from .tracking import finish_run, init_store, parent_run, resolve_uri, start_server, stop_server
+from .tracking import finish_run, init_store, parent_run, resolve_uri, run_exists, start_server, stop_server
 
 
 def validate_configs(spec: SweepSpec) -> None:
@@ -127,7 +127,7 @@ def prepare_study(spec: SweepSpec, storage: str, client: MlflowClient, retry_fai
             study = studies.load_study(spec, storage, create=True)
         studies.record_spec(study, spec, storage)
         parent = study.user_attrs.get("mlflow_parent_run_id")
-        if parent is None:
+        if parent is None or not run_exists(client, parent):  # new, or the journal has outlived its MLflow store
             parent = parent_run(client, spec.study, storage)
             study.set_user_attr("mlflow_parent_run_id", parent)
         else:

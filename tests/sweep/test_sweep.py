@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from atlas_lab.cli import main
@@ -60,6 +61,12 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len({t.user_attrs["pid"] for t in trials}) == 2  # both workers took trials
     assert len(runs_of()[2]) == 4
+    # the journal outlives its MLflow store (another machine, a lost runs/mlflow.db): the resume makes a new parent
+    other = "sqlite:///" + str(Path("other.db").resolve())
+    assert main(["sweep", sweep, "--tracking-uri", other]) == 0
+    parents = MlflowClient(other).search_runs([MlflowClient(other).get_experiment_by_name("atlas-lab-sweeps")
+                                               .experiment_id], filter_string="tags.`atlas_lab.role` = 'study'")
+    assert len(parents) == 1 and load().user_attrs["mlflow_parent_run_id"] == parents[0].info.run_id
 
 
 def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
