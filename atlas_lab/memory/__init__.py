@@ -7,8 +7,8 @@ from .memories import (ACTIVATIONS, MEMORIES, GatedMLPMemory, LinearMemory, Memo
                        build_memory)
 from .objectives import OBJECTIVES, L2, Dot, Huber, Lp, Objective, build_objective
 from .op import READS, build_components, memorize
-from .optimizers import (GD, NS_COEFFICIENTS, OPTIMIZERS, LinearRule, MemoryOptimizer, Momentum, Muon,
-                         TransformedMomentum, build_optimizer, newton_schulz)
+from .optimizers import (GD, NS_COEFFICIENTS, OPTIMIZERS, Adam, KLRetention, LinearRule, LqRetention, MemoryOptimizer,
+                         Momentum, Muon, TransformedAccumulator, TransformedMomentum, build_optimizer, newton_schulz)
 from .state import MemoryState
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Component", "Memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory", "build_memory",
     "FeatureMap", "Identity", "Polynomial", "Taylor", "build_feature_map",
     "Objective", "L2", "Dot", "Huber", "Lp", "build_objective",
-    "MemoryOptimizer", "LinearRule", "TransformedMomentum", "GD", "Momentum", "Muon", "build_optimizer",
+    "MemoryOptimizer", "LinearRule", "TransformedMomentum", "TransformedAccumulator", "GD", "Momentum", "Muon", "Adam",
+    "LqRetention", "KLRetention", "build_optimizer",
     "FEATURE_MAPS", "MEMORIES", "OBJECTIVES", "OPTIMIZERS", "NS_COEFFICIENTS", "ACTIVATIONS", "READS",
 ]

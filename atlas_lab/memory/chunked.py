@@ -11,7 +11,9 @@ for gd and momentum, and the read-out y_t = M_{W_t}(φ(q_t)) is computed in dual
 without building any W_t: u ↦ a_t u W_0ᵀ + m_t u S_0ᵀ + (C ⊙ (u Uᵀ)) Δ for every weight matrix.
 For muon the per-token momenta S_t are materialised, Newton–Schulz runs on all of them in one
 batched call, and the per-token weights W_t are formed with one matrix product (any ``TransformedMomentum``).
-An optimiser with neither form runs its ``update`` token by token on the chunk's materialised gradients.
+For the retention rules (ℓq, KL: any ``TransformedAccumulator``) the accumulators A_t take gd's closed form and
+W_t = T(A_t) is one call on all of them. An optimiser with none of these forms runs its ``update`` token by token
+on the chunk's materialised gradients.
 Memories without analytic factors (custom nn.Module memories, objectives without ∂ℓ/∂y) take torch.func
 gradients; memories without a dual form are read with materialised per-token weights.
 
@@ -31,7 +33,7 @@ from torch.func import grad, vmap
 from .causal import causal_matmul, causal_operands
 from .delta_rule import delta_rule, delta_rule_applies
 from .memories import fixed_apply
-from .optimizers import LinearRule, TransformedMomentum, accumulate, commit
+from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum, accumulate, commit
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,6 +119,15 @@ def _chunk_transformed(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
     return _materialized_read(mem, W_t, phi_q, q), _last(W_t), _last(S_t)
 
 
+def _chunk_accumulated(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
+    """TransformedAccumulator: every A_t in closed form (gd's), W_t = T(A_t) on all of them in one call."""
+    co = opt.chunk_coefficients(alpha, eta, theta)
+    C = causal_matmul(co["Cw"], band)
+    A_t = {n: _bc(co["a"], S[n].unsqueeze(1)) * S[n].unsqueeze(1) + combine(C, G[n]) for n in W}
+    W_t = {n: opt.weights(A.flatten(0, 1)).view_as(A) for n, A in A_t.items()}
+    return _materialized_read(mem, W_t, phi_q, q), _last(W_t), _last(A_t)
+
+
 def _chunk_stepwise(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
     """Any other rule: g_t = Σ_i Γ[t, i] G_i for every chunk token, then ``update`` token by token."""
     g = {n: combine(band, G[n]) for n in W}
@@ -167,6 +178,8 @@ def chunk_route(opt):
         return _chunk_linear
     if isinstance(opt, TransformedMomentum):
         return _chunk_transformed
+    if isinstance(opt, TransformedAccumulator):
+        return _chunk_accumulated
     return _chunk_stepwise
 
 

@@ -9,6 +9,7 @@ weight matrix (out × in) of the memory:
     read=token, muon   S_t: 2n·L·out·in;  D = NS: n·k·(4m²M + 2m³);  W_t: 2n²·out·in;  read: 2n·out·in
                        (m ≤ M the sides of the matrix; cubic coefficients drop the 2m³; any TransformedMomentum
                        with its ``direction_flops`` in place of NS's)
+    read=token, ℓq/KL  A_t: 2n·L·out·in;  T(A_t): element-wise;  read: 2n·out·in  (any TransformedAccumulator)
     read=token, gd     dual form: 2n·out·in (+ 2n·out·in momentum) + 2n·L·(in + out); state: 2L·out·in (×2 momentum)
     read=chunk         read: 2n·out·in;  Σ_t g_t: 2L·out·in;  muon: one NS per completed chunk, k·(4m²M + 2m³)
     coefficients       2n²L (Cw Γ) and 2n²L more for momentum (Cs Γ) and 2n³ + 2n² (its decay products)
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from .delta_rule import BLOCK, delta_rule_applies
 from .memories import ModuleMemory
-from .optimizers import LinearRule, TransformedMomentum
+from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum
 
 
 def _chunks(T: int, chunk_size: int, window):
@@ -38,7 +39,7 @@ def _chunks(T: int, chunk_size: int, window):
 def memory_flops(config, head_dim: int, T: int) -> float | None:
     """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
     sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
-    memory, or an optimiser that is neither a LinearRule nor a TransformedMomentum (it runs token by token)."""
+    memory, or an optimiser without a closed in-chunk form (it runs token by token: adam)."""
     c = config
     mem, fmap, objective, opt = c.components()
     D = fmap.dim(head_dim)
@@ -49,7 +50,7 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
             n = min(BLOCK, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
         return total / T
-    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum)):
+    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
         return None
     shapes = mem.shapes(D, head_dim, d_v)
     sizes = [o * i for o, i in shapes.values()]
@@ -67,6 +68,9 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
             total += 2 * n * n * L  # Cs Γ
             for o, i in shapes.values():
                 total += 2 * n * L * o * i + n * opt.direction_flops(o, i) + 2 * n * n * o * i + 2 * n * o * i
+            continue
+        if isinstance(opt, TransformedAccumulator):  # Cw Γ; A_t and the read per matrix
+            total += 2 * n * n * L + sum(2 * n * L * o * i + 2 * n * o * i for o, i in shapes.values())
             continue
         momentum = opt.state_shape((1, 1)) is not None
         total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)

@@ -201,8 +201,7 @@ class GD(LinearRule):
         return _bc(alpha, w) * w - _bc(eta, w) * g, None
 
     def chunk_coefficients(self, alpha, eta, theta):
-        A = decay_matrix(alpha)  # ∏ α over (j, t]
-        return {"a": A[..., 0] * alpha[..., :1], "Cw": _times_eta(A, eta)}
+        return _accumulation(alpha, eta)
 
     def __repr__(self):
         return "gd"
@@ -289,12 +288,39 @@ class Adam(MemoryOptimizer):
         return f"adam(β={self.beta1:g},{self.beta2:g})"
 
 
+class TransformedAccumulator(MemoryOptimizer):
+    """A_t = α_t A_{t−1} − η_t g_t (state: A),  W_t = T(A_t); a subclass gives T (``weights``) and A_0 (``start``).
+    A is linear in the gradients (gd's closed form over a chunk); W_t is T of it, token by token."""
+
+    def state_shape(self, shape):
+        return tuple(shape)
+
+    def weights(self, A: torch.Tensor) -> torch.Tensor:
+        """T(A) for accumulators A [N, *shape] of one weight matrix each (a chunk's tokens: [N, n, *shape] flattened
+        to [N·n, *shape] by the caller)."""
+        raise NotImplementedError
+
+    def update(self, w, s, g, alpha, eta, theta):
+        A = _bc(alpha, w) * s - _bc(eta, w) * g
+        return self.weights(A), A
+
+    def chunk_coefficients(self, alpha, eta, theta) -> dict:
+        """A_t = a[t] A_0 + Σ_j Cw[t, j] g_j over a chunk (gates [N, n])."""
+        return _accumulation(alpha, eta)
+
+
+def _accumulation(alpha, eta):
+    """X_t = α_t X_{t−1} − η_t g_t over a chunk: X_t = a[t] X_0 + Σ_j Cw[t, j] g_j (gates [N, n])."""
+    A = decay_matrix(alpha)  # ∏ α over (j, t]
+    return {"a": A[..., 0] * alpha[..., :1], "Cw": _times_eta(A, eta)}
+
+
 def _lq_norm(A, q, eps=1e-12):
     """‖A‖_q over each weight matrix's entries, [N, 1, ...] (at least eps)."""
     return A.abs().pow(q).flatten(1).sum(1).pow(1 / q).clamp_min(eps).reshape(-1, *[1] * (A.dim() - 1))
 
 
-class LqRetention(MemoryOptimizer):
+class LqRetention(TransformedAccumulator):
     """Miras' ℓq retention (Moneta): an accumulator A_t = α_t A_{t−1} − η_t g_t and W_t = A_t / ‖A_t‖_q^{q−2}, the norm
     over each weight matrix's entries; q = 2 is gd. A_0 = W_0 ‖W_0‖_q^{(q−2)/(3−q)}, so that W_0 is the layer's
     initial weights (q = 3 is refused: W would always have unit norm). State: A."""
@@ -304,21 +330,17 @@ class LqRetention(MemoryOptimizer):
             raise ValueError(f"lq_retention q must be > 1 and not 3, got {q!r}")
         self.q = float(q)
 
-    def state_shape(self, shape):
-        return tuple(shape)
-
     def start(self, w):
         return w, w * _lq_norm(w, self.q) ** ((self.q - 2) / (3 - self.q))
 
-    def update(self, w, s, g, alpha, eta, theta):
-        A = _bc(alpha, w) * s - _bc(eta, w) * g
-        return A / _lq_norm(A, self.q) ** (self.q - 2), A
+    def weights(self, A):
+        return A / _lq_norm(A, self.q) ** (self.q - 2)
 
     def __repr__(self):
         return f"lq_retention(q={self.q:g})"
 
 
-class KLRetention(MemoryOptimizer):
+class KLRetention(TransformedAccumulator):
     """Miras' KL retention (Memora): W_t = c · softmax(α_t log W_{t−1} − η_t g_t) over each row of a weight matrix
     (rows positive, summing to c; c = √in by default, the scale of a N(0, 1/in) row). Kept as logits z with W = c ·
     softmax(z): z_t = α_t z_{t−1} − η_t g_t is the same rule (a row's constant drops out of the softmax). A sequence
@@ -329,19 +351,12 @@ class KLRetention(MemoryOptimizer):
             raise ValueError(f"kl_retention scale must be > 0, got {scale!r}")
         self.scale = scale
 
-    def state_shape(self, shape):
-        return tuple(shape)
-
-    def _weights(self, z):
+    def weights(self, z):
         c = self.scale if self.scale is not None else z.shape[-1] ** 0.5
         return c * torch.softmax(z, -1)
 
     def start(self, w):
-        return self._weights(w), w
-
-    def update(self, w, s, g, alpha, eta, theta):
-        z = _bc(alpha, w) * s - _bc(eta, w) * g
-        return self._weights(z), z
+        return self.weights(w), w
 
     def __repr__(self):
         return "kl_retention" + (f"(c={self.scale:g})" if self.scale is not None else "")

@@ -166,7 +166,10 @@ def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, 
 
 
 def finish_run(client: MlflowClient, run_id: str, state: str, reason: str | None = None) -> None:
-    """Tag a trial's run with its Optuna state (and failure reason) and close it."""
+    """Tag a trial's run with its Optuna state (and failure reason) and close it; nothing for a run the store does
+    not hold (a lost trial's run, when the journal is resumed against another MLflow store)."""
+    if not run_exists(client, run_id):
+        return
     client.set_tag(run_id, "optuna.state", state)
     if reason:
         client.set_tag(run_id, "failure_reason", reason[:5000])

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from atlas_lab.cli import main
-from atlas_lab.memory import (GD, L2, Huber, Lp, MemoryOptimizer, Muon, Objective, TransformedMomentum,
-                              build_components, check_against_reference)
-from atlas_lab.memory.chunked import _chunk_stepwise, _chunk_transformed, chunk_route
+from atlas_lab.memory import (GD, L2, Adam, Huber, KLRetention, Lp, LqRetention, MemoryOptimizer, Muon, Objective,
+                              TransformedAccumulator, TransformedMomentum, build_components, check_against_reference)
+from atlas_lab.memory.chunked import _chunk_accumulated, _chunk_linear, _chunk_stepwise, _chunk_transformed, chunk_route
 
 
 class NormalizedGD(MemoryOptimizer):
@@ -32,6 +32,19 @@ class TanhMomentum(TransformedMomentum):
         return torch.tanh(S / self.tau)
 
 
+class TanhAccumulator(TransformedAccumulator):
+    """A_t = α A_{t−1} − η g_t, W_t = τ tanh(A_t / τ): weights bounded by τ; A_0 = τ artanh(W_0 / τ)."""
+
+    def __init__(self, tau: float = 2.0):
+        self.tau = tau
+
+    def start(self, w):
+        return w, self.tau * torch.atanh(w / self.tau)
+
+    def weights(self, A):
+        return self.tau * torch.tanh(A / self.tau)
+
+
 class LogCosh(Objective):
     """ℓ = Σ_j log cosh(y_j − v_j); no ``grad``, so its gradients come from torch.func."""
 
@@ -45,7 +58,7 @@ def path(name):
 
 @pytest.mark.parametrize("memory", ["linear", "mlp", "gated_mlp"])
 @pytest.mark.parametrize("objective", ["l2", LogCosh(), Huber(0.3), Lp(3.0)], ids=repr)
-@pytest.mark.parametrize("optimizer", [NormalizedGD(), TanhMomentum(), "momentum"], ids=repr)
+@pytest.mark.parametrize("optimizer", [NormalizedGD(), TanhMomentum(), TanhAccumulator(), "momentum"], ids=repr)
 @pytest.mark.parametrize("read", ["token", "chunk"])
 def test_user_components_match_the_reference(memory, objective, optimizer, read):
     errors = check_against_reference(memory, "polynomial", objective, optimizer, read=read)
@@ -65,8 +78,10 @@ def test_check_against_reference_can_fail():
 
 
 def test_the_form_decides_the_path():
-    assert chunk_route(NormalizedGD()) is _chunk_stepwise
+    assert chunk_route(NormalizedGD()) is _chunk_stepwise and chunk_route(Adam()) is _chunk_stepwise
     assert chunk_route(TanhMomentum()) is _chunk_transformed and chunk_route(Muon()) is _chunk_transformed
+    assert chunk_route(GD()) is _chunk_linear
+    assert all(chunk_route(o) is _chunk_accumulated for o in (TanhAccumulator(), LqRetention(), KLRetention()))
     mem, fmap, objective, optimizer = build_components("mlp", "taylor", path("LogCosh"), path("NormalizedGD"),
                                                        depth=3, degree=3)
     assert (mem.depth, fmap.degree, type(objective), type(optimizer)) == (3, 3, LogCosh, NormalizedGD)

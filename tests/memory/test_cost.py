@@ -13,6 +13,8 @@ MEMORY_PRESETS = [p for p in PRESETS if resolve_preset(p)[1] is not None and p n
 EXTRA = {"gated_mlp muon global": dict(memory="gated_mlp", optimizer="muon", window=None, chunk_size=5),
          "mlp depth 3 momentum": dict(memory="mlp", depth=3, optimizer="momentum", window=2, chunk_size=4),
          "mlp muon cubic": dict(memory="mlp", optimizer="muon", ns_coefficients="cubic", window=3, chunk_size=4),
+         "mlp lq retention": dict(memory="mlp", objective="lp", optimizer="lq_retention", window=3, chunk_size=4),
+         "gated_mlp kl retention": dict(memory="gated_mlp", optimizer="kl_retention", window=None, chunk_size=5),
          "normalised linear": dict(memory="linear", feature_map="taylor", objective="dot", normalize=True,
                                    chunk_size=4)}
 

@@ -7,6 +7,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from atlas_lab.cli import main
+from atlas_lab.sweep.tracking import finish_run
 from sweep_helpers import ROOT, load, runs_of, write_sweep
 
 def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
@@ -67,6 +68,7 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
     parents = MlflowClient(other).search_runs([MlflowClient(other).get_experiment_by_name("atlas-lab-sweeps")
                                                .experiment_id], filter_string="tags.`atlas_lab.role` = 'study'")
     assert len(parents) == 1 and load().user_attrs["mlflow_parent_run_id"] == parents[0].info.run_id
+    finish_run(MlflowClient(other), runs_of()[2][0].info.run_id, "FAIL", "worker lost")  # a lost trial's old run
 
 
 def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
