@@ -5,7 +5,7 @@
 
 The text is the held-out Shakespeare of experiments/lm.yaml (bytes); the model is the lm.yaml size (float32, no grad).
 For each preset: the first token of the piece whose logits are not all finite ("finite" when none), the largest
-|logit| and the largest |memory weight| (weights and momenta of every memory layer) over the pieces read, its growth
+|logit| and the largest |memory weight| (the weights W_t of every memory layer) over the pieces read, its growth
 (whole read / first quarter: 4 is linear growth), whether that is bounded (atlas_lab.models.stability), and the
 seconds it took. Writes runs/bench/long_context.json after every row. The same check is a test
 (tests/models/test_stability.py); this script prints the table for every preset at once.

@@ -93,6 +93,14 @@ PRESETS: dict[str, dict] = {
     # (δ = 1, a constant: Yaad's δ_t is data-dependent), ℓ2 retention (α_t) and gradient descent.
     "yaad": dict(layers=["memory"], memory=dict(memory="mlp", objective="huber", alpha=_L, eta=_L,
                                                 eta_max=_STABLE_ETA_MAX)),
+    # Miras' Moneta (§5): a 2-layer MLP memory, the ℓp attentional bias with p = 3 and ℓq retention with q = 4
+    # (W_t = A_t / ‖A_t‖_q^{q−2} of an accumulator A_t = α_t A_{t−1} − η_t g_t): lp's and lq_retention's defaults.
+    "moneta": dict(layers=["memory"], memory=dict(memory="mlp", objective="lp", optimizer="lq_retention", alpha=_L,
+                                                  eta=_L, eta_max=_STABLE_ETA_MAX)),
+    # Miras' Memora (§5): a 2-layer MLP memory, the ℓ2 attentional bias and KL retention (each row of W a scaled
+    # softmax of accumulated logits: W_t = c · softmax(α_t log W_{t−1} − η_t g_t)).
+    "memora": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="kl_retention", alpha=_L,
+                                                  eta=_L, eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),

@@ -60,16 +60,18 @@ def memory_states(cache):
 
 
 def max_abs_weight(cache) -> float:
-    """max |w| over the weights (and momenta) of every memory in the cache; 0 when there is none, NaN when any
-    weight is NaN (Python's max would skip it)."""
+    """max |w| over the weights W_t of every memory in the cache; 0 when there is none, NaN when any weight is NaN
+    (Python's max would skip it). The optimisers' states act on the read only through W_t (momentum adds S to W,
+    muon reads S through the scale-free NS, the retention rules read their accumulator as W = T(A): for ℓq retention
+    ‖W‖_q = ‖A‖_q^{3−q}, so a large A is a small W); a state that grows while W does not ends in an overflow, which
+    the finite check catches."""
     out = 0.0
     for state in memory_states(cache):
-        for group in (state.weights, state.momentum or {}):
-            for w in group.values():
-                m = w.detach().abs().max().item()
-                if math.isnan(m):
-                    return m
-                out = max(out, m)
+        for w in state.weights.values():
+            m = w.detach().abs().max().item()
+            if math.isnan(m):
+                return m
+            out = max(out, m)
     return out
 
 

@@ -1,11 +1,13 @@
 """Every preset builds, trains a step, streams exactly, and differs from its neighbours only where it should."""
 import dataclasses
+import itertools
 
 import pytest
 import torch
 
 from atlas_lab.layers import Attention, MemoryConfig, MemoryMixer
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
+from helpers import rel_err
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, swa_window=5)
 
@@ -222,14 +224,14 @@ def test_no_logit_sees_a_later_token_or_another_sequence(preset):
     assert not torch.equal(a[1, 60:], b[1, 60:])
 
 
-def _preset_memory(preset, q, k, v, **gates):
+def _preset_memory(preset, q, k, v, **gates_and_state):
     """memorize with the components of ``preset``'s memory layer (a one-memory-layer preset)."""
     from atlas_lab.memory import memorize
 
     _, config = resolve_preset(preset)
     mem, fmap, objective, optimizer = config.components()
     return memorize(q, k, v, memory=mem, feature_map=fmap, objective=objective, optimizer=optimizer,
-                    window=config.window, chunk_size=config.chunk_size, **gates)[0]
+                    window=config.window, chunk_size=config.chunk_size, **gates_and_state)[0]
 
 
 def test_retnet_preset_is_fla_retention():
@@ -258,6 +260,51 @@ def test_mamba2_preset_is_fla_simple_gla():
     o = _preset_memory("mamba2", q, k, v, alpha=a, eta=delta)
     o_ref, _ = naive.naive_chunk_simple_gla(q, k, v * delta.unsqueeze(-1), a.log(), scale=1.0, chunk_size=16)
     assert ((o - o_ref).norm() / o_ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("preset", ["moneta", "memora"])
+def test_miras_presets_are_their_equations_computed_directly(preset):
+    """Moneta and Memora by hand, per head: the 2-layer MLP memory M(x) = x + W2 gelu(W1 x), gradients of the
+    attentional bias (|M(k) − v|³ summed, or ‖M(k) − v‖²/2) taken by autograd at the weights the chunk of 16 started
+    from, then the retention's literal step — Moneta: A = α A − η g, W = A / ‖A‖₄² (A_0 with W_0 = A_0/‖A_0‖₄²);
+    Memora: W = c · softmax(α log W − η g) over each row, c = √in (W_0 = c · softmax of the initial weights)."""
+    B, T, H, d, E = 2, 37, 3, 4, 4
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, T, H, d, generator=g, dtype=torch.float64) for _ in range(3))
+    alpha, eta = torch.rand(B, T, H, generator=g, dtype=torch.float64) * 0.2 + 0.8, torch.rand(
+        B, T, H, generator=g, dtype=torch.float64) * 0.1
+    W0 = {"W1": torch.randn(B, H, E * d, d, generator=g, dtype=torch.float64) / d ** 0.5,
+          "W2": torch.randn(B, H, d, E * d, generator=g, dtype=torch.float64) / (E * d) ** 0.5}
+    o = _preset_memory(preset, q, k, v, alpha=alpha, eta=eta, initial_state=W0)
+
+    def M(W, x):
+        return x + torch.nn.functional.gelu(x @ W["W1"].T) @ W["W2"].T
+
+    def loss(W, x, target):
+        r = M(W, x) - target
+        return r.abs().pow(3).sum() if preset == "moneta" else 0.5 * r.square().sum()
+
+    out = torch.zeros_like(o)
+    for b, h in itertools.product(range(B), range(H)):
+        W = {n: w[b, h] for n, w in W0.items()}
+        if preset == "moneta":
+            A = {n: w / w.norm(p=4) ** 2 for n, w in W.items()}  # the A_0 with W_0 = A_0 / ‖A_0‖₄²
+            assert all(torch.allclose(A[n] / A[n].norm(p=4) ** 2, W[n]) for n in W)
+        else:
+            W = {n: w.shape[1] ** 0.5 * torch.softmax(w, -1) for n, w in W.items()}
+        for t in range(T):
+            if t % 16 == 0:
+                at = {n: w.detach().requires_grad_() for n, w in W.items()}  # the chunk's evaluation point
+            grads = torch.autograd.grad(loss(at, k[b, t, h], v[b, t, h]), list(at.values()))
+            a, e = alpha[b, t, h], eta[b, t, h]
+            for (n, w), gr in zip(list(W.items()), grads):
+                if preset == "moneta":
+                    A[n] = a * A[n] - e * gr
+                    W[n] = A[n] / A[n].norm(p=4) ** 2
+                else:
+                    W[n] = w.shape[1] ** 0.5 * torch.softmax(a * w.log() - e * gr, -1)
+            out[b, t, h] = M(W, q[b, t, h])
+    assert rel_err(o, out) < 1e-10
 
 
 def test_hybrid_layer_patterns_take_each_presets_memory():

@@ -2,10 +2,10 @@
 experiments/lm.yaml size (d_model 128, 4 layers, 8 attention / 32 memory heads, float32) give finite logits and
 bounded memory weights, freshly built and after 200 training steps of `atlas-lab fit` on experiments/lm.yaml.
 
-"Bounded" (``LongRead.bounded``): the largest memory weight (or momentum) entry grows at most linearly from the first
-quarter of the read to its end and stays below 1e6. Linear attention's state is a plain sum of its writes and grows
-linearly (2.4e3 at 16K freshly built, 2.7e4 after training); a diverging memory grows geometrically (chunk-start
-DeltaNet reached 1.7e35 by token 1,024).
+"Bounded" (``LongRead.bounded``): the largest entry of the memory weights W_t (an optimiser's state acts on the read
+through them) grows at most linearly from the first quarter of the read to its end and stays below 1e6. Linear
+attention's state is a plain sum of its writes and grows linearly (2.4e3 at 16K freshly built, 2.7e4 after
+training); a diverging memory grows geometrically (chunk-start DeltaNet reached 1.7e35 by token 1,024).
 """
 import math
 import subprocess
