@@ -30,7 +30,8 @@ from rich.text import Text
 from . import study as studies
 from .report import summarize
 from .spec import SweepError, SweepSpec, cli_args, load_sweep
-from .tracking import finish_run, init_store, parent_run, resolve_uri, run_exists, start_server, stop_server
+from .tracking import (experiment_id, finish_run, init_store, parent_run, resolve_uri, run_exists, start_server,
+                       stop_server)
 
 
 def validate_configs(spec: SweepSpec) -> None:
@@ -169,6 +170,8 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
     lock = open_checked(storage)
     Path("runs").mkdir(exist_ok=True)
     init_store(tracking_uri)
+    if not tracking_uri.startswith("http"):  # the experiment keeps its artifacts where direct clients can write them
+        experiment_id(MlflowClient(tracking_uri))
 
     server, parent, client, procs = None, None, None, {}
     try:

@@ -118,6 +118,9 @@ def init_store(uri: str) -> None:
 
 
 def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
+    """The sweeps' experiment, created where missing: with its artifacts in runs/artifacts for a database store (the
+    sweep command creates it so before it starts a server, whose experiments would keep theirs behind the server,
+    where a worker writing to the database directly cannot reach them)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id

@@ -17,13 +17,18 @@ import torch
 
 from atlas_lab.lit import SequenceModel
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
-from atlas_lab.models.stability import held_out_bytes, read_long
+from atlas_lab.models.stability import WEIGHT_LIMIT, held_out_bytes, read_long
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTH, PIECE = 16_384, 512
 LM_SIZE = dict(d_model=128, n_layers=4, n_heads=8, memory_heads=32)  # experiments/lm.yaml
 # The muon presets orthogonalise every token's momentum: their 16K reads take 40–120 s each on 2 CPU cores (slow).
 SLOW_AT_INIT = ("atlas", "atlas_pp", "atlas_mag", "atlas_mal", "atlas_mac")
+# Moneta's W = A/‖A‖₄² is not proportional to its accumulator A (‖W‖₄ = 1/‖A‖₄): while retention shrinks A between
+# large gradients W inflates, ×1.13 per 512 tokens over stretches of ~5K tokens, until a large gradient resets it
+# (after 200 steps: 9 in the first quarter, 48 at token 14.8K, 18 at the end). Its growth ratio measures that cycle,
+# not a divergence; it is held to the rest: finite, and W below 1e6.
+NOT_LINEAR_IN_A = ("moneta",)
 
 
 def assert_stable(preset: str, model: LanguageModel):
@@ -31,8 +36,9 @@ def assert_stable(preset: str, model: LanguageModel):
     print(f"{preset}: first non-finite {r.first_nonfinite or 'none'}, max|logit| {r.max_abs_logit:.3g}, "
           f"max|w| {r.max_abs_weight:.3g}, growth {r.growth:.3g}")  # the table of the note (pytest -s)
     assert r.finite, f"{preset}: non-finite logits from token {r.first_nonfinite} of {LENGTH}"
-    assert r.bounded, (f"{preset}: memory weights reach {r.max_abs_weight:.3g} in {LENGTH} tokens, "
-                       f"{r.growth:.3g}× their size after the first quarter")
+    bounded = r.max_abs_weight < WEIGHT_LIMIT if preset in NOT_LINEAR_IN_A else r.bounded
+    assert bounded, (f"{preset}: memory weights reach {r.max_abs_weight:.3g} in {LENGTH} tokens, "
+                     f"{r.growth:.3g}× their size after the first quarter")
 
 
 @pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_AT_INIT else p

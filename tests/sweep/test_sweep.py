@@ -69,6 +69,9 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
                                                .experiment_id], filter_string="tags.`atlas_lab.role` = 'study'")
     assert len(parents) == 1 and load().user_attrs["mlflow_parent_run_id"] == parents[0].info.run_id
     finish_run(MlflowClient(other), runs_of()[2][0].info.run_id, "FAIL", "worker lost")  # a lost trial's old run
+    # one worker writes to the store directly (no server) beside the experiment the 2-worker study created
+    one = write_sweep("one.yaml", study="t", grid={"model.lr": [1e-3]})
+    assert main(["sweep", one]) == 0 and load("t").get_trials()[0].state == TrialState.COMPLETE
 
 
 def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
