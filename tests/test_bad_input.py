@@ -4,6 +4,8 @@ non-finite values"); the atlas-lab command prints one line naming the file or ke
 import dataclasses
 import itertools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -337,7 +339,8 @@ def test_validate_and_test_score_the_last_fit_or_an_explicitly_untrained_model(w
     checkpoints follow trainer.default_root_dir, and --untrained=true scores a freshly built model."""
     assert main(["fit", *TINY_RUN]) == 0
     assert main(["fit", *TINY_RUN, "--model.d_model=32"]) == 0  # another size: its checkpoint replaces the first
-    assert sorted(p.name for p in Path("runs/checkpoints").iterdir()) == ["last.ckpt"]
+    names = sorted(p.name for p in Path("runs/checkpoints").iterdir())  # last.ckpt and the step's (validated at end)
+    assert "last.ckpt" in names and len(names) == 2 and not any("-v" in name for name in names), names
     assert main(["test", *TINY_RUN, "--model.d_model=32", "--ckpt_path=runs/checkpoints/last.ckpt"]) == 0
     assert main(["test", *TINY_RUN, "--untrained=true"]) == 0
     assert main(["fit", *TINY_RUN, "--trainer.default_root_dir=elsewhere"]) == 0
@@ -397,6 +400,22 @@ def test_a_bad_sweep_file_is_one_line_exit_2_and_creates_nothing(case, sweep_dir
     assert main(["sweep", sweep]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad.yaml" in errors[0] and message in errors[0], errors
+    assert not Path("runs").exists()
+
+
+def test_a_sweep_whose_trials_end_before_their_first_validation_is_refused(sweep_dir):
+    """validate_at_end: false, and every fit ends (trainer.max_steps: 2) before its first validation (after the
+    epoch's 4 batches): `atlas-lab sweep` refuses the file up front, one line naming it and the keys, exit 2, and
+    writes nothing (with validate_at_end, the default, the same study runs: tests/sweep/test_sweep.py)."""
+    sweep = write_sweep("off.yaml", grid={"seed_everything": [0, 1], "trainer.max_steps": [2, 4]},
+                        fixed={"validate_at_end": False})
+    done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: off.yaml: grid point ") and "Traceback" not in done.stderr
+    assert "'trainer.max_steps': 2}: val/acc would never be logged: validate_at_end is false and the fit ends after " \
+           "2 training batch(es) (trainer.max_steps: 2), before its first validation after batch 4" in errors[0]
     assert not Path("runs").exists()
 
 

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
 
-from .module import SequenceModel
+from .module import SequenceModel, ValidateAtEnd
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
@@ -175,6 +175,16 @@ class SaveConfigToTracking(SaveConfigCallback):
         self.already_saved = True
 
 
+def epoch_batches(trainer, batches: int) -> int:
+    """The training batches of an epoch: the data's ``batches``, cut by ``trainer.limit_train_batches``."""
+    limit = trainer.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(batches, limit)
+    if isinstance(limit, float):
+        return int(batches * limit)
+    return batches
+
+
 def _data_value(name: str, default, data):
     return getattr(data, name, default)
 
@@ -299,11 +309,7 @@ class AtlasCLI(LightningCLI):
         every = trainer.get("val_check_interval")
         if not isinstance(every, int) or isinstance(every, bool) or trainer.get("check_val_every_n_epoch") is None:
             return
-        batches, limit = len(self.datamodule.train_dataloader()), trainer.get("limit_train_batches")
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            batches = min(batches, limit)
-        elif isinstance(limit, float):
-            batches = int(batches * limit)
+        batches = epoch_batches(trainer, len(self.datamodule.train_dataloader()))
         if every > batches:
             raise ConfigError(f"trainer.val_check_interval: {every} is more than the {batches} training batches of an "
                               f"epoch; expected at most {batches}, a fraction of the epoch (e.g. 0.5), or "
@@ -316,6 +322,9 @@ class AtlasCLI(LightningCLI):
         with config_errors():
             self._add_configure_optimizers_method_to_model(self.subcommand)
             self.trainer = self.instantiate_trainer()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config["validate_at_end"]:  # first: its validation comes before the other callbacks end the fit
+            self.trainer.callbacks.insert(0, ValidateAtEnd())
         logger = self.held_back_logger
         if logger is not None:
             init = logger.get("init_args") or {}
@@ -325,6 +334,9 @@ class AtlasCLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         parser.add_argument("--untrained", type=bool, default=False,
                             help="validate/test: score the freshly built model instead of a --ckpt_path checkpoint")
+        parser.add_argument("--validate_at_end", type=bool, default=True,
+                            help="fit: validate once more when the fit ends after steps no validation has seen (or "
+                                 "before any validation), so the validation metrics are those of the trained model")
         parser.link_arguments("data", "model.vocab_size", compute_fn=_data_attribute("vocab_size"),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.slice_names", compute_fn=_data_attribute("slice_names"),

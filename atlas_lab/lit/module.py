@@ -51,6 +51,34 @@ class LearningRates(L.Callback):
             pl_module.log(f"train/{name}", float(lr), on_step=True, on_epoch=False, batch_size=1)
 
 
+class ValidateAtEnd(L.Callback):
+    """Validates once more when a fit ends (max_steps, max_epochs, max_time, early stopping) after training steps
+    that no validation has seen, or without any validation: the validation metrics, logged and returned, are then
+    those of the model as trained. A fit whose last step was validated is not validated again. The CLI adds it to
+    every fit unless ``validate_at_end: false``; it runs before other callbacks' ``on_train_end``."""
+
+    def __init__(self):
+        self.validated_at: int | None = None  # the global step of the last validation
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.validated_at = trainer.global_step
+
+    def on_train_end(self, trainer, pl_module):
+        if self.validated_at == trainer.global_step or not trainer.enable_validation:
+            return
+        # the fit loop's own validation, as it runs one between training batches (every rank decides alike); its
+        # metrics are logged at the step of the last batch, as the loop logs a validation after a batch
+        loop = trainer.fit_loop.epoch_loop
+        trainer.validating = True
+        loop._batches_that_stepped -= 1
+        try:
+            loop.val_loop.run()
+        finally:
+            loop._batches_that_stepped += 1
+            trainer.training = True
+
+
 class ModelSummary(RichModelSummary):
     """Lightning's rich model summary, then one line of what a token costs: the forward FLOPs per token of the
     model's memory and attention cores at the longest training sequence (atlas_lab.memory.cost)."""

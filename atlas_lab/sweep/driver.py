@@ -36,7 +36,8 @@ from .tracking import (experiment_id, finish_run, init_store, parent_run, resolv
 
 def validate_configs(spec: SweepSpec) -> None:
     """Build data and model for every grid point and each search bound or choice; set up the data of each distinct
-    data configuration once; check that the trials log the sweep's metric. No run starts, nothing is written. A bad
+    data configuration once; check that the trials log the sweep's metric (a validation metric: that each trial
+    validates, ``unvalidated_end``). No run starts, nothing is written. A bad
     value is a SweepError naming the file and the key: a failing point is narrowed down to the fixed values or the
     one grid value that fails on its own, else the point is named."""
     from ..lit.cli import ConfigChecker, ConfigError
@@ -59,7 +60,7 @@ def validate_configs(spec: SweepSpec) -> None:
     for key, s in spec.search.items():
         for value in s.get("choices", [s.get("low"), s.get("high")]):
             points.append(({}, f"search.{key} = {value}", {**spec.fixed, key: value}))
-    set_up = set()
+    batches = {}  # data configuration -> the training batches of an epoch, once set up
     for labels, where, overrides in points:
         try:
             cli = check(where, overrides)
@@ -69,14 +70,52 @@ def validate_configs(spec: SweepSpec) -> None:
                 check(f"grid.{key} = {label}", {**spec.fixed, key: spec.grid[key][label]})
             raise
         data = str(cli.config["data"])
-        if data not in set_up:  # the data's own checks (corpus, lengths) run when it is set up
+        if data not in batches:  # the data's own checks (corpus, lengths) run when it is set up
             with at(where):
                 cli.set_up("fit")
-            set_up.add(data)
+            batches[data] = len(cli.datamodule.train_dataloader())
             logged = cli.model.logged_metrics(cli.datamodule)
             if spec.metric not in logged:
                 raise SweepError(f"{spec.path}: metric: {spec.metric!r} is not logged by the trials ({where}); "
                                  f"valid choices: {', '.join(logged)}")
+        reason = unvalidated_end(cli.config, batches[data]) if spec.metric.startswith("val/") else None
+        if reason is not None:
+            raise SweepError(f"{spec.path}: {where}: {spec.metric} would never be logged: {reason}")
+
+
+def unvalidated_end(config, batches: int) -> str | None:
+    """Why a fit of this resolved config, whose data has ``batches`` training batches an epoch, ends without a
+    validation, naming the keys; None when it validates. With ``validate_at_end`` (the default) a fit validates at its
+    end unless validation is off; without it, only if its first validation comes before its end by max_steps or
+    max_epochs. What is not foreseen here counts as validating: a time limit or interval, several processes."""
+    from ..lit.cli import epoch_batches
+    from .worker import is_one_process
+
+    trainer = config["trainer"]
+    if trainer.get("limit_val_batches") == 0:
+        return "trainer.limit_val_batches is 0 (no validation)"
+    interval = trainer.get("val_check_interval")
+    interval = 1.0 if interval is None else interval
+    if config["validate_at_end"] or trainer.get("fast_dev_run") or trainer.get("max_time") is not None or \
+            not isinstance(interval, (int, float)) or isinstance(interval, bool) or not is_one_process(config):
+        return None
+    epoch, every = epoch_batches(trainer, batches), trainer.get("check_val_every_n_epoch")
+    first = max(1, int(epoch * interval)) if isinstance(interval, float) else interval  # as Lightning counts
+    first += 0 if every is None else (every - 1) * epoch
+    steps, epochs = trainer.get("max_steps"), trainer.get("max_epochs")
+    ends = []
+    if steps is not None and steps != -1:  # a step takes accumulate_grad_batches batches at most
+        ends.append((steps * (trainer.get("accumulate_grad_batches") or 1), f"trainer.max_steps: {steps}"))
+    epochs = 1000 if epochs is None and not ends else epochs  # Lightning's default without max_steps
+    if epochs is not None and epochs != -1:
+        ends.append((epochs * epoch, f"trainer.max_epochs: {epochs}"))
+    if not ends or min(ends)[0] >= first:
+        return None
+    end, key = min(ends)
+    return (f"validate_at_end is false and the fit ends after {end} training batch(es) ({key}), before its first "
+            f"validation after batch {first} (trainer.val_check_interval: {interval}, check_val_every_n_epoch: "
+            f"{every}, an epoch of {epoch} batches); expected validate_at_end: true (the default) or an earlier "
+            "validation")
 
 
 def _report_finished(study, reported: set, console: Console) -> set:

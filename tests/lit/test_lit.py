@@ -45,6 +45,20 @@ def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
     assert "mixer: titans" in Path(config).read_text()
 
 
+@pytest.mark.parametrize("max_steps,validate_at_end,logged_at", [(4, "true", [1, 3]), (3, "true", [1, 2]),
+                                                                 (3, "false", [1])])
+def test_a_fit_is_validated_once_at_its_end(workdir, max_steps, validate_at_end, logged_at):
+    """Validations every 2 steps: a fit of 4 steps ends on one and is not validated twice; a fit of 3 is validated
+    once more at its end (its metrics, logged and returned, are those of the model as trained), unless
+    validate_at_end is false. A validation is logged at the step of the batch before it (MLflow steps from 0)."""
+    cli = run_cli(["fit", *tiny_mqar(logger=True), "--trainer.val_check_interval=2",
+                   f"--trainer.max_steps={max_steps}", f"--validate_at_end={validate_at_end}"])
+    client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
+    history = client.get_metric_history(cli.trainer.logger.run_id, "val/loss")
+    assert [m.step for m in history] == logged_at and cli.trainer.global_step == max_steps
+    assert float(cli.trainer.callback_metrics["val/loss"]) == pytest.approx(history[-1].value)
+
+
 def tiny_mqar(logger=False):
     return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=titans", "--model.d_model=16",
             "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--model.warmup_steps=2",

@@ -1,5 +1,7 @@
 """Sweeps end to end with real Optuna storage and a real MLflow store in a temporary folder."""
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,23 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
     # one worker writes to the store directly (no server) beside the experiment the 2-worker study created
     one = write_sweep("one.yaml", study="t", grid={"model.lr": [1e-3]})
     assert main(["sweep", one]) == 0 and load("t").get_trials()[0].state == TrialState.COMPLETE
+
+
+def test_a_smoke_study_of_a_few_steps_measures_each_trial_at_its_end(workdir):
+    """The study a user runs first: a grid over seeds and trainer.max_steps, here 2 steps (before the first
+    validation, after the epoch's 4 batches) and 4 (on it). `atlas-lab sweep` completes every trial with the metric
+    of its validation at the end, which ran once (MLflow holds one value, the trial's)."""
+    sweep = write_sweep("smoke.yaml", grid={"seed_everything": [0], "trainer.max_steps": [2, 4]})
+    done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = load().get_trials()
+    assert len(trials) == 2 and all(t.state == TrialState.COMPLETE for t in trials), done.stdout
+    client, _, children = runs_of()
+    for child in children:
+        trial = next(t for t in trials if str(t.number) == child.data.tags["optuna.trial_number"])
+        history = client.get_metric_history(child.info.run_id, "val/acc")
+        assert [m.value for m in history] == [trial.value], (child.info.run_name, history)
 
 
 def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):
