@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import re
 import warnings
 
@@ -26,13 +27,21 @@ WARNINGS = [
 # (logger, regex matched at the line's start, why): single log lines dropped
 DROPPED_LINES = [("lightning.pytorch.utilities.rank_zero", r"💡 Tip: For seamless cloud logging",
                   "Lightning's advertisement for its litlogger package, on every fit")]
+# (environment variable, value, why): other packages' own switches, set unless the user has set them
+ENVIRONMENT = [("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true",
+                "MLflow prints '🏃 View run … at <server>' and '🧪 View experiment …' whenever a run ends through a "
+                "tracking server: a sweep's server is stopped when the command ends, so the links lead nowhere; the "
+                "sweep prints the command that serves its runs instead (atlas-lab ui --study NAME)")]
 # loggers whose INFO lines only say what happened as planned
 QUIET_LOGGERS = ("lightning.fabric.utilities.seed",  # "Seed set to 0", once per run and per checked grid point
                  "alembic.runtime.migration", "mlflow.store.db.utils")  # a fresh tracking store's schema migration
 
 
 def quiet() -> None:
-    """Apply ``WARNINGS`` as ignore filters and raise ``QUIET_LOGGERS`` to WARNING."""
+    """Apply ``WARNINGS`` as ignore filters, ``ENVIRONMENT`` (inherited by the processes the command starts), and
+    raise ``QUIET_LOGGERS`` to WARNING."""
+    for name, value, _ in ENVIRONMENT:
+        os.environ.setdefault(name, value)
     for message, category, _ in WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=getattr(builtins, category))
     for name in QUIET_LOGGERS:

@@ -37,9 +37,9 @@ from .tracking import (experiment_id, finish_run, init_store, parent_run, resolv
 def validate_configs(spec: SweepSpec) -> None:
     """Build data and model for every grid point and each search bound or choice; set up the data of each distinct
     data configuration once; check that the trials log the sweep's metric (a validation metric: that each trial
-    validates, ``unvalidated_end``). No run starts, nothing is written. A bad
-    value is a SweepError naming the file and the key: a failing point is narrowed down to the fixed values or the
-    one grid value that fails on its own, else the point is named."""
+    validates, ``unvalidated_end``). No run starts, nothing is written. A bad value is a SweepError naming the file
+    and the key: a failing point is narrowed down to the fixed values or the one grid value that fails on its own,
+    else the point is named."""
     from ..lit.cli import ConfigChecker, ConfigError
 
     checker = ConfigChecker()
@@ -255,7 +255,7 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
                 break
             time.sleep(1.0)  # trials of workers here or elsewhere: wait for them
         _report_finished(study, reported, console)
-        summarize(study, client, parent, console=console)
+        summarize(study, client, parent, console=console, tracking_uri=tracking_uri)
         states = [t.state for t in study.get_trials(deepcopy=False, states=studies.FINISHED)
                   if not studies.is_superseded(study, t)]
         if states and all(state == TrialState.FAIL for state in states):

@@ -24,6 +24,7 @@ from rich.text import Text
 from ..tables import print_table
 from .spec import short_names
 from .study import is_superseded
+from .tracking import browse_hint
 
 LEVEL = 0.95
 
@@ -269,9 +270,10 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
 
 
 def summarize(study: optuna.Study, client=None, parent: str | None = None, console: Console | None = None,
-              out_dir: str | Path | None = None) -> Path:
+              out_dir: str | Path | None = None, tracking_uri: str | None = None) -> Path:
     """Print the tables, write results.{csv,md} (and differences.csv), ablation.png (and importances.csv), and
-    attach them and the summary metrics to the parent run. Returns the folder."""
+    attach them and the summary metrics to the parent run; the last line says where its runs are seen (on
+    ``tracking_uri``, default the project's store). Returns the folder."""
     console = console or Console()
     metric = study.user_attrs.get("metric", "value")
     baseline = study.user_attrs.get("baseline")
@@ -308,5 +310,5 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             client.log_artifact(parent, str(f), "summary")
         log_summary(client, parent, study, columns, rows, diffs)
     console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
-    console.print(Text(f"browse its runs: atlas-lab ui --study {study.study_name}"))
+    console.print(Text(f"browse its runs: {browse_hint(study.study_name, tracking_uri)}"))
     return out

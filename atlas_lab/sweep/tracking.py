@@ -94,6 +94,18 @@ def runs_view(url: str, study: str | None = None) -> str:
     return f"{view}&viewStateShareKey={urllib.parse.quote(key)}"
 
 
+def browse_hint(study: str, tracking_uri: str | None = None) -> str:
+    """Where a study's runs are seen: ``atlas-lab ui --study NAME`` (with ``--tracking-uri`` for a store other than the
+    project's), or the tracking server given, which outlives the sweep (unlike the server a sweep starts)."""
+    from .study import shown
+
+    if tracking_uri is None or tracking_uri == resolve_uri(None, create=False):
+        return f"atlas-lab ui --study {study}"
+    if tracking_uri.startswith("http"):
+        return f"the MLflow server {shown(tracking_uri)}"
+    return f"atlas-lab ui --study {study} --tracking-uri {shown(tracking_uri)}"
+
+
 def stop_server(proc) -> None:
     """Stop the server and every process it started (its own process group: uvicorn, job consumers)."""
     if proc is None:

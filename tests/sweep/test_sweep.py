@@ -56,7 +56,7 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     assert main(["report", "s"]) == 0 and Path("runs/sweeps/s/results.md").read_text() == table
 
 
-def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
+def test_two_workers_share_one_grid_through_a_tracking_server(workdir, capsys):
     sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
     assert main(["sweep", sweep, "--workers", "2"]) == 0
     trials = load().get_trials()
@@ -64,9 +64,15 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir):
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len({t.user_attrs["pid"] for t in trials}) == 2  # both workers took trials
     assert len(runs_of()[2]) == 4
+    # only links that work: none of MLflow's to the server the command has stopped, the command that serves the runs
+    out = capsys.readouterr().out + "".join(p.read_text() for p in Path("runs/sweeps/s").glob("worker-*.log"))
+    assert "View run" not in out and "View experiment" not in out and "/#/experiments/" not in out, out
+    assert out.count("browse its runs: atlas-lab ui --study s\n") == 1
     # the journal outlives its MLflow store (another machine, a lost runs/mlflow.db): the resume makes a new parent
     other = "sqlite:///" + str(Path("other.db").resolve())
     assert main(["sweep", sweep, "--tracking-uri", other]) == 0
+    hint = f"browse its runs: atlas-lab ui --study s --tracking-uri {other}"
+    assert "".join(hint.split()) in "".join(capsys.readouterr().out.split())  # the console folds long lines
     parents = MlflowClient(other).search_runs([MlflowClient(other).get_experiment_by_name("atlas-lab-sweeps")
                                                .experiment_id], filter_string="tags.`atlas_lab.role` = 'study'")
     assert len(parents) == 1 and load().user_attrs["mlflow_parent_run_id"] == parents[0].info.run_id
