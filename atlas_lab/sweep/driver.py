@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from . import study as studies
-from .report import summarize
+from .report import DIGITS, summarize
 from .spec import SweepError, SweepSpec, cli_args, load_sweep
 from .tracking import (experiment_id, finish_run, init_store, parent_run, resolve_uri, run_exists, start_server,
                        stop_server)
@@ -129,7 +129,7 @@ def _report_finished(study, reported: set, console: Console) -> set:
         labels = t.user_attrs.get("labels") or t.params
         line = Text(f"trial {t.number} {labels}: ")
         if t.state == TrialState.COMPLETE:
-            line.append(f"value {t.value:.4f}")
+            line.append(f"value {t.value:.{DIGITS}f}")
         else:
             line.append(t.state.name, style="red").append(f" {t.user_attrs.get('fail_reason', '')}")
         console.print(line)

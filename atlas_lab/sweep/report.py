@@ -27,6 +27,7 @@ from .study import is_superseded
 from .tracking import browse_hint
 
 LEVEL = 0.95
+DIGITS = 4  # decimals of a value as shown: the tables, each trial's line, the parent run's metrics
 
 
 def interval(values: list[float]) -> dict:
@@ -118,11 +119,11 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict]) -> li
 def _fmt(v):
     if v is None:
         return "—"
-    return f"{v:.4f}" if isinstance(v, float) else str(v)
+    return f"{v:.{DIGITS}f}" if isinstance(v, float) else str(v)
 
 
 def _ci(r) -> str:
-    return "—" if r["low"] is None else f"[{r['low']:.4f}, {r['high']:.4f}]"
+    return "—" if r["low"] is None else f"[{_fmt(r['low'])}, {_fmt(r['high'])}]"
 
 
 def _verdict(d) -> str:
@@ -238,7 +239,8 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
                 ) -> None:
     """The parent run's summary, shown in the runs table: params (metric, direction, sampler, the grid axes and
     their labels, repeats), metrics (the best mean; per point its mean, n and paired difference to the baseline),
-    the baseline as a tag. Metrics take the count of complete repeats as their step, so the latest is the newest."""
+    the baseline as a tag. Metrics take the count of complete repeats as their step, so the latest is the newest;
+    their values are rounded to the ``DIGITS`` the tables show (a mean of 3 seeds is 0.8533, not 0.85333335)."""
     from mlflow.entities import Metric, Param, RunTag
 
     attrs = study.user_attrs
@@ -254,13 +256,13 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
     now = int(time.time() * 1000)
     metrics = []
     if done:
-        metrics.append(Metric(f"best/{metric}", float(done[0]["mean"]), now, step))
+        metrics.append(Metric(f"best/{metric}", round(done[0]["mean"], DIGITS), now, step))
     if attrs.get("sampler", "grid") == "grid":
         for r in done:
-            metrics.append(Metric(f"mean/{point_name(r, columns)}", float(r["mean"]), now, step))
+            metrics.append(Metric(f"mean/{point_name(r, columns)}", round(r["mean"], DIGITS), now, step))
         for d in diffs:
             if d["diff"] is not None:
-                metrics.append(Metric(f"diff/{point_name(d, columns)}", float(d["diff"]), now, step))
+                metrics.append(Metric(f"diff/{point_name(d, columns)}", round(d["diff"], DIGITS), now, step))
     tags = [RunTag("atlas_lab.summary", f"{len(done)} point(s) with results, {step} complete repeat(s)")]
     if attrs.get("baseline"):
         tags.append(RunTag("atlas_lab.baseline", point_name(attrs["baseline"], columns)))

@@ -108,3 +108,21 @@ def test_plot_axes_put_numeric_labels_in_order():
     assert axis_labels(rows, "window") == ["1", "2", "4", "16", "32"]
     assert axis_labels(rows, "mixer") == ["atlas", "omeganet"]
     assert axis_labels([{"flag": True}, {"flag": False}], "flag") == ["True", "False"]
+
+
+def test_the_parent_run_shows_values_to_the_digits_of_the_tables(tmp_path, monkeypatch):
+    """The parent run's best, per-point means and paired differences are rounded as the tables and trial lines show
+    them (4 decimals): a mean of 0.85, 0.86, 0.85 is 0.8533 in the MLflow UI, not 0.8533333333."""
+    from mlflow.tracking import MlflowClient
+
+    from atlas_lab.sweep.tracking import parent_run
+
+    monkeypatch.chdir(tmp_path)
+    study = synthetic_study({("atlas", "atlas"): [0.85, 0.86, 0.85], ("atlas", "linear"): [0.5, 0.6, 0.6]},
+                            baseline={"model.mixer": "atlas", "model.memory": "linear"})
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = parent_run(client, "s", "memory")
+    summarize(study, client, parent, console=Console(width=200, record=True), out_dir=tmp_path)
+    metrics = client.get_run(parent).data.metrics
+    assert metrics["best/val/acc"] == 0.8533 and metrics["mean/atlas atlas"] == 0.8533
+    assert metrics["mean/atlas linear"] == 0.5667 and metrics["diff/atlas atlas"] == 0.2867
