@@ -56,6 +56,36 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
 RUN_COMMANDS = ("fit", "validate", "test")
 
 
+class UsageError(ValueError):
+    """A bad command line: one line naming the argument, what was expected and what was given."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are a UsageError (``main`` prints one line and returns 2) instead of usage text."""
+
+    def error(self, message):
+        raise UsageError(f"{message.removeprefix('argument ')}  ({self.prog} --help lists the options)")
+
+
+def _int_in(low: int, high: int | None = None):
+    """An argparse type: an int in [low, high] (no upper bound without high)."""
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+POSITIVE, PORT = _int_in(1), _int_in(1, 65535)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .noise import quiet
 
@@ -70,21 +100,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}  (atlas-lab {argv[0]} --help lists the options)", file=sys.stderr)
             return 2
         return 0
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="atlas-lab", description="Test-time-memory models: experiments and ablations.",
         epilog="atlas-lab fit|validate|test -c lightning_config.yaml -c experiments/<x>.yaml [--dotted.key=value]: "
                "one run (see atlas-lab fit --help)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="every named model with its five components and sizes")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=16)
-    p.add_argument("--vocab-size", type=int, default=256)
-    p.add_argument("--swa-window", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=4096, help="T of the FLOPs-per-token columns")
+    p.add_argument("--d-model", type=POSITIVE, default=256)
+    p.add_argument("--n-layers", type=POSITIVE, default=4)
+    p.add_argument("--n-heads", type=POSITIVE, default=16)
+    p.add_argument("--vocab-size", type=POSITIVE, default=256)
+    p.add_argument("--swa-window", type=POSITIVE, default=64)
+    p.add_argument("--seq-len", type=POSITIVE, default=4096, help="T of the FLOPs-per-token columns")
     p = sub.add_parser("sweep", help="run (or resume) the study of a sweep file")
     p.add_argument("file", help="a sweep YAML file, e.g. sweeps/demo.yaml")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes")
+    p.add_argument("--workers", type=POSITIVE, default=1, help="local worker processes")
     p.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default "
                                                    "runs/optuna/<study>.journal) or postgresql://user@host/db "
                                                    "(shares a study across machines; pip install "
@@ -95,13 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("study")
     p.add_argument("--storage", default=None)
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=PORT, default=5000)
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--study", default=None, help="print the URL of this study's runs")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.command == "presets":
-        print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window,
-                      args.seq_len)
+        try:
+            print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window,
+                          args.seq_len)
+        except ValueError as e:  # sizes the models refuse together; the message starts with the argument's name
+            name, reason = str(e).split(": ", 1)
+            print(f"error: --{name.replace('_', '-')}: {reason}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "ui":
         return ui(args.port, args.tracking_uri, args.study)
@@ -111,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from .sweep import run_sweep
 
-            if args.workers < 1:
-                raise SweepError(f"--workers: expected an int >= 1, got {args.workers}")
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed)
         from .sweep.report import summarize
         from .sweep.study import default_storage, load_existing

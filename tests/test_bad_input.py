@@ -307,6 +307,12 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "unknown data class": (["fit", *TINY_RUN, "--data.class_path=atlas_lab.data.NoSuchData"],
                            "data: class_path 'atlas_lab.data.NoSuchData' cannot be imported"),
     "fsdp on the CPU": (["fit", *TINY_RUN, "--trainer.strategy=fsdp", "--trainer.accelerator=cpu"], "FSDP"),
+    "accumulate 0": (["fit", *TINY_RUN, "--trainer.accumulate_grad_batches=0"],
+                     "trainer.accumulate_grad_batches: expected an int >= 1, got 0"),
+    "validation epochs 0": (["fit", *TINY_RUN, "--trainer.check_val_every_n_epoch=0"],
+                            "trainer.check_val_every_n_epoch: expected null or an int >= 1, got 0"),
+    "seed < 0": (["fit", *TINY_RUN, "--seed_everything=-1"],
+                 "seed_everything: expected true, false or an int in [0, 2^32), got -1"),
     "test without checkpoint": (["test", *TINY_RUN], "test: --ckpt_path is required"),
     "validate without checkpoint": (["validate", *TINY_RUN], "validate: --ckpt_path is required"),
     "missing checkpoint": (["test", *TINY_RUN, "--ckpt_path=runs/nothere.ckpt"],
@@ -460,6 +466,31 @@ def test_a_trial_that_cannot_be_configured_fails_with_its_reason_and_is_never_re
     (trial,) = study.get_trials()
     assert trial.state.name == "FAIL" and LostTrials()(study) == []
     assert trial.user_attrs["fail_reason"].startswith("ConfigError: model.memory.window: expected an int >= 1")
+
+
+BAD_COMMANDS = {  # name: (arguments, what the one line must say): every numeric flag of the other sub-commands
+    **{f"presets {flag} {value}": (["presets", flag, value], f"{flag}: expected an int >= 1, got '{value}'")
+       for flag in ("--d-model", "--n-layers", "--n-heads", "--vocab-size", "--swa-window", "--seq-len")
+       for value in ("0", "-2", "x")},
+    "presets heads": (["presets", "--d-model", "64", "--n-heads", "5"],
+                      "--n-heads: d_model=64 must be divisible by n_heads=5"),
+    **{f"sweep --workers {value}": (["sweep", "no.yaml", "--workers", value],
+                                    f"--workers: expected an int >= 1, got '{value}'") for value in ("0", "-1", "x")},
+    **{f"ui --port {value}": (["ui", "--port", value], f"--port: expected an int in [1, 65535], got '{value}'")
+       for value in ("0", "-1", "65536", "x")},
+    "no command": ([], "the following arguments are required: command"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_COMMANDS))
+def test_a_bad_command_line_is_one_line_exit_2_and_writes_nothing(case, sweep_dir, capsys):
+    args, message = BAD_COMMANDS[case]
+    before = _tree()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {message}") and "Traceback" not in err, err
+    assert _tree() == before
 
 
 def _tree() -> dict:

@@ -30,6 +30,13 @@ class ConfigError(ValueError):
     """A run configuration that cannot run: one line naming the key, the expectation and the given value."""
 
 
+RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-run: (holds, what is expected)
+    "seed_everything": (lambda x: isinstance(x, bool) or 0 <= x < 2**32, "true, false or an int in [0, 2^32)"),
+    "trainer.accumulate_grad_batches": (lambda x: x >= 1, "an int >= 1"),
+    "trainer.check_val_every_n_epoch": (lambda x: x is None or x >= 1, "null or an int >= 1"),
+}
+
+
 def resolve_uri(uri: str | None, create: bool = True) -> str:
     """The tracking URI with a relative SQLite path made absolute, so that every process, whatever its folder,
     finds the same file (MLflow also caches stores by URI within a process); ``create`` makes its folder."""
@@ -229,6 +236,10 @@ class AtlasCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as e:
             raise ConfigError(one_line(str(e))) from None
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        for key, (holds, expected) in RUN_RANGES.items():
+            if not holds(config.get(key)):
+                raise ConfigError(f"{key}: expected {expected}, got {config.get(key)!r}")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
