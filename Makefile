@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install test test-all demo ui bench bench-tiny gpu-check clean
+.PHONY: install test test-all test-numerics demo ui bench bench-tiny gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,18 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n 2 --durations=30
+
+# The float32 equivalence and identity tests under each of MKL's code paths (the default one this processor picks,
+# COMPATIBLE, AVX2) and with 1 and 2 threads: the rounding of another machine, on this one. With 2 threads, one
+# pytest worker, so that the threads are not oversubscribed.
+NUMERICS_TESTS := tests/memory/test_memory_equivalence.py tests/memory/test_memory_identities.py tests/kernels/test_kernels.py
+
+test-numerics: $(VENV)/.installed
+	set -e; for cbwr in default COMPATIBLE AVX2; do for threads in 1 2; do \
+	  echo "== MKL_CBWR=$$cbwr OMP_NUM_THREADS=$$threads"; \
+	  if [ $$cbwr = default ]; then unset MKL_CBWR; else export MKL_CBWR=$$cbwr; fi; \
+	  OMP_NUM_THREADS=$$threads $(PY) -m pytest -m "not slow" -q -n $$((3 - threads)) $(NUMERICS_TESTS); \
+	done; done
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q

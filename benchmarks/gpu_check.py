@@ -48,7 +48,8 @@ TEST_FILES = ["tests/memory/test_memory_equivalence.py", "tests/memory/test_memo
 # on the CPU: a subset of the same files that runs in about a minute (the whole default suite covers them in CI)
 CPU_TESTS = "newton_schulz_matches_reference or chunk_size_one_is_the_online_rule or linear_attention or " \
             "split_into_calls and triton"
-OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# a -v line starts with the test id; a summary line ("FAILED path::test - …") starts with the outcome
+OUTCOME = re.compile(r"^\S+::\S+ .*?\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 KERNEL_CASES = {
     "deltanet": dict(d=64, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
@@ -98,13 +99,18 @@ def run_tests(budget: Budget, device: str, log_path) -> dict:
             proc.kill()
             proc.wait()
             stopped = True
+    return dict(command=" ".join(cmd[1:]), counts=count_outcomes(log_path.read_text(errors="replace")),
+                returncode=None if stopped else proc.returncode, stopped_at_budget=stopped, log=str(log_path))
+
+
+def count_outcomes(log: str) -> dict[str, int]:
+    """{outcome: count} from the per-test lines of ``pytest -v`` (``path::test PASSED [ 5%]``)."""
     counts = {}
-    for line in log_path.read_text(errors="replace").splitlines():
-        m = OUTCOME.search(line) if "::" in line else None
+    for line in log.splitlines():
+        m = OUTCOME.match(line)
         if m:
             counts[m.group(1).lower()] = counts.get(m.group(1).lower(), 0) + 1
-    return dict(command=" ".join(cmd[1:]), counts=counts, returncode=None if stopped else proc.returncode,
-                stopped_at_budget=stopped, log=str(log_path))
+    return counts
 
 
 # ---------------------------------------------------------------- (b) kernels

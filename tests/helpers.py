@@ -12,7 +12,7 @@ DEVICE = torch.device("cpu")
 
 def rel_err(a, b):
     """‖a − b‖ / ‖b‖ (absolute when b is zero)."""
-    a, b = a.double(), b.double()
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
@@ -62,26 +62,37 @@ def run(problem, impl, **options):
     return o, state, {n: gr for n, gr in zip(leaves, grads)}
 
 
-def errors(a, b, what, finite_where_b_is=False, check_finite=True):
-    """Relative errors of every output, state tensor and gradient of run ``a`` against run ``b``; a gradient or state
-    part missing on one side fails, and so does a non-finite gradient of ``a`` (with finite_where_b_is: one where
-    ``b``'s is finite; a gradient non-finite on both sides is left out; check_finite=False: no finiteness check)."""
-    (oa, sa, ga), (ob, sb, gb) = a, b
-    out = {"output": rel_err(oa, ob)}
+def quantities(result) -> dict:
+    """A run's output, state tensors and gradients as {name: tensor or None} (``run``'s triple); a dict as it is."""
+    if isinstance(result, dict):
+        return result
+    o, state, grads = result
+    out = {"output": o}
     for part in ("weights", "momentum"):
-        xa, xb = getattr(sa, part), getattr(sb, part)
-        assert (xa is None) == (xb is None), f"{what}: state.{part} present on one side only"
-        for n in xb or {}:
-            out[f"state.{part}.{n}"] = rel_err(xa[n], xb[n])
-    assert sa.offset == sb.offset
-    for n in gb:
-        assert (ga[n] is None) == (gb[n] is None), f"{what}: gradient of {n} missing on one side"
-        if gb[n] is not None:
-            if finite_where_b_is and not torch.isfinite(gb[n]).all():
-                assert not torch.isfinite(ga[n]).all(), f"{what}: gradient of {n} finite on one side only"
-                continue
-            assert not check_finite or torch.isfinite(ga[n]).all(), f"{what}: non-finite gradient of {n}"
-            out[f"grad.{n}"] = rel_err(ga[n], gb[n])
+        out.update({f"state.{part}.{n}": w for n, w in (getattr(state, part) or {}).items()})
+    out.update({f"grad.{n}": g for n, g in grads.items()})
+    return out
+
+
+def errors(a, b, what, finite_where_b_is=False, check_finite=True):
+    """Relative errors of every quantity of result ``a`` (a ``run`` triple or a dict of tensors) against ``b``'s; a
+    quantity on one side only fails, and so does a non-finite one of ``a`` (with finite_where_b_is: one where ``b``'s
+    is finite; a quantity non-finite on both sides is left out; check_finite=False: no finiteness check)."""
+    if not isinstance(b, dict):
+        assert a[1].offset == b[1].offset, f"{what}: state offsets {a[1].offset} and {b[1].offset}"
+    qa, qb = quantities(a), quantities(b)
+    assert qa.keys() == qb.keys(), f"{what}: on one side only: {sorted(qa.keys() ^ qb.keys())}"
+    out = {}
+    for n, y in qb.items():
+        x = qa[n]
+        assert (x is None) == (y is None), f"{what}: {n} missing on one side"
+        if y is None:
+            continue
+        if finite_where_b_is and not torch.isfinite(y).all():
+            assert not torch.isfinite(x).all(), f"{what}: {n} finite on one side only"
+            continue
+        assert not check_finite or torch.isfinite(x).all(), f"{what}: non-finite {n}"
+        out[n] = rel_err(x, y)
     return out
 
 
@@ -91,14 +102,69 @@ def compare(a, b, tol, what):
     assert not bad, f"{what}: relative errors above {tol:g}: {bad}"
 
 
-def compare_float32(fast, ref, oracle, tol, what, factor=10.0):
-    """float32 runs of a fast path and of ``reference`` against the float64 ``oracle``: each quantity agrees with the
-    float32 reference within ``tol``, or lies within ``factor`` × the float32 reference's own distance from the oracle
-    (for rules whose float32 evaluation is ill-conditioned, e.g. Adam's m / √v for small gradients, any order of the
-    same operations is that far off; a wrong result is off by O(1)). A gradient that overflows float32 in the
-    reference too (float64 magnitudes beyond ~1e35 on a diverging problem) must overflow in the fast path."""
-    direct = errors(fast, ref, what, finite_where_b_is=True)
-    own, fast_err = errors(ref, oracle, what, check_finite=False), errors(fast, oracle, what, check_finite=False)
-    bad = {k: (v, fast_err[k], own[k]) for k, v in direct.items()
-           if not (v <= tol or fast_err[k] <= factor * own[k])}
-    assert not bad, f"{what}: (vs float32 reference, vs oracle, reference vs oracle) beyond {tol:g} / {factor}×: {bad}"
+# ---------------------------------------------------------------- float32 against a float64 oracle
+# The error model, in one sentence: a float32 evaluation of f at x, in whatever order of operations, is f evaluated
+# with every input and intermediate moved by O(u) (u = 2⁻²⁴), so its relative distance from the float64 value is one
+# draw from a spread that f's conditioning at x sets (Adam's m / √(v + ε²), quintic Newton–Schulz and LN's division
+# by a small std widen it a hundredfold), and a fast path must land within SPREAD × the largest of 1 + DRAWS samples
+# of that spread, taken by the float32 reference on x and on copies of x moved by one ulp (never below u).
+#
+# SPREAD was measured, not tuned: over the 11,658 quantities of the float32 equivalence tests, with MKL's default
+# path and MKL_CBWR=COMPATIBLE, the chunked path's error is at most 3.0× the largest sample (99.9 % below 1.9×; the
+# unperturbed reference's own error alone, the old yardstick, is exceeded up to 30×); the tail falls about tenfold
+# per unit, so at 8× a false failure is expected less than once in 10⁴ runs of the suite. A bound of USEFUL or more
+# could not tell a wrong result (a chunk boundary moved, a gate dropped: off by O(1)) from rounding: such a quantity
+# (27 of the 11,658, all Adam gradients under lp or huber) is left to the float64 comparisons, and the output never
+# may be (tests/memory/test_memory_equivalence.py::test_float32_comparison_fails_on_a_wrong_path shows the bound
+# still catching a moved chunk boundary).
+U32 = 2.0 ** -24
+DRAWS = 3
+SPREAD = 8.0
+USEFUL = 1e-2
+
+
+def nudge(problem: dict, seed: int) -> dict:
+    """A copy of ``problem`` (tensors, and a dict of them under "initial_state") with every element of every tensor
+    moved one ulp up, one ulp down or kept (a third each): the same inputs as another rounding would give them."""
+    g = torch.Generator().manual_seed(seed)
+
+    def move(t):
+        step = torch.randint(-1, 2, t.shape, generator=g).to(t.device)
+        up, down = (torch.nextafter(t.detach(), torch.full_like(t.detach(), s * torch.inf)) for s in (1, -1))
+        return torch.where(step > 0, up, torch.where(step < 0, down, t.detach())).requires_grad_(t.requires_grad)
+
+    out = {n: move(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in problem.items()}
+    if "initial_state" in problem:
+        out["initial_state"] = {n: move(w) for n, w in problem["initial_state"].items()}
+    return out
+
+
+def float32_spread(reference, problem, oracle, what, first=None, draws=DRAWS) -> dict[str, float]:
+    """Per quantity, the largest relative distance from ``oracle`` of ``reference(problem)`` (``first`` when given)
+    and of ``reference`` on ``draws`` nudged copies of the problem."""
+    runs = [reference(problem) if first is None else first]
+    runs += [reference(nudge(problem, seed)) for seed in range(1, draws + 1)]
+    spread = {}
+    for r in runs:
+        for n, e in errors(r, oracle, what, check_finite=False).items():
+            spread[n] = max(spread.get(n, 0.0), e)
+    return spread
+
+
+def compare_float32(fast, reference, problem, oracle, what):
+    """``fast(problem)`` against the float64 ``oracle`` within the error model above: SPREAD × the float32
+    ``reference``'s spread (``float32_spread``), at least SPREAD·u; a quantity whose bound reaches USEFUL is left to
+    the float64 tests (never the output). ``fast`` and ``reference`` map a problem to a result (a ``run`` triple or a
+    dict of tensors). A quantity that overflows float32 in the reference (float64 magnitudes beyond ~1e35 on a
+    diverging problem) must overflow in the fast path too. Returns {quantity: (error, bound)} of those compared."""
+    result, first = fast(problem), reference(problem)
+    errors(result, first, what, finite_where_b_is=True)  # presence, and non-finite exactly where the reference is
+    finite = {n for n, x in quantities(first).items() if x is not None and torch.isfinite(x).all()}
+    spread = float32_spread(reference, problem, oracle, what, first)
+    bound = {n: SPREAD * max(spread[n], U32) for n in finite}
+    assert "output" not in bound or bound["output"] < USEFUL, f"{what}: the float32 output cannot be checked: {bound}"
+    got = errors(result, oracle, what, check_finite=False)
+    checked = {n: (got[n], b) for n, b in bound.items() if b < USEFUL}
+    bad = {n: e for n, e in checked.items() if not e[0] <= e[1]}
+    assert not bad, f"{what}: (error, bound = {SPREAD:g} × the float32 reference's spread) exceeded: {bad}"
+    return checked

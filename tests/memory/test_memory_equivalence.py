@@ -14,7 +14,7 @@ from helpers import compare, compare_float32, make_problem, rel_err, run
 MEMORIES, FEATURE_MAPS, OBJECTIVES, OPTIMIZERS = (list(r) for r in (engine.MEMORIES, engine.FEATURE_MAPS,
                                                                       engine.OBJECTIVES, engine.OPTIMIZERS))
 WINDOWS = [1, 3, None]
-TOL = {torch.float64: 1e-5, torch.float32: 1e-4}
+TOL = 1e-5  # float64: rounding (u = 1.1e-16) amplified even 1e6-fold stays far below it; a wrong result is off by O(1)
 
 
 @pytest.mark.parametrize("memory,feature_map,objective,window,optimizer",
@@ -23,29 +23,20 @@ def test_chunked_equals_reference_float64(memory, feature_map, objective, window
     options = dict(memory=memory, feature_map=feature_map, objective=objective, window=window, optimizer=optimizer,
                    chunk_size=3)  # T = 7: two full chunks and a partial one
     p = make_problem(memory=memory, feature_map=feature_map, dtype=torch.float64)
-    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[torch.float64], str(options))
+    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL, str(options))
 
 
 @pytest.mark.parametrize("memory,feature_map,objective,window,optimizer",
                          list(itertools.product(MEMORIES, FEATURE_MAPS, OBJECTIVES, WINDOWS, OPTIMIZERS)))
 def test_chunked_equals_reference_float32(memory, feature_map, objective, window, optimizer):
+    """float32 against the float64 oracle within the error model of tests/helpers.py. Muon's quintic Newton–Schulz
+    multiplies rounding by up to a^k = 3.4445^5 ≈ 480 near small singular values, Adam's m / √(v + ε²) by up to 1/ε
+    where v is small: the float32 reference's own spread (sampled on nudged inputs) carries that into the bound."""
     options = dict(memory=memory, feature_map=feature_map, objective=objective, window=window, optimizer=optimizer,
                    chunk_size=3)
-    p = make_problem(memory=memory, feature_map=feature_map, dtype=torch.float32)
-    if optimizer == "muon":
-        # Quintic Newton–Schulz multiplies rounding errors by up to a^k = 3.4445^5 ≈ 480 near small singular
-        # values: two float32 evaluations of the same function differ by ~1e-4..1e-3 in the gradients whatever
-        # the order of operations (the float32 reference is that far from the float64 one too). Outputs and
-        # state are compared with quintic; everything with cubic coefficients (amplification 1.5^5 ≈ 8).
-        # Quintic gradients are checked in float64 above.
-        (oc, sc, _), (orf, sr, _) = run(p, "chunked", **options), run(p, "reference", **options)
-        assert rel_err(oc, orf) <= TOL[torch.float32]
-        for n in sr.weights:
-            assert rel_err(sc.weights[n], sr.weights[n]) <= TOL[torch.float32]
-        options["ns_coefficients"] = "cubic"
     oracle = run(make_problem(memory=memory, feature_map=feature_map, dtype=torch.float64), "reference", **options)
-    compare_float32(run(p, "chunked", **options), run(p, "reference", **options), oracle, TOL[torch.float32],
-                    str(options))
+    compare_float32(lambda p: run(p, "chunked", **options), lambda p: run(p, "reference", **options),
+                    make_problem(memory=memory, feature_map=feature_map, dtype=torch.float32), oracle, str(options))
 
 
 @pytest.mark.parametrize("memory,optimizer", list(itertools.product(MEMORIES, OPTIMIZERS)))
@@ -91,24 +82,21 @@ def test_output_norm_chunked_equals_reference(memory, objective, window, optimiz
     """M = r + LN(…): the chunked path's analytic LN Jacobian against autograd through the reference loop, T = 13
     over chunks of 4 (a partial last chunk).
 
-    float64: chunked == reference within 1e-5. float32: LN divides by the output's std (small at d_v = 4), so a
-    float32 evaluation of the function is ~1e-4 from the float64 one whichever path computes it. The float32 chunked
-    path is compared with the float64 reference, within 1e-4 or 10× the float32 reference's own error (the dual form
-    sums the window's rank-1 terms in another order: measured 1–5.3× on these problems, the most on one CPU's
-    vector width and not another's; a wrong gradient is off by O(1)). kl_retention is held to the float64 comparison
-    only: its softmax of accumulated logits makes these float32 gradients ill-conditioned (magnitudes up to 1e3;
-    two float32 orders of the same sums differ by 17–45× the reference's own error)."""
+    float64: chunked == reference within 1e-5; float32: against the float64 oracle within the error model of
+    tests/helpers.py (LN divides by the output's std, small at d_v = 4, which widens the float32 spread; the bound
+    follows it). kl_retention is held to float64 only: its softmax of accumulated logits under LN puts the float32
+    reference's own output spread near 1.4e-3, so SPREAD × that reaches USEFUL and could not tell a wrong chunk
+    boundary from rounding."""
     options = dict(memory=memory, feature_map="polynomial", objective=objective, window=window, optimizer=optimizer,
-                   chunk_size=4, output_norm=True, ns_coefficients="cubic")
-    p64, p32 = (make_problem(memory=memory, feature_map="polynomial", T=13, dtype=d) for d in (torch.float64,
-                                                                                                torch.float32))
-    oracle = run(p64, "reference", **options)
-    compare(run(p64, "chunked", **options), oracle, TOL[torch.float64], str(options))
-    (oc, _, gc), (orf, _, gr), (o64, _, g64) = run(p32, "chunked", **options), run(p32, "reference", **options), oracle
-    for name, fast, ref, exact in [("output", oc, orf, o64)] + [(n, gc[n], gr[n], g64[n]) for n in g64
-                                                                 if g64[n] is not None]:
-        bound = max(TOL[torch.float32], 10 * rel_err(ref, exact))
-        assert optimizer == "kl_retention" or rel_err(fast, exact) <= bound, f"{options}: {name}"
+                   chunk_size=4, output_norm=True)
+    oracle = run(make_problem(memory=memory, feature_map="polynomial", T=13), "reference", **options)
+    compare(run(make_problem(memory=memory, feature_map="polynomial", T=13), "chunked", **options), oracle,
+            TOL, str(options))
+    if optimizer == "kl_retention":
+        return
+    compare_float32(lambda p: run(p, "chunked", **options), lambda p: run(p, "reference", **options),
+                    make_problem(memory=memory, feature_map="polynomial", T=13, dtype=torch.float32), oracle,
+                    str(options))
 
 
 def test_output_norm_normalises_the_memory_output():
@@ -190,7 +178,12 @@ def test_exact_delta_rule_blocks_equal_the_token_loop(dtype, feature_map, T, blo
         monkeypatch.setattr(delta_rule, "BLOCK", block)  # several blocks, the last one partial
     options = dict(memory="linear", feature_map=feature_map, objective="l2", window=1, optimizer="gd", chunk_size=1)
     p = make_problem(T=T, feature_map=feature_map, dtype=dtype)
-    compare(run(p, "chunked", **options), run(p, "reference", **options), TOL[dtype], f"T={T} block={block}")
+    if dtype == torch.float64:
+        compare(run(p, "chunked", **options), run(p, "reference", **options), TOL, f"T={T} block={block}")
+    else:
+        oracle = run(make_problem(T=T, feature_map=feature_map), "reference", **options)
+        compare_float32(lambda p: run(p, "chunked", **options), lambda p: run(p, "reference", **options), p, oracle,
+                        f"T={T} block={block}")
 
 
 def test_exact_delta_rule_passes_its_state_between_calls():
@@ -235,12 +228,12 @@ def test_chunk_start_reads_chunked_equals_reference(memory, objective, window, o
     options = dict(memory=memory, feature_map="polynomial", objective=objective, window=window, optimizer=optimizer,
                    chunk_size=3, read="chunk", ns_coefficients="cubic" if dtype == torch.float32 else "quintic")
     p = make_problem(memory=memory, feature_map="polynomial", dtype=dtype)
-    fast, ref = run(p, "chunked", **options), run(p, "reference", **options)
     if dtype == torch.float64:
-        compare(fast, ref, TOL[dtype], str(options))
+        compare(run(p, "chunked", **options), run(p, "reference", **options), TOL, str(options))
     else:
         oracle = run(make_problem(memory=memory, feature_map="polynomial", dtype=torch.float64), "reference", **options)
-        compare_float32(fast, ref, oracle, TOL[dtype], str(options))
+        compare_float32(lambda p: run(p, "chunked", **options), lambda p: run(p, "reference", **options), p, oracle,
+                        str(options))
 
 
 @pytest.mark.parametrize("impl", ["chunked", "reference"])
@@ -299,3 +292,30 @@ def test_chunk_start_reads_of_gd_commit_the_exact_chunk_end_state():
         assert rel_err(o_chunk[:, lo:hi], direct) < 1e-12
     exact_at_8 = memorize(p["q"][:, :8], p["k"][:, :8], p["v"][:, :8], initial_state=p["initial_state"], **opts)[1]
     assert rel_err(s_chunk.weights["W"], exact_at_8.weights["W"]) < 1e-12  # tokens 8, 9: pending, not committed
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("memory,optimizer", list(itertools.product(MEMORIES, OPTIMIZERS)))
+def test_float32_comparison_fails_on_a_wrong_path(memory, optimizer, objective):
+    """The float32 bound still catches a wrong path, in every combination the float32 tests cover, the
+    ill-conditioned ones (Adam under lp and huber) included: the reference with η dropped on its last token fails,
+    and so does chunked with its boundaries moved (chunk 2 where the reference takes 3); the right path passes."""
+    options = dict(memory=memory, feature_map="polynomial", objective=objective, window=None, optimizer=optimizer,
+                   chunk_size=3)
+    oracle = run(make_problem(memory=memory, feature_map="polynomial"), "reference", **options)
+    p = make_problem(memory=memory, feature_map="polynomial", dtype=torch.float32)
+
+    def reference(p):
+        return run(p, "reference", **options)
+
+    def no_last_eta(p):
+        return run({**p, "eta": torch.cat([p["eta"][:, :-1], torch.zeros_like(p["eta"][:, -1:])], 1)}, "reference",
+                   **options)
+
+    compare_float32(lambda p: run(p, "chunked", **options), reference, p, oracle, str(options))
+    wrongs = [no_last_eta]
+    if not (memory == "linear" and objective == "dot"):  # there ∇ℓ = −v kᵀ does not read W: chunking changes nothing
+        wrongs.append(lambda p: run(p, "chunked", **{**options, "chunk_size": 2}))
+    for wrong in wrongs:
+        with pytest.raises(AssertionError, match="exceeded"):
+            compare_float32(wrong, reference, p, oracle, str(options))
