@@ -22,8 +22,9 @@ def gates_text(config) -> str:
     return " ".join(parts)
 
 
-PRESET_COLUMNS = ("preset", "layers", "memory", "feature map", "objective", "window", "chunk", "optimizer", "gates",
-                  "parameters", "state (bytes)", "+bytes/token", "memory FLOPs/token", "attention FLOPs/token")
+PRESET_COLUMNS = ("preset", "layers", "architecture", "feature map", "attentional bias", "window", "chunk",
+                  "optimizer", "gates", "parameters", "state (bytes)", "+bytes/token", "memory FLOPs/token",
+                  "attention FLOPs/token")
 
 
 def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, vocab_size: int,
@@ -40,8 +41,8 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
         if c is None:
             components = ["—"] * 7
         else:
-            memory, fmap, objective, opt = map(repr, c.components())
-            components = [memory, fmap, objective, "global" if c.window is None else str(c.window),
+            memory, fmap, bias, opt = map(repr, c.components())
+            components = [memory, fmap, bias, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c)]
         layers = "+".join(dict.fromkeys(model.layer_kinds))
         flops = model.flops_per_token(T)

@@ -18,7 +18,7 @@ from memory_ops import SETTINGS, fwd_bwd, inputs
 
 import torch
 
-from atlas_lab.layers import MemoryConfig
+from atlas_lab.memory import MemoryConfig
 from atlas_lab.memory.cost import flops_text, memory_flops
 
 

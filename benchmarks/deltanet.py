@@ -5,7 +5,7 @@
                                   [--threads N] [--tiny]
 
 atlas-lab: the `deltanet` preset's memory, called through ``memorize`` directly (impl="chunked"): linear memory,
-identity φ, l2 objective, window 1, gd, α = 1 (the preset's constant), η = β a per-token [B, T, H] tensor in (0, 1);
+identity φ, l2 bias, window 1, gd, α = 1 (the preset's constant), η = β a per-token [B, T, H] tensor in (0, 1);
 q, k, v [B, T, H, d] with L2-normalised k. fla: ``delta_rule_chunkwise(q, k, v, beta, chunk_size)`` with q, k, v
 [B, H, T, d], beta [B, H, T] (each library gets its own layout; nothing is transposed inside the timed call).
 Both at the same chunk size (--chunk; 16 is the preset's), float32, loss ``o.square().mean()``, every input
@@ -41,7 +41,8 @@ def preset_options(chunk_size):
     """memorize's options of the `deltanet` preset's memory (presets.py), with η left to the caller."""
     _, c = resolve_preset("deltanet", {"chunk_size": chunk_size})
     assert c.eta == "learned" and isinstance(c.alpha, float) and c.optimizer == "gd", c
-    return dict(memory=c.memory, feature_map=c.feature_map, objective=c.objective, window=c.window,
+    return dict(architecture=c.architecture, feature_map=c.feature_map, attentional_bias=c.attentional_bias,
+                window=c.window,
                 optimizer=c.optimizer, alpha=c.alpha, chunk_size=c.chunk_size)
 
 

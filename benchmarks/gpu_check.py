@@ -52,14 +52,13 @@ CPU_TESTS = "newton_schulz_matches_reference or chunk_size_one_is_the_online_rul
 OUTCOME = re.compile(r"^\S+::\S+ .*?\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 KERNEL_CASES = {
-    "deltanet": dict(d=64, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
-                     chunk_size=64, gates=("eta",), tol=1e-4),
-    "omega": dict(d=64, memory="linear", feature_map="identity", objective="l2", window=16, optimizer="momentum",
-                  chunk_size=64, gates=("alpha", "eta", "theta", "gamma"), tol=1e-4),
+    "deltanet": dict(d=64, architecture="linear", feature_map="identity", attentional_bias="l2", window=1,
+                     optimizer="gd", chunk_size=64, gates=("eta",), tol=1e-4),
+    "omega": dict(d=64, architecture="linear", feature_map="identity", attentional_bias="l2", window=16,
+                  optimizer="momentum", chunk_size=64, gates=("alpha", "eta", "theta", "gamma"), tol=1e-4),
     # quintic NS amplifies float32 rounding (~a^k ≈ 480×) in the gradients: a looser tolerance for those
-    "atlas": dict(d=16, memory="mlp", depth=2, expansion=4, feature_map="polynomial", degree=2, objective="l2",
-                  window=8, optimizer="muon", ns_steps=5, chunk_size=16, gates=("alpha", "eta", "theta", "gamma"),
-                  tol=2e-3),
+    "atlas": dict(d=16, architecture="mlp", feature_map="polynomial", attentional_bias="l2", window=8,
+                  optimizer="muon", chunk_size=16, gates=("alpha", "eta", "theta", "gamma"), tol=2e-3),
 }
 FLA_TOL = 1e-2
 KERNEL_TINY = dict(B=1, H=2, T=[19], d=8, chunk_size=8, window_cap=4)

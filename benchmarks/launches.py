@@ -7,7 +7,7 @@ For each preset's memory layer (the model's memory mixer, its own projections in
 and at T = (n + k) chunks; (difference) / k is what each further chunk costs, the rest is the call's fixed part.
 Counted on the CPU; on a GPU each of these operators is one launch (a few launch more than one). Views,
 allocations and no-ops are left out, and so is the CPU Newton–Schulz kernel (one call per chunk, not an aten
-operator; on a GPU the Triton kernel of ``kernels/newton_schulz.py``, one launch per chunk).
+operator; on a GPU the Triton kernel of ``memory/ops/newton_schulz/triton.py``, one launch per chunk).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def leaf_ops(fn) -> Counter:
 
 
 def memory_layer(preset: str, d_model: int, heads: int) -> MemoryMixer:
-    model = SequenceModel(vocab_size=64, mixer=preset, d_model=d_model, n_layers=1, n_heads=heads,
+    model = SequenceModel(vocab_size=64, preset=preset, d_model=d_model, n_layers=1, n_heads=heads,
                           memory_heads=heads)
     return next(m for m in model.modules() if isinstance(m, MemoryMixer))
 

@@ -37,8 +37,9 @@ def main() -> None:
 
     import torch
 
+    from atlas_lab.data.corpus import held_out_bytes
     from atlas_lab.models import LanguageModel
-    from atlas_lab.models.stability import held_out_bytes, read_long
+    from atlas_lab.models.stability import read_long
 
     x = held_out_bytes(args.length)
     rows, path = [], out_path("long_context", args)

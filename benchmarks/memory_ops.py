@@ -24,10 +24,10 @@ from atlas_lab.memory import memorize
 TINY = dict(B=1, T=32, H=1, repeats=1, reference_repeats=1)
 
 SETTINGS = {
-    "titans": dict(d=64, memory="mlp", depth=2, expansion=4, feature_map="identity", objective="l2", window=1,
+    "titans": dict(d=64, architecture="mlp", feature_map="identity", attentional_bias="l2", window=1,
                    optimizer="momentum", chunk_size=64),
-    "atlas": dict(d=16, memory="mlp", depth=2, expansion=4, feature_map="polynomial", degree=2, objective="l2",
-                  window=8, optimizer="muon", ns_steps=5, chunk_size=16),
+    "atlas": dict(d=16, architecture="mlp", feature_map="polynomial", attentional_bias="l2", window=8,
+                  optimizer="muon", chunk_size=16),
 }
 
 
@@ -57,16 +57,17 @@ def timed(x, impl, options, repeats):
 def newton_schulz_floor(options, B, T, H, d, repeats):
     """Time of the Newton–Schulz work alone that any exact muon implementation must do: NS_k (forward and
     backward) of every token's momentum of every weight matrix, batched per chunk as the chunked path does."""
-    from atlas_lab.memory import build_feature_map, build_memory, newton_schulz
+    from atlas_lab.memory import MemoryConfig, newton_schulz
 
-    mem = build_memory(options["memory"], depth=options.get("depth", 2), expansion=options.get("expansion", 4))
-    shapes = mem.shapes(build_feature_map(options["feature_map"], degree=options.get("degree", 2)).dim(d), d, d)
-    b = options["chunk_size"]
+    config = MemoryConfig(**options)
+    mem, fmap, _, optimizer = config.components()
+    shapes = mem.shapes(fmap.dim(d), d, d)
+    b = config.chunk_size
     S = {n: torch.randn(B * H * b, *shape, requires_grad=True) for n, shape in shapes.items()}
 
     def work():
         for _ in range(T // b):
-            total = sum(newton_schulz(s, options.get("ns_steps", 5)).sum() for s in S.values())
+            total = sum(newton_schulz(s, optimizer.ns_steps).sum() for s in S.values())
             total.backward()
 
     return median_time(work, repeats)

@@ -40,7 +40,8 @@ TINY = dict(B=1, T=64, d_model=64, heads=2, chunk=16, depth=2, expansion=4, repe
 
 
 def atlas_layer(d_model, heads, chunk, depth, expansion):
-    _, config = resolve_preset("titans", {"chunk_size": chunk, "depth": depth, "expansion": expansion})
+    _, config = resolve_preset("titans", {"chunk_size": chunk, "architecture.depth": depth,
+                                          "architecture.expansion": expansion})
     return MemoryMixer(d_model, heads, config), config
 
 
@@ -97,7 +98,8 @@ def main():
     dims = (args.d_model, H, b, args.depth, args.expansion)
 
     # correctness first
-    options = dict(OP_SETTINGS["titans"], chunk_size=b, depth=args.depth, expansion=args.expansion)
+    options = dict(OP_SETTINGS["titans"], chunk_size=b,
+                   architecture={"name": "mlp", "depth": args.depth, "expansion": args.expansion})
     options.pop("d")
     op_err = op_check(options, d)
     if not op_err < 1e-8:

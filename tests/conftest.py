@@ -1,4 +1,4 @@
-"""Shared test setup. Without a GPU, atlas_lab.kernels runs under Triton's interpreter; TRITON_INTERPRET must be
+"""Shared test setup. Without a GPU, atlas_lab.memory.ops runs under Triton's interpreter; TRITON_INTERPRET must be
 set before triton is first imported (by any module: lightning imports it too), hence here, before collection."""
 import os
 import shutil

@@ -4,7 +4,7 @@ DEVICE: where the memory and kernel tests put their tensors — pytest's ``--dev
 cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
 import torch
 
-from atlas_lab.memory import build_feature_map, memorize
+from atlas_lab.memory import LinearMemory, build_feature_map, build_memory, memorize
 
 GATES = ("alpha", "eta", "theta", "gamma")
 DEVICE = torch.device("cpu")
@@ -16,10 +16,11 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memory="linear", feature_map="identity",
-                 degree=2, device=None, **kw):
+def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, architecture="linear",
+                 feature_map="identity", device=None):
     """Random leaf tensors for memorize on ``device`` (default DEVICE): q, k, v, gates in a stable range, learnable
-    W_0 and φ coefficients. Drawn on the CPU, so that every device sees the same numbers."""
+    W_0 (of ``architecture``, a MemoryConfig component spec) and φ coefficients (of ``feature_map``). Drawn on the
+    CPU, so that every device sees the same numbers."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):  # drawn in float64 and cast, so that every dtype sees the same numbers
@@ -32,15 +33,15 @@ def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, memor
     p = dict(q=rnd(B, T, H, d_k), k=k, v=rnd(B, T, H, d_v) * 0.5,
              alpha=uni(0.8, 1.0, B, T, H), eta=uni(0.05, 0.5, B, T, H), theta=uni(0.3, 0.9, B, T, H),
              gamma=uni(0.2, 1.0, B, T, H))
-    D = build_feature_map(feature_map, degree=degree).dim(d_k)
-    from atlas_lab.memory import build_memory
-    mem = build_memory(memory, **{o: kw[o] for o in ("depth", "expansion", "activation", "residual") if o in kw})
-    W0 = mem.init_weights(H, D, d_k, d_v, generator=g, dtype=torch.float64)
-    if memory == "linear":  # start from a small non-zero state
+    fmap = build_feature_map(feature_map)
+    mem = build_memory(architecture)
+    W0 = mem.init_weights(H, fmap.dim(d_k), d_k, d_v, generator=g, dtype=torch.float64)
+    if isinstance(mem, LinearMemory):  # start from a small non-zero state
         W0 = {n: rnd(*w.shape) * 0.1 for n, w in W0.items()}
     p["initial_state"] = {n: w.to(dtype) for n, w in W0.items()}
-    if feature_map == "polynomial":
-        p["coefficients"] = uni(0.3, 1.0, degree + 1)
+    a = fmap.initial_coefficients()
+    if a is not None:  # a learnable feature map (polynomial): coefficients in a stable range
+        p["coefficients"] = uni(0.3, 1.0, a.shape[0])
     device = DEVICE if device is None else device
     p = {n: t.to(device).requires_grad_(True) if isinstance(t, torch.Tensor) else t for n, t in p.items()}
     p["initial_state"] = {n: w.to(device).requires_grad_(True) for n, w in p["initial_state"].items()}
@@ -56,7 +57,7 @@ def run(problem, impl, **options):
     leaves.update({f"W0.{n}": w for n, w in problem["initial_state"].items()})
     # a loss that touches the output and every part of the final state
     total = (o * torch.linspace(-1, 1, o.shape[-1], dtype=o.dtype, device=o.device)).sum()
-    for x in (state.weights, state.momentum or {}):
+    for x in (state.weights, state.optimizer_state or {}):
         total = total + sum((w ** 2).sum() * 0.1 for w in x.values())
     grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
     return o, state, {n: gr for n, gr in zip(leaves, grads)}
@@ -68,7 +69,7 @@ def quantities(result) -> dict:
         return result
     o, state, grads = result
     out = {"output": o}
-    for part in ("weights", "momentum"):
+    for part in ("weights", "optimizer_state"):
         out.update({f"state.{part}.{n}": w for n, w in (getattr(state, part) or {}).items()})
     out.update({f"grad.{n}": g for n, g in grads.items()})
     return out

@@ -9,7 +9,7 @@ from atlas_lab.sweep.study import open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
-    "model": {"mixer": "gla", "d_model": 16, "n_layers": 1, "n_heads": 2, "lr": 3.0e-3, "warmup_steps": 2},
+    "model": {"preset": "gla", "d_model": 16, "n_layers": 1, "n_heads": 2, "lr": 3.0e-3, "warmup_steps": 2},
     "trainer": {"max_epochs": 1, "log_every_n_steps": 1},
     "data": {"class_path": "atlas_lab.data.mqar.MQARDataModule",
              "init_args": {"vocab_size": 64, "train_slices": [[16, 2, 64]], "test_slices": [[16, 2, 32]],

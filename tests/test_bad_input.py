@@ -14,8 +14,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from atlas_lab.layers import MemoryMixer
-from atlas_lab.layers.memory_mixer import MemoryConfig
-from atlas_lab.memory import memorize
+from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.models import LanguageModel
 from atlas_lab.cli import main
 from helpers import make_problem
@@ -35,14 +34,14 @@ def qkv(**changes):
 
 
 def state_of(**options):
-    """The MemoryState after reading qkv() with these options."""
+    """The MemoryState after reading qkv() with these options (a linear memory unless they say otherwise)."""
     x = qkv()
-    return memorize(x["q"], x["k"], x["v"], **options)[1]
+    return memorize(x["q"], x["k"], x["v"], **{"architecture": "linear", **options})[1]
 
 
 def call_memorize(inputs=None, **options):
     x = qkv(**(inputs or {}))
-    return lambda: memorize(x["q"], x["k"], x["v"], **options)
+    return lambda: memorize(x["q"], x["k"], x["v"], **{"architecture": "linear", **options})
 
 
 MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
@@ -53,15 +52,20 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
                 ["memorize", "one dtype and device", "v torch.float32", "q torch.float64"]),
     "q-3d": (call_memorize({"q": torch.zeros(B, T, D, dtype=torch.float64)}), ValueError,
              ["memorize", "q, k [B, T, H, d_k]", "q (2, 5, 4)"]),
-    "window-bool": (call_memorize(window=True), ValueError, ["memorize", "window", "int >= 1 or None", "True"]),
+    "window-bool": (call_memorize(window=True), ValueError, ["memorize.window", "int >= 1 or null", "True"]),
     "window-float": (call_memorize(window=2.0), ValueError, ["memorize", "window", "int >= 1", "2.0"]),
     "window-zero": (call_memorize(window=0), ValueError, ["memorize", "window", "int >= 1", "got 0"]),
     "chunk_size-bool": (call_memorize(chunk_size=True), ValueError, ["memorize", "chunk_size", "int >= 1", "True"]),
-    "ns_steps-negative": (call_memorize(optimizer="muon", ns_steps=-1), ValueError,
-                          ["memorize", "ns_steps", "int >= 1", "-1"]),
-    "ns_steps-float": (call_memorize(optimizer="muon", ns_steps=2.5), ValueError, ["memorize", "ns_steps", "2.5"]),
-    "degree-zero": (call_memorize(feature_map="polynomial", degree=0), ValueError,
-                    ["memorize", "degree", "int >= 1", "polynomial", "got 0"]),
+    "ns_steps-negative": (call_memorize(optimizer={"name": "muon", "ns_steps": -1}), ValueError,
+                          ["memorize.optimizer", "ns_steps", "int >= 1", "-1"]),
+    "ns_steps-float": (call_memorize(optimizer={"name": "muon", "ns_steps": 2.5}), ValueError,
+                       ["memorize.optimizer", "ns_steps", "2.5"]),
+    "ns_steps-of-gd": (call_memorize(optimizer={"name": "gd", "ns_steps": 3}), ValueError,
+                       ["memorize.optimizer.ns_steps", "gd does not take 'ns_steps'", "takes no options"]),
+    "ns_steps-flat": (call_memorize(optimizer="muon", ns_steps=3), ValueError,
+                      ["memorize.ns_steps", "an option of the optimizer now", "write optimizer.ns_steps: 3"]),
+    "degree-zero": (call_memorize(feature_map={"name": "polynomial", "degree": 0}), ValueError,
+                    ["memorize.feature_map", "degree", "int >= 1", "polynomial", "got 0"]),
     "alpha-negative": (call_memorize(alpha=-0.5), ValueError, ["memorize", "alpha", ">= 0", "-0.5"]),
     "theta-negative": (call_memorize(optimizer="momentum", theta=-0.1), ValueError,
                        ["memorize", "theta", ">= 0", "-0.1"]),
@@ -88,13 +92,13 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
     "MemoryState-keys": (call_memorize(initial_state=dataclasses.replace(state_of(window=3),
                                                                         keys=state_of(window=3).keys[:, :1])),
                          ValueError, ["memorize", "initial_state.keys", "[2, 2, 2, 4]", "[2, 1, 2, 4]"]),
-    "MemoryState-memory": (call_memorize(memory="mlp", initial_state=state_of()), ValueError,
+    "MemoryState-memory": (call_memorize(architecture="mlp", initial_state=state_of()), ValueError,
                            ["memorize", "initial_state.weights", "the memory expects ['W1', 'W2']"]),
 }
 
 
 def call_mixer(x, cache=None):
-    mixer = MemoryMixer(8, 2, MemoryConfig(memory="linear", chunk_size=4))
+    mixer = MemoryMixer(8, 2, MemoryConfig(architecture="linear", chunk_size=4))
     return lambda: mixer(x, cache)
 
 
@@ -110,7 +114,7 @@ LAYER_CASES = {
     "mixer-integer": (call_mixer(torch.zeros(2, 3, 8, dtype=torch.long)), ValueError,
                       ["MemoryMixer", "x", "floating-point", "torch.int64"]),
     "mixer-numpy": (call_mixer(np.zeros((2, 3, 8))), ValueError, ["MemoryMixer", "x", "tensor", "ndarray"]),
-    "mixer-cache-batch": (call_mixer(torch.zeros(3, 4, 8), MemoryMixer(8, 2, MemoryConfig(memory="linear"))(
+    "mixer-cache-batch": (call_mixer(torch.zeros(3, 4, 8), MemoryMixer(8, 2, MemoryConfig(architecture="linear"))(
         torch.zeros(2, 4, 8))[1]), ValueError, ["MemoryMixer", "cache", "batch of 2", "with 3"]),
     "model-float-ids": (call_model(torch.zeros(2, 3)), TypeError,
                         ["LanguageModel", "input_ids", "integer torch.Tensor", "torch.float32"]),
@@ -138,8 +142,10 @@ def test_bad_input_is_refused_with_a_clear_message(case):
     assert not missing, f"{raised.value!r} does not say {missing}"
 
 
-@pytest.mark.parametrize("options", [dict(), dict(memory="mlp", optimizer="momentum", window=3, chunk_size=4),
-                                     dict(memory="gated_mlp", optimizer="muon", window=None, chunk_size=3)])
+@pytest.mark.parametrize("options", [dict(architecture="linear"),
+                                     dict(architecture="mlp", optimizer="momentum", theta=0.5, window=3, chunk_size=4),
+                                     dict(architecture="gated_mlp", optimizer="muon", theta=0.5, window=None,
+                                          chunk_size=3)])
 def test_an_empty_piece_returns_no_outputs_and_the_state_unchanged(options):
     x = qkv()
     o, state = memorize(x["q"][:, :3], x["k"][:, :3], x["v"][:, :3], **options)
@@ -152,7 +158,7 @@ def test_an_empty_piece_returns_no_outputs_and_the_state_unchanged(options):
 
 
 def test_an_empty_piece_through_the_memory_mixer_keeps_its_cache():
-    mixer = MemoryMixer(8, 2, MemoryConfig(memory="mlp", window=2, chunk_size=4))
+    mixer = MemoryMixer(8, 2, MemoryConfig(architecture="mlp", window=2, chunk_size=4))
     x = torch.randn(2, 6, 8)
     y_all, _ = mixer(x)
     y1, cache = mixer(x[:, :3])
@@ -166,7 +172,7 @@ NAN_T = 3  # a NaN key at t = 3 of a T = 7 sequence
 
 def nan_key_run(impl, poison, **options):
     """(outputs, gradients of y[:, :3] w.r.t. q, k, v at t < 3) of one problem, with k[:, 3] = NaN if ``poison``."""
-    p = make_problem(T=7, memory=options["memory"])
+    p = make_problem(T=7, architecture=options["architecture"])
     k = p["k"].detach().clone()
     if poison:
         k[:, NAN_T] = float("nan")
@@ -183,7 +189,7 @@ def nan_key_run(impl, poison, **options):
     ("linear", "gd", "chunked", 1, 1),  # the exact delta rule (WY form)
 ])
 def test_a_nan_key_never_reaches_earlier_outputs(memory, optimizer, impl, window, chunk_size):
-    options = dict(memory=memory, optimizer=optimizer, window=window, chunk_size=chunk_size)
+    options = dict(architecture=memory, optimizer=optimizer, window=window, chunk_size=chunk_size)
     (o, _), (o_nan, _) = nan_key_run(impl, False, **options), nan_key_run(impl, True, **options)
     assert torch.isfinite(o_nan[:, :NAN_T]).all(), "a NaN key at t = 3 reached outputs at t < 3"
     torch.testing.assert_close(o_nan[:, :NAN_T], o[:, :NAN_T], rtol=1e-12, atol=1e-12)
@@ -199,12 +205,12 @@ def test_a_nan_in_any_other_input_never_reaches_earlier_outputs(poisoned, memory
     outputs = []
     for poison in (False, True):
         p = {n: x.detach().clone() if isinstance(x, torch.Tensor) else x
-             for n, x in make_problem(memory=memory).items()}
+             for n, x in make_problem(architecture=memory).items()}
         if poison:
             p[poisoned][:, NAN_T] = float("nan")
         outputs.append(memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], theta=p["theta"],
-                                gamma=p["gamma"], initial_state=p["initial_state"], memory=memory, optimizer=optimizer,
-                                window=window, chunk_size=4)[0])
+                                gamma=p["gamma"], initial_state=p["initial_state"], architecture=memory,
+                                optimizer=optimizer, window=window, chunk_size=4)[0])
     torch.testing.assert_close(outputs[1][:, :NAN_T], outputs[0][:, :NAN_T], rtol=1e-12, atol=1e-12)
     assert not torch.isfinite(outputs[1][:, NAN_T]).all(), f"a NaN {poisoned} at t = 3 did not reach o_3"
 
@@ -216,7 +222,7 @@ def test_a_nan_key_never_reaches_earlier_gradients_of_a_linear_memory(optimizer,
 
     Deep memories and later chunks are not covered: there the zero gradient of an output after the NaN meets NaN
     activations (0 · NaN), which no mask can stop, and the gradients of earlier inputs become NaN as well."""
-    options = dict(memory="linear", optimizer=optimizer, window=window, chunk_size=8)
+    options = dict(architecture="linear", optimizer=optimizer, window=window, chunk_size=8)
     (_, grads), (_, grads_nan) = nan_key_run(impl, False, **options), nan_key_run(impl, True, **options)
     for name, g, g_nan in zip("qkv", grads, grads_nan):
         assert torch.isfinite(g_nan).all(), f"the NaN key made the gradient of {name} at t < 3 non-finite"
@@ -226,7 +232,7 @@ def test_a_nan_key_never_reaches_earlier_gradients_of_a_linear_memory(optimizer,
 @pytest.mark.parametrize("optimizer,window", list(itertools.product(["gd", "momentum"], [1, 3, None])))
 def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer, window):
     pytest.importorskip("triton")
-    from atlas_lab.kernels import INTERPRETED
+    from atlas_lab.memory.ops import INTERPRETED
     if not (INTERPRETED or torch.cuda.is_available()):
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -237,7 +243,8 @@ def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer,
         if poison:
             k[:, NAN_T] = float("nan")
         gates = {n: p[n].detach().to(device) for n in ("alpha", "eta", "theta", "gamma")}
-        o, _ = memorize(q, k, v, optimizer=optimizer, window=window, chunk_size=4, impl="triton", **gates,
+        o, _ = memorize(q, k, v, architecture="linear", optimizer=optimizer, window=window, chunk_size=4,
+                        impl="triton", **gates,
                         initial_state={n: w.detach().to(device) for n, w in p["initial_state"].items()})
         outputs.append(o)
     assert torch.isfinite(outputs[1][:, :NAN_T]).all(), "a NaN key at t = 3 reached outputs at t < 3"
@@ -248,17 +255,18 @@ def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer,
 # The atlas-lab command: fit, validate, test
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
-TINY_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=gla", "--model.d_model=16",
+TINY_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.preset=gla", "--model.d_model=16",
             "--model.n_layers=1", "--model.n_heads=2", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
-LM_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/lm.yaml", "--model.mixer=gla", "--model.d_model=16",
+LM_RUN = ["-c", "lightning_config.yaml", "-c", "experiments/lm.yaml", "--model.preset=gla", "--model.d_model=16",
           "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--trainer.max_steps=1"]
 BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must say)
     # the parser: the key, the valid choices or the expected type, the value given
     "unknown key": (["fit", *TINY_RUN, "--model.colour=red"], "unrecognized arguments: --model.colour=red"),
-    "unknown mixer": (["fit", *TINY_RUN, "--model.mixer=atlass"], "model.mixer: expected 'transformer', 'swa'"),
+    "unknown preset": (["fit", *TINY_RUN, "--model.preset=atlass"], "model.preset: expected 'transformer', 'swa'"),
     "not an int": (["fit", *TINY_RUN, "--trainer.max_epochs=three"],
                    "trainer.max_epochs: expected int or null; got three"),
-    "window type": (["fit", *TINY_RUN, "--model.memory.window=wide"], "model.memory.window: expected int or 'global'"),
+    "window type": (["fit", *TINY_RUN, "--model.memory.window=wide"],
+                    "model.memory.window: expected an int >= 1 or null (global), got 'wide'"),
     "yaml syntax": (["fit", "-c", "broken.yaml"], "broken.yaml: not valid YAML at line 2, column 1"),
     "missing config": (["fit", "-c", "experiments/nothere.yaml"], "experiments/nothere.yaml: config file not found"),
     # the model: every value out of its range, before any training step
@@ -273,18 +281,24 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "alpha > 1": (["fit", *TINY_RUN, "--model.memory.alpha=2"],
                   "model.memory.alpha: expected 'learned' or a constant in [0, 1]"),
     "eta_max < 0": (["fit", *TINY_RUN, "--model.memory.eta_max=-1"], "model.memory.eta_max: expected a number > 0"),
-    "ns_steps -1": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.ns_steps=-1"],
-                    "model.memory.ns_steps: expected an int >= 1, got -1"),
-    "ns_steps 0": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.ns_steps=0"],
-                   "model.memory.ns_steps: expected an int >= 1, got 0"),
-    "degree 0": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.degree=0"],
-                 "model.memory.degree: expected an int >= 1, got 0"),
+    "ns_steps -1": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.optimizer.ns_steps=-1"],
+                    "model.memory.optimizer: muon ns_steps must be an int >= 1, got -1"),
+    "ns_steps 0": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.optimizer.ns_steps=0"],
+                   "model.memory.optimizer: muon ns_steps must be an int >= 1, got 0"),
+    "ns_steps of gd": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.optimizer=gd",
+                        "--model.memory.optimizer.ns_steps=3"],
+                       "model.memory.optimizer.ns_steps: gd does not take 'ns_steps'; it takes no options"),
+    "ns_steps flat": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.ns_steps=3"],
+                      "model.memory.ns_steps: an option of the optimizer now; write optimizer.ns_steps: 3"),
+    "mixer": (["fit", *TINY_RUN, "--model.mixer=atlas"], "model.mixer: renamed; write model.preset: atlas"),
+    "degree 0": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.feature_map.degree=0"],
+                 "model.memory.feature_map: polynomial degree must be an int >= 1, got 0"),
     "window 0": (["fit", *TINY_RUN, "--model.memory.window=0"], "model.memory.window: expected an int >= 1 or null"),
     "heads": (["fit", *TINY_RUN, "--model.n_heads=5"], "model.n_heads: d_model=16 must be divisible by n_heads=5"),
-    "normalize on atlas": (["fit", *TINY_RUN, "--model.mixer=atlas", "--model.memory.normalize=true"],
-                           "model.memory.normalize: needs memory=linear, objective=dot"),
-    "output_norm on linear": (["fit", *TINY_RUN, "--model.memory.output_norm=true"],
-                              "model.memory.memory: output_norm applies to the MLP memories"),
+    "normalize on atlas": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.normalize=true"],
+                           "model.memory.normalize: needs architecture linear, attentional_bias dot"),
+    "output_norm on linear": (["fit", *TINY_RUN, "--model.memory.architecture.output_norm=true"],
+                              "model.memory.architecture.output_norm: linear does not take 'output_norm'"),
     # the data: checked when it is set up, before the run is created
     "vocabulary": (["fit", *TINY_RUN, "--data.init_args.vocab_size=8"], "data.init_args.vocab_size"),
     "missing corpus": (["fit", *LM_RUN, "--data.init_args.data_path=/no/such/file.txt"],
@@ -361,7 +375,7 @@ def test_validate_and_test_score_the_last_fit_or_an_explicitly_untrained_model(w
 
 BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
     "unknown grid key": (dict(grid={"model.mixr": ["atlas"]}), "model.mixr"),
-    "unknown grid value": (dict(grid={"model.mixer": ["atlas", "atlass"]}), "atlass"),
+    "unknown grid value": (dict(grid={"model.preset": ["atlas", "atlass"]}), "atlass"),
     "value type": (dict(grid={"trainer.max_epochs": ["three"]}), "trainer.max_epochs"),
     "no axis": (dict(grid={}), "grid: sampler grid needs at least one grid axis"),
     "low > high": (dict(sampler="tpe", trials=4, search={"model.lr": {"low": 1.0, "high": 0.1}}),
@@ -389,8 +403,8 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
                "metric: 'val/accuracy' is not logged by the trials"),
     "baseline label": (dict(grid={"model.lr": [1e-3, 2e-3]}, baseline={"model.lr": 5e-3}),
                        "baseline.model.lr: unknown label 0.005; valid choices: 0.001, 0.002"),
-    "baseline axes": (dict(grid={"model.lr": [1e-3], "model.mixer": ["gla"]}, baseline={"model.lr": 1e-3}),
-                      "baseline: expected one label for each grid axis (model.lr, model.mixer)"),
+    "baseline axes": (dict(grid={"model.lr": [1e-3], "model.preset": ["gla"]}, baseline={"model.lr": 1e-3}),
+                      "baseline: expected one label for each grid axis (model.lr, model.preset)"),
     "baseline search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
                              baseline={"model.lr": 1e-3}),
                         "baseline: a baseline is a grid point; sampler tpe has none"),

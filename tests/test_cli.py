@@ -13,7 +13,8 @@ def test_presets_table_lists_every_preset_with_its_columns():
     console = Console(record=True, width=400)
     print_presets(console, d_model=32, n_layers=2, n_heads=4, vocab_size=64, swa_window=8)
     text = console.export_text()
-    for column in ("memory", "feature map", "objective", "window", "chunk", "optimizer", "gates", "parameters",
+    for column in ("architecture", "feature map", "attentional bias", "window", "chunk", "optimizer", "gates",
+                   "parameters",
                    "state (bytes)", "+bytes/token", "memory FLOPs/token", "attention FLOPs/token"):
         assert column in text
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│")}

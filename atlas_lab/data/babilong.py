@@ -18,7 +18,7 @@ import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
 from .corpus import Haystack, check_data_path, document_pieces, load_corpus
-from .tokenizers import build_tokenizer, tokenizer_vocab_size
+from .tokenizers import tokenizer_kind
 
 ACTORS = ("John", "Mary", "Sandra", "Daniel")
 QA5_ACTORS = ("Bill", "Fred", "Jeff", "Mary")
@@ -199,10 +199,10 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
               f"{train_size}, {eval_size}")
         self.tasks, self.lengths, self.train_lengths = list(tasks), list(lengths), list(train_lengths)
         self.train_size, self.eval_size = train_size, eval_size
-        self.tokenizer_name, self.bpe_vocab_size = tokenizer, bpe_vocab_size
+        self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
         check_data_path(data_path)
-        self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
+        self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
         all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"{t}-L{n}" for t in self.tasks for n in all_lengths]
         self.tokenizer, self.corpus = None, None
@@ -210,9 +210,9 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
     def prepare(self) -> None:
         if self.tokenizer is not None:
             return
-        if any(self.lengths + self.train_lengths) or self.tokenizer_name == "bpe":
+        if any(self.lengths + self.train_lengths) or self.tokenizer_kind.trains_on_corpus:
             self.corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = build_tokenizer(self.tokenizer_name, self.bpe_vocab_size, lambda: self.corpus["train"],
+        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: self.corpus["train"],
                                          self.cache_dir)
         self.pad_id = self.tokenizer.pad_id
 

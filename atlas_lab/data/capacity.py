@@ -7,34 +7,40 @@ optimiser) and queried with the N keys, so each read sees the memory after all N
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
-from atlas_lab.memory import build_feature_map, memorize
+from atlas_lab.memory import MemoryConfig, memorize
 
 from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
 
 
+PROBED = MemoryConfig(architecture="linear", chunk_size=1)  # the memory probed unless told otherwise: delta rule
+
+
 def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int = 16, d_v: int = 16,
-                   trials: int = 8, seed: int = 0, memory: str = "linear", feature_map: str = "identity",
-                   optimizer: str = "gd", objective: str = "l2", eta: float = 1.0, theta: float = 0.0,
-                   alpha: float = 1.0, chunk_size: int = 1, normalize_eta: bool = True,
-                   dtype: torch.dtype = torch.float64, **options) -> list[dict]:
+                   trials: int = 8, seed: int = 0, config: MemoryConfig | None = None, eta: float = 1.0,
+                   theta: float = 0.0, alpha: float = 1.0, normalize_eta: bool = True,
+                   dtype: torch.dtype = torch.float64, **changes) -> list[dict]:
     """Recall of N random pairs as N grows -> one row per N:
 
         {"n_pairs", "recall_error" (mean ‖M(k_i) − v_i‖², values have norm 1), "cosine" (mean cos(M(k_i), v_i)),
          "retrieval_acc" (fraction of i whose read-out is closest, by dot product, to v_i among the N values),
-         "feature_dim" (D, the width the memory reads keys at), and the memorize options}
+         "feature_dim" (D, the width the memory reads keys at), and the memory's fields}
 
     trials: independent draws per N (the batch dimension); the metrics are means over pairs and trials.
-    memory, feature_map, optimizer, objective, eta (inner learning rate), theta (momentum), alpha (retention),
-    chunk_size (1 = the exact online rule) and **options (e.g. degree, depth, expansion, window, ns_steps) are
-    passed to atlas_lab.memory.memorize.
-    normalize_eta: write with η / ‖φ(k_t)‖² (for a linear memory with the l2 objective, the normalised delta
+    config: the memory (default PROBED: a linear memory, chunk 1), with ``changes`` in MemoryConfig.replace's form
+    (e.g. architecture={"name": "mlp", "expansion": 2}, feature_map="polynomial", window=4). Its gates are the
+    probe's: eta (inner learning rate), theta (momentum), alpha (retention) while writing, γ = 1.
+    normalize_eta: write with η / ‖φ(k_t)‖² (for a linear memory with the l2 bias, the normalised delta
     rule: each write stores its pair exactly; it keeps wide feature maps stable, so maps compare fairly).
     """
     check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs", f"expected a non-empty list of ints >= 1, got {n_pairs}")
     check(d_k >= 1 and d_v >= 1 and trials >= 1, "d_k", f"expected d_k, d_v, trials >= 1, got {d_k}, {d_v}, {trials}")
+    config = (config or PROBED).replace("capacity_probe", **changes)
+    fmap = config.components("capacity_probe")[1]
     g = torch.Generator().manual_seed(seed)
     rows = []
     for N in n_pairs:
@@ -46,13 +52,9 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
         def gate(value, frozen):
             return value * writing + frozen * (1 - writing)
 
-        step = eta
-        if normalize_eta:
-            phi = build_feature_map(feature_map, degree=options.get("degree", 2))(q, options.get("coefficients"))
-            step = eta / (phi ** 2).sum(-1)  # [trials, 2N, 1]
-        o, _ = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), memory=memory, feature_map=feature_map,
-                        optimizer=optimizer, objective=objective, eta=gate(step, 0.0), theta=gate(theta, 0.0),
-                        alpha=gate(alpha, 1.0), chunk_size=chunk_size, **options)
+        step = eta / (fmap(q) ** 2).sum(-1) if normalize_eta else eta  # [trials, 2N, 1]
+        o, _ = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), config, eta=gate(step, 0.0),
+                        theta=gate(theta, 0.0), alpha=gate(alpha, 1.0), gamma=1.0)
         read, v = o[:, N:, 0], v[:, :, 0]  # [trials, N, d_v]
         scores = read @ v.transpose(1, 2)  # [trials, N, N]
         rows.append({
@@ -60,11 +62,9 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             "recall_error": ((read - v) ** 2).sum(-1).mean().item(),
             "cosine": torch.nn.functional.cosine_similarity(read, v, dim=-1).mean().item(),
             "retrieval_acc": (scores.argmax(-1) == torch.arange(N)).to(dtype).mean().item(),
-            "feature_dim": build_feature_map(feature_map, degree=options.get("degree", 2)).dim(d_k),
-            "memory": memory, "feature_map": feature_map, "optimizer": optimizer, "objective": objective,
-            "eta": eta, "normalize_eta": normalize_eta, "theta": theta, "alpha": alpha, "chunk_size": chunk_size,
-            "d_k": d_k, "d_v": d_v,
-            **options,
+            "feature_dim": fmap.dim(d_k),
+            **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
+            "eta": eta, "normalize_eta": normalize_eta, "theta": theta, "alpha": alpha, "d_k": d_k, "d_v": d_v,
         })
     return rows
 

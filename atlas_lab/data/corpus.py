@@ -36,6 +36,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .base import check
 
@@ -170,6 +171,14 @@ def load_corpus(data_path: str | None, cache_dir: str, holdout_fraction: float =
     for split, part in splits.items():
         check(bool(part.strip()), "data_path", f"{data_path!r} is too short: its {split} split would be empty")
     return {split: [part] for split, part in splits.items()}
+
+
+def held_out_bytes(length: int, cache_dir: str = "~/.cache/atlas_lab") -> torch.Tensor:
+    """[1, length] byte ids of the validation plays of the LM task (the text repeats if it is shorter): the long
+    held-out text of the stability checks (``atlas_lab.models.stability.read_long``)."""
+    text = "".join(load_corpus(None, cache_dir)["val"]).encode("utf-8")
+    text = text * (length // len(text) + 1)
+    return torch.tensor(list(text[:length]), dtype=torch.long)[None]
 
 
 def document_pieces(documents: list[str]) -> list[str]:

@@ -5,7 +5,7 @@ import numpy as np
 
 from .base import SPLITS, SequenceDataset, TaskDataModule, check
 from .corpus import check_data_path, document_pieces, load_corpus
-from .tokenizers import build_tokenizer, tokenizer_vocab_size
+from .tokenizers import tokenizer_kind
 
 
 def lm_windows(ids: np.ndarray, seq_len: int) -> SequenceDataset:
@@ -55,11 +55,11 @@ class LMDataModule(TaskDataModule):
         """
         super().__init__(batch_size, seed, num_workers)
         check(seq_len >= 1, "seq_len", f"expected an int >= 1, got {seq_len}")
-        self.data_path, self.tokenizer_name, self.bpe_vocab_size = data_path, tokenizer, bpe_vocab_size
+        self.data_path, self.tokenizer_kind, self.bpe_vocab_size = data_path, tokenizer_kind(tokenizer), bpe_vocab_size
         check_data_path(data_path)
         self.seq_len, self.holdout_fraction, self.cache_dir = seq_len, holdout_fraction, cache_dir
-        self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
-        self.bytes_per_token: float | None = 1.0 if tokenizer == "byte" else None
+        self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
+        self.bytes_per_token: float | None = self.tokenizer_kind.bytes_per_token
         self.split_bytes_per_token: dict[str, float] = {}
         self.tokenizer = None
         self.tokens: dict[str, np.ndarray] = {}
@@ -69,7 +69,7 @@ class LMDataModule(TaskDataModule):
         if self.tokens:
             return
         corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = build_tokenizer(self.tokenizer_name, self.bpe_vocab_size, lambda: corpus["train"],
+        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: corpus["train"],
                                          self.cache_dir)
         self.pad_id = self.tokenizer.pad_id
         for split in SPLITS:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
 from .corpus import Haystack, check_data_path, document_pieces, load_corpus
-from .tokenizers import build_tokenizer, tokenizer_vocab_size
+from .tokenizers import tokenizer_kind
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 VARIANTS = {1: ("noise", "numbers"), 2: ("prose", "numbers"), 3: ("prose", "uuids")}  # haystack, value type
@@ -97,10 +97,10 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
         self.value_type = value_type or VARIANTS[variant][1]
         self.lengths, self.train_lengths = list(lengths), list(train_lengths)
         self.train_size, self.eval_size, self.depth_buckets = train_size, eval_size, depth_buckets
-        self.tokenizer_name, self.bpe_vocab_size = tokenizer, bpe_vocab_size
+        self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
         check_data_path(data_path)
-        self.vocab_size = tokenizer_vocab_size(tokenizer, bpe_vocab_size)
+        self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
         edges = np.linspace(0, 100, depth_buckets + 1).round().astype(int)
         self.all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"L{n}-depth{edges[b]}-{edges[b + 1]}" for n in self.all_lengths
@@ -110,9 +110,9 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
     def prepare(self) -> None:
         if self.tokenizer is not None:
             return
-        if self.haystack_kind == "prose" or self.tokenizer_name == "bpe":
+        if self.haystack_kind == "prose" or self.tokenizer_kind.trains_on_corpus:
             self.corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = build_tokenizer(self.tokenizer_name, self.bpe_vocab_size, lambda: self.corpus["train"],
+        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: self.corpus["train"],
                                          self.cache_dir)
         self.pad_id = self.tokenizer.pad_id
 

@@ -1,7 +1,10 @@
 """Tokenizers: bytes (the default) and a byte-level BPE trained offline on a training split and cached on disk.
 
 Both expose: vocab_size, pad_id, encode(text) -> list[int], encode_batch(texts), encode_documents(pieces)
--> int32 array, decode(ids) -> str.
+-> int32 array, decode(ids) -> str; and, per kind, before any data is read: ``trains_on_corpus`` (building one
+reads the training split), ``bytes_per_token`` (1.0 for bytes; None where it depends on the text),
+``planned_vocab_size(bpe_vocab_size)`` and ``build(bpe_vocab_size, train_documents, cache_dir)``. The data
+modules look a kind up in TOKENIZERS and ask it; none compares its name.
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import numpy as np
 
 from .base import check, check_choice
 
-TOKENIZERS = ("byte", "bpe")
 BPE_FORMAT = 1  # bump when the BPE recipe below changes: cached tokenizers are keyed by it
 
 
@@ -21,6 +23,16 @@ class ByteTokenizer:
     """UTF-8 bytes 0..255 plus special tokens after them: <pad> = 256. vocab_size = 257."""
 
     specials = ("<pad>",)
+    trains_on_corpus = False
+    bytes_per_token = 1.0
+
+    @classmethod
+    def planned_vocab_size(cls, bpe_vocab_size: int) -> int:
+        return 256 + len(cls.specials)
+
+    @classmethod
+    def build(cls, bpe_vocab_size: int, train_documents, cache_dir: str) -> "ByteTokenizer":
+        return cls()
 
     def __init__(self):
         self.vocab_size = 256 + len(self.specials)
@@ -49,10 +61,24 @@ class BPETokenizer:
     vocab_size is the requested size (the trained vocabulary can only be smaller on a tiny corpus).
     """
 
+    trains_on_corpus = True
+    bytes_per_token = None
+
+    @classmethod
+    def planned_vocab_size(cls, bpe_vocab_size: int) -> int:
+        check(bpe_vocab_size > 257, "bpe_vocab_size",
+              f"expected an int > 257 (256 bytes + <pad> + merges), got {bpe_vocab_size}")
+        return bpe_vocab_size
+
+    @classmethod
+    def build(cls, bpe_vocab_size: int, train_documents, cache_dir: str) -> "BPETokenizer":
+        """Trained on train_documents() (a callable: only a kind that trains reads the corpus)."""
+        return cls(train_documents(), bpe_vocab_size, cache_dir)
+
     def __init__(self, train_documents: list[str], vocab_size: int, cache_dir: str):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        self.vocab_size, self.pad_id = tokenizer_vocab_size("bpe", vocab_size), 0
+        self.vocab_size, self.pad_id = self.planned_vocab_size(vocab_size), 0
         digest = hashlib.sha1(f"{BPE_FORMAT}/{vocab_size}/".encode())
         for doc in train_documents:
             digest.update(doc.encode("utf-8"))
@@ -98,20 +124,10 @@ class BPETokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def build_tokenizer(name: str, bpe_vocab_size: int, train_documents, cache_dir: str):
-    """"byte" -> ByteTokenizer(); "bpe" -> BPETokenizer trained on train_documents() (a callable, only
-    called for BPE, so that byte-level tasks never read a corpus)."""
-    check_choice("tokenizer", name, TOKENIZERS)
-    if name == "byte":
-        return ByteTokenizer()
-    return BPETokenizer(train_documents(), bpe_vocab_size, cache_dir)
+TOKENIZERS = {"byte": ByteTokenizer, "bpe": BPETokenizer}
 
 
-def tokenizer_vocab_size(name: str, bpe_vocab_size: int) -> int:
-    """The vocabulary size a tokenizer will have, known before any data is read (for __init__)."""
-    check_choice("tokenizer", name, TOKENIZERS)
-    if name == "byte":
-        return ByteTokenizer().vocab_size
-    check(bpe_vocab_size > 257, "bpe_vocab_size",
-          f"expected an int > 257 (256 bytes + <pad> + merges), got {bpe_vocab_size}")
-    return bpe_vocab_size
+def tokenizer_kind(name: str):
+    """The tokenizer class a data module's ``tokenizer`` names (ValueError listing the choices)."""
+    check_choice("tokenizer", name, tuple(TOKENIZERS))
+    return TOKENIZERS[name]

@@ -2,7 +2,7 @@
 from .attention import Attention
 from .conv import ShortConv
 from .hybrid import MAC, MAG
-from .memory_mixer import GATES, MemoryConfig, MemoryMixer
+from .memory_mixer import MemoryMixer
 from .rope import rotary
 
-__all__ = ["Attention", "ShortConv", "MAG", "MAC", "MemoryConfig", "MemoryMixer", "GATES", "rotary"]
+__all__ = ["Attention", "ShortConv", "MAG", "MAC", "MemoryMixer", "rotary"]

@@ -16,9 +16,12 @@ from torch.nn import functional as F
 from .rope import rotary
 
 
-def _with_persistent(k, v, mask, persistent):
-    """Keys and values with the persistent pairs (pk, pv [H, P, d]) in front, and the mask with their columns
-    (always visible). mask: [..., S] bool."""
+def with_persistent(k, v, mask, persistent):
+    """Keys and values with the persistent pairs in front, and the mask with their columns (always visible).
+
+    k, v: [B, H, ..., S, d]; mask: [..., S] bool (broadcast against the scores [B, H, ..., T, S]); persistent:
+    (pk, pv) [H, P, d] or None (then all three are returned as they are) -> k, v [B, H, ..., P + S, d] and
+    mask [..., P + S]."""
     if persistent is None:
         return k, v, mask
     H, P, d = persistent[0].shape
@@ -35,7 +38,7 @@ def full_attention(q, k, v, persistent=None):
     if S == T and persistent is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
-    k, v, mask = _with_persistent(k, v, mask, persistent)
+    k, v, mask = with_persistent(k, v, mask, persistent)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -50,7 +53,7 @@ def sliding_window_attention_dense(q, k, v, window: int, persistent=None):
     qpos = torch.arange(S - T, S, device=q.device)[:, None]
     kpos = torch.arange(S, device=q.device)[None, :]
     mask = (kpos <= qpos) & (kpos > qpos - window)
-    k, v, mask = _with_persistent(k, v, mask, persistent)
+    k, v, mask = with_persistent(k, v, mask, persistent)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -78,7 +81,7 @@ def sliding_window_attention_blocked(q, k, v, window: int, persistent=None):
     j = torch.arange(2 * w, device=q.device)[None, :]
     band = (j > i) & (j <= i + w)  # [w, 2w]
     first = torch.arange(n, device=q.device)[:, None, None] * w + j >= left  # [n, 1, 2w]: not left padding
-    kb, vb, mask = _with_persistent(blocks(k_), blocks(v_), (band & first).expand(n, w, 2 * w), persistent)
+    kb, vb, mask = with_persistent(blocks(k_), blocks(v_), (band & first).expand(n, w, 2 * w), persistent)
     o = F.scaled_dot_product_attention(q_, kb, vb, attn_mask=mask)
     return o.reshape(B, H, n * w, d)[:, :, :T]
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..memory.chunked import read_at
-from .attention import Attention, _with_persistent
+from .attention import Attention, with_persistent
 from .memory_mixer import MemoryConfig, MemoryMixer
 from .rope import rotary
 
@@ -83,7 +83,7 @@ class MAC(nn.Module):
         H, d = mem.n_heads, mem.head_dim
         q = F.normalize(F.silu(self.retrieve_q(x)).view(B, n, H, d), dim=-1).permute(0, 2, 1, 3).reshape(B * H, n, d)
         W = {k: w.to(q.dtype).reshape(B * H, *w.shape[2:]) for k, w in weights.items()}
-        coefficients = F.softplus(mem.raw_coefficients) if mem.raw_coefficients is not None else None
+        coefficients = mem.feature_coefficients()
         h = read_at(mem.mem, W, mem.feature_map(q, coefficients), q)[..., :d]  # a normaliser column is not read
         return self.retrieve_out(h.reshape(B, H, n, d).permute(0, 2, 1, 3).reshape(B, n, H * d))
 
@@ -136,7 +136,7 @@ class MAC(nn.Module):
         mask = both[None, :] <= pos[:, None]
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         p = None if a.persistent is None else tuple(a.persistent)
-        kh, vh, mask = _with_persistent(kh, vh, mask, p)
+        kh, vh, mask = with_persistent(kh, vh, mask, p)
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         return a.o_proj(o.transpose(1, 2).reshape(B, n, -1)), k, v, both
 

@@ -6,110 +6,15 @@ x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per h
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Optional, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import READS, build_components, memorize
-from ..memory.op import normalize_applies
+from ..memory import GATE_INIT, GATES, MemoryConfig, memorize
 from .conv import ShortConv
-
-Gate = Union[float, Literal["learned", "head_decay"]]
-GATES = ("alpha", "eta", "theta", "gamma")
-# initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
-GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
-# the values a constant gate may take: retention and momentum decay are fractions (θ = 1 never forgets a step)
-GATE_RANGES = {"alpha": (lambda x: 0 <= x <= 1, "in [0, 1]"), "eta": (lambda x: x >= 0, ">= 0"),
-               "theta": (lambda x: 0 <= x < 1, "in [0, 1)"), "gamma": (lambda x: x >= 0, ">= 0")}
-
-
-@dataclass
-class MemoryConfig:
-    """The five components of a memory mixer and its gates.
-
-    memory, feature_map, objective, optimizer: a short-hand (below; built with this config's options), or a
-    {class_path, init_args} dict naming a component class (docs/components.md).
-    memory: linear | mlp | gated_mlp (depth, expansion, activation, residual for the MLPs)
-    feature_map: identity | polynomial (degree, learnable coefficients) | taylor (degree)
-    objective: l2 | dot | huber | lp; window: Omega window c ≥ 1, or None for global
-    optimizer: gd | momentum | muon (ns_steps, ns_coefficients)
-    alpha, eta, theta, gamma: "learned" (σ(w·x + b), η scaled by eta_max) or a constant; alpha also "head_decay":
-        RetNet's fixed per-head retention α_h = 1 − 2^(−5−h), h = 0..H−1
-    chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
-    read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
-        started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
-    normalize: normalised read-out (linear memory + dot objective)
-    output_norm: MLP memories: a parameter-free layer norm on the memory's output, M = r + LN(W_L σ(…))
-    checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
-    """
-
-    memory: Any = "mlp"
-    depth: int = 2
-    expansion: int = 4
-    activation: str = "gelu"
-    residual: bool = True
-    feature_map: Any = "identity"
-    degree: int = 2
-    objective: Any = "l2"
-    window: Optional[int] = 1
-    optimizer: Any = "gd"
-    ns_steps: int = 5
-    ns_coefficients: str = "quintic"
-    alpha: Gate = "learned"
-    eta: Gate = "learned"
-    theta: Gate = "learned"
-    gamma: Gate = 1.0
-    eta_max: float = 1.0
-    chunk_size: int = 64
-    read: str = "token"
-    normalize: bool = False
-    output_norm: bool = False
-    checkpoint: bool = False
-
-    def validate(self, where: str = "memory") -> "MemoryConfig":
-        """Raise ValueError naming the field, the value and the valid choices."""
-        if self.read not in READS:
-            raise ValueError(f"{where}.read: unknown value {self.read!r}; valid choices: {', '.join(READS)}")
-        for g in GATES:
-            value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
-            if g == "alpha" and value == "head_decay":
-                continue
-            if value != "learned" and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                       or not holds(value)):
-                raise ValueError(f"{where}.{g}: expected 'learned' or a constant {expected}, got {value!r}")
-        if not isinstance(self.eta_max, (int, float)) or self.eta_max <= 0:
-            raise ValueError(f"{where}.eta_max: expected a number > 0 (the largest learned η), got {self.eta_max!r}")
-        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
-                                        or self.window < 1):
-            raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
-        for key in ("depth", "expansion", "degree", "chunk_size", "ns_steps"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{where}.{key}: expected an int >= 1, got {value!r}")
-        mem, _, objective, optimizer = self.components(where)
-        if self.normalize and not normalize_applies(mem, objective, optimizer):
-            raise ValueError(f"{where}.normalize: needs memory=linear, objective=dot and optimizer gd or momentum "
-                             f"(got {mem!r}, {objective!r}, {optimizer!r}); set it to false")
-        return self
-
-    def components(self, where: str = "memory") -> tuple:
-        """(memory, feature map, objective, optimizer) objects of this config."""
-        return build_components(self.memory, self.feature_map, self.objective, self.optimizer, where,
-                                depth=self.depth, expansion=self.expansion, activation=self.activation,
-                                residual=self.residual, output_norm=self.output_norm, degree=self.degree,
-                                ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients)
-
-    def replace(self, where: str = "memory", **overrides) -> "MemoryConfig":
-        """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
-        names = [f.name for f in fields(self)]
-        unknown = sorted(set(overrides) - set(names))
-        if unknown:
-            raise ValueError(f"{where}: unknown field(s) {unknown}; valid fields: {', '.join(names)}")
-        return MemoryConfig(**{**asdict(self), **overrides}).validate(where)
 
 
 def _logit(p: float) -> float:
@@ -132,7 +37,10 @@ class MemoryMixer(nn.Module):
         inner = n_heads * d
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, inner, bias=False) for _ in range(3))
         self.q_conv, self.k_conv, self.v_conv = (ShortConv(inner, conv_size) for _ in range(3))
-        self.mem, self.feature_map, self.objective, self.optimizer = config.components()
+        self.mem, self.feature_map, self.bias, self.optimizer = config.components()
+        # the config memorize reads: the same one, with its components built once
+        self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
+                                        attentional_bias=self.bias, optimizer=self.optimizer)
         self.learned_gates = [g for g in GATES if getattr(config, g) == "learned"
                               and (g != "theta" or self.optimizer.uses_theta)]
         self.gate_proj = nn.Linear(d_model, n_heads * len(self.learned_gates)) if self.learned_gates else None
@@ -155,6 +63,10 @@ class MemoryMixer(nn.Module):
         self.out_norm = nn.RMSNorm(d)
         self.g_proj = nn.Linear(d_model, inner, bias=False)
         self.o_proj = nn.Linear(inner, d_model, bias=False)
+
+    def feature_coefficients(self) -> torch.Tensor | None:
+        """The learnable feature map's a_i = softplus(raw_i) ≥ 0, shape [p + 1]; None for a map without them."""
+        return F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
 
     def gates(self, x: torch.Tensor) -> dict:
         """{gate: [B, T, H] tensor or constant}."""
@@ -188,8 +100,7 @@ class MemoryMixer(nn.Module):
         q = F.normalize(F.silu(q).view(heads), dim=-1)
         k = F.normalize(F.silu(k).view(heads), dim=-1)
         v = F.silu(v).view(heads)
-        c = self.config
-        coefficients = F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
+        coefficients = self.feature_coefficients()
         state = cache.get("memory")
         if state is None:
             state = dict(self.initial_weights.items())
@@ -205,11 +116,9 @@ class MemoryMixer(nn.Module):
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(
-                exact(q), exact(k), exact(v), memory=self.mem, feature_map=self.feature_map, objective=self.objective,
-                window=c.window, optimizer=self.optimizer, chunk_size=c.chunk_size,
+                exact(q), exact(k), exact(v), self.rule,
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
-                coefficients=exact(coefficients), normalize=c.normalize, checkpoint=c.checkpoint, read=c.read,
-                impl="auto", **{g: exact(value) for g, value in gates.items()})
+                coefficients=exact(coefficients), impl="auto", **{g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
 

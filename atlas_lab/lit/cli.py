@@ -15,14 +15,14 @@ from pathlib import Path
 
 import lightning as L
 import yaml
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace, set_parsing_settings
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
 
+from ..store import init_store, resolve_uri
 from .module import SequenceModel, ValidateAtEnd
 
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
 
 
@@ -35,19 +35,6 @@ RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-ru
     "trainer.accumulate_grad_batches": (lambda x: x >= 1, "an int >= 1"),
     "trainer.check_val_every_n_epoch": (lambda x: x is None or x >= 1, "null or an int >= 1"),
 }
-
-
-def resolve_uri(uri: str | None, create: bool = True) -> str:
-    """The tracking URI with a relative SQLite path made absolute, so that every process, whatever its folder,
-    finds the same file (MLflow also caches stores by URI within a process); ``create`` makes its folder."""
-    uri = uri or DEFAULT_TRACKING_URI
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        path = Path(uri[len(prefix):]).resolve()
-        if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
-    return uri
 
 
 def _expected(kind: str) -> str:
@@ -98,6 +85,70 @@ def check_config_files(args: list[str]) -> None:
             raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
 
 
+# model.memory is a mapping of MemoryConfig fields: a component's {class_path, init_args} in it stays a mapping for
+# MemoryConfig to build (and to name the key in a bad one), not an object jsonargparse builds on its own
+set_parsing_settings(validate_subclass_spec_in_any=False, instantiate_subclass_spec_in_any=False)
+
+# keys of earlier versions -> their name now
+RENAMED = {"model.mixer": "model.preset"}
+# --model.memory.<component>.<option>=<value>: one option of a memory component (MemoryConfig.replace's dotted form)
+COMPONENT_OPTION = re.compile(r"--model\.memory\.(\w+\.\w+)(?:=(.*))?$")
+
+
+def _keys(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        yield f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _keys(value, f"{prefix}{key}.")
+
+
+def check_renamed(args: list[str]) -> None:
+    """A key renamed since an earlier version, on the command line or in a config file: one line saying how to
+    write it now."""
+    given = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            key, _, value = arg[2:].partition("=")
+            given.append((key, value or (args[i + 1] if i + 1 < len(args) else ""), "the command line"))
+        path = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else \
+            arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if path is not None:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+            given += [(key, "...", path) for key in _keys(tree)] if isinstance(tree, dict) else []
+    for key, value, where in given:
+        if key in RENAMED:
+            raise ConfigError(f"{key}: renamed; write {RENAMED[key]}: {value}" + ("" if where == "the command line"
+                                                                                  else f" (in {where})"))
+
+
+def plain(value):
+    """A value with every jsonargparse Namespace in it turned into a dict."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return [plain(v) for v in value] if isinstance(value, list) else value
+
+
+def component_options(args: list[str]) -> tuple[list[str], dict]:
+    """The command line without its ``--model.memory.<component>.<option>`` arguments, and those as
+    {"<component>.<option>": value} (YAML values), to be applied after the config files and the other arguments:
+    a component given as a short-hand (``optimizer: muon``) keeps its name and gains the option."""
+    rest, options, i = [], {}, 0
+    while i < len(args):
+        match = COMPONENT_OPTION.match(args[i])
+        if match is None:
+            rest.append(args[i])
+        else:
+            value = match.group(2)
+            if value is None:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            options[match.group(1)] = yaml.safe_load(value)
+        i += 1
+    return rest, options
+
+
 def _reason(e: Exception) -> str:
     """A bad value's exception as the line to print. The project's ValueErrors start with their argument's name:
     the model's as ``model.<key>``, a data module's as ``<key>``, shown here as ``data.init_args.<key>``."""
@@ -128,8 +179,6 @@ class RunLogger(MLFlowLogger):
 
     def __init__(self, *args, tracking_uri: str | None = None, **kwargs):
         if tracking_uri:
-            from ..sweep.tracking import init_store  # (the sweep package imports this module)
-
             tracking_uri = resolve_uri(tracking_uri)
             init_store(tracking_uri)
         super().__init__(*args, tracking_uri=tracking_uri, **kwargs)
@@ -221,7 +270,7 @@ class AtlasCLI(LightningCLI):
 
     Paths follow ``trainer.default_root_dir`` (default ``runs``): a ModelCheckpoint without ``dirpath`` writes to
     ``<root>/checkpoints`` and the MLflow experiment, when it is created, keeps artifacts in ``<root>/artifacts``.
-    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<mixer>``.
+    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<preset>``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -230,13 +279,20 @@ class AtlasCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
+        options = {}
         if isinstance(args, list) or args is None:
-            check_config_files(sys.argv[1:] if args is None else args)
+            args = sys.argv[1:] if args is None else args
+            check_config_files(args)
+            check_renamed(args)
+            args, options = component_options(args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
             raise ConfigError(one_line(str(e))) from None
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        memory = config["model"].get("memory")
+        if memory or options:  # plain mappings (jsonargparse reads a class_path inside one as a Namespace)
+            config["model"]["memory"] = {**plain(memory or {}), **options}
         for key, (holds, expected) in RUN_RANGES.items():
             if not holds(config.get(key)):
                 raise ConfigError(f"{key}: expected {expected}, got {config.get(key)!r}")
@@ -256,7 +312,7 @@ class AtlasCLI(LightningCLI):
             if init.get("artifact_location") is None:
                 init["artifact_location"] = str(root / "artifacts")
             if init.get("run_name") is None:  # else MLflow draws a name from the seeded RNG: the same every run
-                init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['mixer']}"
+                init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['preset']}"
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
                 logger["class_path"] = f"{__name__}.{RunLogger.__name__}"
 

@@ -9,7 +9,7 @@ L tokens by a position embedding + MLP head.
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 import torch
@@ -19,23 +19,37 @@ from torch import nn
 from ..data.base import AnswerMixin
 from ..layers import MemoryMixer
 from ..memory.cost import flops_text
-from ..models import PRESETS, LanguageModel, MemoryOverrides
+from ..models import PRESETS, LanguageModel
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
 
 STAGES = ("val", "test")
-MixerName = Literal[tuple(PRESETS)]  # every preset name; the parser lists them on a bad value
+PresetName = Literal[tuple(PRESETS)]  # every preset name; the parser lists them on a bad value
+
+
+class TokenReadout(nn.Module):
+    """logits[b, t] = the language model's head at h[b, t]: [B, T, d] -> [B, T, V] (no parameters of its own)."""
+
+    def __init__(self, d_model: int, max_len: int, vocab_size: int):
+        super().__init__()
+
+    def forward(self, model: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return model.head(h)
 
 
 class CompressionHead(nn.Module):
-    """logits[b, i] = MLP(h_b + P_i): decodes one hidden state h [B, d] into L tokens [B, L, V]."""
+    """logits[b, i] = MLP(h_b + P_i): decodes the last hidden state h[:, -1] [B, d] into T tokens [B, T, V]."""
 
     def __init__(self, d_model: int, max_len: int, vocab_size: int):
         super().__init__()
         self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
         self.mlp = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, vocab_size))
 
-    def forward(self, h: torch.Tensor, length: int) -> torch.Tensor:
-        return self.mlp(h[:, None, :] + self.positions[None, :length])
+    def forward(self, model: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(h[:, -1, None, :] + self.positions[None, :h.shape[1]])
+
+
+# the data's target -> how logits are read from the hidden states (linked from the data module)
+READOUTS = {"next_token": TokenReadout, "positions": TokenReadout, "compression": CompressionHead}
 
 
 class LearningRates(L.Callback):
@@ -137,8 +151,9 @@ class SequenceModel(L.LightningModule):
 
     Args:
         vocab_size: linked from the data module.
-        mixer: the preset name (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
-        memory: overrides of the preset's memory components (e.g. ``{window: 16, optimizer: gd}``).
+        preset: the named model (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
+        memory: changes to the preset's memory (MemoryConfig fields, e.g. ``{window: 16, optimizer: gd}``; a
+            component's option as ``optimizer.ns_steps`` or ``optimizer: {name: muon, ns_steps: 3}``).
         layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag, mac, or a
             one-memory-layer preset such as mamba2).
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
@@ -160,14 +175,14 @@ class SequenceModel(L.LightningModule):
         eval_piece: evaluate sequences longer than this in streaming pieces of this size (0: one call).
     """
 
-    def __init__(self, vocab_size: int = 256, mixer: MixerName = "atlas", memory: Optional[MemoryOverrides] = None,
+    def __init__(self, vocab_size: int = 256, preset: PresetName = "atlas", memory: Optional[dict[str, Any]] = None,
                  layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
                  swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
                  persistent_tokens: int = 0, lr: float = 1e-3, memory_lr: Optional[float] = None,
                  weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  schedule_steps: Optional[int] = None,
-                 target: Literal["next_token", "positions", "compression"] = "next_token",
+                 target: Literal[tuple(READOUTS)] = "next_token",
                  slice_names: Optional[list[str]] = None, bytes_per_token: Optional[float] = None,
                  max_len: int = 4096, generate_answers: bool = True, eval_piece: int = 0):
         super().__init__()
@@ -176,13 +191,13 @@ class SequenceModel(L.LightningModule):
                      swa_window=swa_window, max_len=max_len, eval_piece=eval_piece)
         self.save_hyperparameters()
         try:
-            self.model = LanguageModel(vocab_size, mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+            self.model = LanguageModel(vocab_size, preset, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                        memory=memory, layers=layers, swa_window=swa_window,
                                        tie_embeddings=tie_embeddings, memory_heads=memory_heads,
                                        persistent_tokens=persistent_tokens)
         except ValueError as e:  # its messages start with the argument's name: here an argument of model
             raise ValueError(f"model.{e}") from None
-        self.compression_head = CompressionHead(d_model, max_len, vocab_size) if target == "compression" else None
+        self.readout = READOUTS[target](d_model, max_len, vocab_size)
         self.token_metrics = nn.ModuleDict({s: TokenMetrics(bytes_per_token) for s in STAGES})
         self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \
             else None
@@ -199,9 +214,7 @@ class SequenceModel(L.LightningModule):
             h = torch.cat(hidden, 1)
         else:
             h, _ = self.model.hidden_states(input_ids)
-        if self.compression_head is not None:
-            return self.compression_head(h[:, -1], input_ids.shape[1])
-        return self.model.head(h)
+        return self.readout(self.model, h)
 
     def training_step(self, batch, batch_idx):
         logits = self(batch["input_ids"])

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import torch
 
-from .op import build_components, memorize
+from .config import MemoryConfig
+from .op import memorize
+
+# the problem a check reads: an Omega window of 3 and chunks of 3 over T = 8 tokens (a partial last chunk)
+CHECKED = MemoryConfig(window=3, chunk_size=3)
 
 
 def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def check_against_reference(memory="mlp", feature_map="identity", objective="l2", optimizer="gd", *, window=3,
-                            chunk_size=3, T=8, B=2, H=2, d=4, read="token", impl="chunked", dtype=torch.float64,
-                            tol=1e-6, seed=0, **options) -> dict:
+def check_against_reference(config: MemoryConfig | None = None, *, T=8, B=2, H=2, d=4, impl="chunked",
+                            dtype=torch.float64, tol=1e-6, seed=0, **changes) -> dict:
     """Max relative errors {"output", "weights", "gradients"} of ``impl`` against ``reference``; AssertionError when
-    one exceeds ``tol``. Components: short-hands, objects or class_path dicts, as ``memorize`` takes them."""
+    one exceeds ``tol``. The memory: ``config`` (default CHECKED) with ``changes`` in MemoryConfig.replace's form,
+    e.g. check_against_reference(optimizer=MyOptimizer(beta=0.5), window=None)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, lo=None, hi=None):
@@ -27,7 +31,8 @@ def check_against_reference(memory="mlp", feature_map="identity", objective="l2"
             torch.randn(*shape, generator=g, dtype=torch.float64)
         return (lo + (hi - lo) * x if lo is not None else x).to(dtype)
 
-    mem, fmap, obj, opt = build_components(memory, feature_map, objective, optimizer, "check", **options)
+    config = (config or CHECKED).replace("check", **changes)
+    mem, fmap, obj, opt = config.components("check")
     q, k, v = rnd(B, T, H, d), torch.nn.functional.normalize(rnd(B, T, H, d), dim=-1), 0.5 * rnd(B, T, H, d)
     gates = dict(alpha=rnd(B, T, H, lo=0.8, hi=1.0), eta=rnd(B, T, H, lo=0.05, hi=0.5),
                  theta=rnd(B, T, H, lo=0.3, hi=0.9), gamma=rnd(B, T, H, lo=0.2, hi=1.0))
@@ -39,9 +44,7 @@ def check_against_reference(memory="mlp", feature_map="identity", objective="l2"
     weight = rnd(B, T, H, d)
     results = {}
     for which in (impl, "reference"):
-        o, state = memorize(q, k, v, memory=mem, feature_map=fmap, objective=obj, optimizer=opt, window=window,
-                            chunk_size=chunk_size, read=read, impl=which, **gates,
-                            initial_state={n: w for n, w in W0.items()})
+        o, state = memorize(q, k, v, config, impl=which, **gates, initial_state={n: w for n, w in W0.items()})
         grads = torch.autograd.grad((o * weight).sum(), list(leaves.values()), allow_unused=True)
         results[which] = (o, state.weights, grads)
     (o, W, G), (o_ref, W_ref, G_ref) = results[impl], results["reference"]

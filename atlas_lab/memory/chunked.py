@@ -14,7 +14,7 @@ batched call, and the per-token weights W_t are formed with one matrix product (
 For the retention rules (ℓq, KL: any ``TransformedAccumulator``) the accumulators A_t take gd's closed form and
 W_t = T(A_t) is one call on all of them. An optimiser with none of these forms runs its ``update`` token by token
 on the chunk's materialised gradients.
-Memories without analytic factors (custom nn.Module memories, objectives without ∂ℓ/∂y) take torch.func
+Memories without analytic factors (custom nn.Module memories, attentional biases without ∂ℓ/∂y) take torch.func
 gradients; memories without a dual form are read with materialised per-token weights.
 
 With chunk-start reads (read="chunk", docs/memory.md §4.1) every token of a chunk reads the weights W̃ the chunk
@@ -183,12 +183,12 @@ def chunk_route(opt):
     return _chunk_stepwise
 
 
-def gradients(mem, objective):
-    """G(W̃, φ(k), k, v) for a window of tokens: rank-1 factors where the memory and the objective give them, else
+def gradients(mem, bias):
+    """G(W̃, φ(k), k, v) for a window of tokens: rank-1 factors where the memory and the bias give them, else
     torch.func's per-token gradients [N, L, *shape]."""
-    if mem.gradient_factors is not None and objective.grad is not None:
-        return lambda W, phi_k, k, v: mem.gradient_factors(W, phi_k, k, v, objective)
-    return vmap(vmap(grad(lambda W, p, k, v: objective.loss(mem.token_forward(W, p, k), v)),
+    if mem.gradient_factors is not None and bias.grad is not None:
+        return lambda W, phi_k, k, v: mem.gradient_factors(W, phi_k, k, v, bias)
+    return vmap(vmap(grad(lambda W, p, k, v: bias.loss(mem.token_forward(W, p, k), v)),
                      in_dims=(None, 0, 0, 0)))
 
 
@@ -215,18 +215,15 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
     return zip(sizes, [f - lo for f, (lo, _) in zip(firsts, spans)], pieces, windows)
 
 
-def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, checkpoint=False, read="token", pending=None):
-    """Same arguments and results as ``reference.memorize_reference``. checkpoint: keep only each chunk's inputs for
-    the backward and recompute the chunk there (activation checkpointing per chunk)."""
+def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
+                     chunk_size, W, S, W_eval, offset, pending=None, checkpoint=False):
+    """read="token": the same arguments and results as ``reference.memorize_reference``. checkpoint: keep only each
+    chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
     N, T = q.shape[:2]
     m0 = k_all.shape[1] - T
     phi_q, phi_k = phi(q), phi(k_all)
-    grads = gradients(mem, objective)
-    if read == "chunk":
-        return _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, grads, window,
-                                  optimizer, chunk_size, W, S, offset, pending)
-    if chunk_size == 1 and window == 1 and m0 == 0 and delta_rule_applies(mem, objective, optimizer):
+    grads = gradients(mem, bias)
+    if chunk_size == 1 and window == 1 and m0 == 0 and delta_rule_applies(mem, bias, optimizer):
         y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])  # a block of tokens at a time
         return y, {"W": W_last}, None, None, 0, None
     route = chunk_route(optimizer)
@@ -252,10 +249,14 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset, None
 
 
-def _chunk_start_reads(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, mem, grads, window, optimizer,
-                       chunk_size, W, S, offset, pending):
-    """read="chunk": each chunk reads W̃ = W (the weights committed at the last boundary) and adds its tokens'
-    Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk that reaches its end commits one optimiser step."""
+def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
+                                 optimizer, chunk_size, W, S, W_eval, offset, pending=None, checkpoint=False):
+    """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
+    reads W̃ = W (the weights committed at the last boundary) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to
+    ``pending``; a chunk that reaches its end commits one optimiser step. (checkpoint: not used; the chunk-start
+    path keeps no per-token weights.)"""
+    phi_q, phi_k = phi(q), phi(k_all)
+    grads = gradients(mem, bias)
     ys = []
     for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):

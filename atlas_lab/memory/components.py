@@ -1,14 +1,17 @@
-"""How a component is named (docs/components.md): a registered short-hand, an object, or a class_path.
+"""How a component is written (docs/components.md): a short-hand, a short-hand with options, a class_path, or an
+object.
 
-Every kind of component (memory architecture, feature map, objective, memory optimizer) keeps a registry
+Every kind of component (memory architecture, feature map, attentional bias, memory optimizer) keeps a registry
 {short-hand: class}. A component is given as
 
-    a short-hand   "muon"                      -> the registered class, built from the call's options
-                                                  (``from_options``: each class takes the options it has)
-    an object      Muon(ns_steps=3)            -> used as it is
-    a class_path   {"class_path": "pkg.mod.Adam", "init_args": {"beta2": 0.99}}   (LightningCLI's convention)
+    a short-hand               "muon"                                  -> Muon()
+    a short-hand with options  {"name": "muon", "ns_steps": 3}         -> Muon(ns_steps=3)
+    a class_path               {"class_path": "pkg.mod.Adam", "init_args": {"beta2": 0.99}}   (LightningCLI's form)
+    an object                  Muon(ns_steps=3)                        -> used as it is
 
-The engine never asks a component for its name: it asks what the component provides (docs/components.md).
+A component owns its options: they are its ``__init__``'s keyword arguments, and one it does not take is an error
+naming the key, the component and the options it does take. The engine never asks a component for its name: it
+asks what the component provides (docs/components.md).
 """
 from __future__ import annotations
 
@@ -17,13 +20,13 @@ import inspect
 
 
 class Component:
-    """Base of the built-in components: ``from_options`` builds one from the options it takes."""
+    """Base of the built-in components: the options a component takes are its ``__init__``'s keyword arguments."""
 
     @classmethod
-    def from_options(cls, **options):
-        """An instance from the options its __init__ names (the others are some other component's)."""
-        params = inspect.signature(cls.__init__).parameters
-        return cls(**{k: v for k, v in options.items() if k in params and v is not None})
+    def options(cls) -> tuple[str, ...]:
+        """The option names this component takes (its __init__'s keyword arguments)."""
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
     def __repr__(self) -> str:
         return type(self).__name__
@@ -37,22 +40,34 @@ def _import(path: str, where: str):
         raise ValueError(f"{where}: class_path {path!r} cannot be imported ({e})") from None
 
 
-def build(kind: str, registry: dict, spec, base: type, options: dict | None = None, where: str | None = None):
-    """The component of ``kind`` that ``spec`` names (a short-hand, an instance of ``base`` or a class_path dict).
+def _construct(cls, options: dict, label: str, where: str):
+    """cls(**options); an option cls does not take is an error naming the key, the component and what it takes."""
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: the options of {label} must be a mapping; got {options!r}")
+    takes = cls.options() if issubclass(cls, Component) else tuple(
+        n for n in list(inspect.signature(cls.__init__).parameters)[1:] if n not in ("args", "kwargs"))
+    for key in options:
+        if key not in takes:
+            raise ValueError(f"{where}.{key}: {label} does not take {key!r}; it takes "
+                             f"{', '.join(takes) if takes else 'no options'}")
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
-    options: keyword options of the built-ins (e.g. ns_steps, degree), given to a short-hand's ``from_options``."""
+
+def build(kind: str, registry: dict, spec, base: type, where: str | None = None):
+    """The component of ``kind`` that ``spec`` names: a short-hand, {"name": short-hand, **options}, a class_path
+    dict or an instance of ``base``."""
     where = where or kind
     if isinstance(spec, base):
         return spec
-    if isinstance(spec, str):
-        if spec not in registry:
-            raise ValueError(f"{where}: unknown value {spec!r}; valid choices: {', '.join(registry)}, or a "
-                             f"class_path to a {base.__name__} subclass")
-        try:
-            return registry[spec].from_options(**(options or {}))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: {e}") from None
-    if isinstance(spec, dict) and "class_path" in spec:
+    choices = f"{', '.join(registry)}, {{name: ..., <option>: ...}} or {{class_path: ..., init_args: {{...}}}}"
+    if isinstance(spec, dict) and "name" in spec:
+        name, options = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    elif isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, dict) and "class_path" in spec:
         unknown = sorted(set(spec) - {"class_path", "init_args"})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown} beside class_path; expected class_path and "
@@ -60,9 +75,9 @@ def build(kind: str, registry: dict, spec, base: type, options: dict | None = No
         cls = _import(spec["class_path"], where)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ValueError(f"{where}: class_path {spec['class_path']!r} is not a {base.__name__} subclass")
-        try:
-            return cls(**(spec.get("init_args") or {}))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: {spec['class_path']}(**init_args): {e}") from None
-    raise ValueError(f"{where}: expected one of {', '.join(registry)}, a {base.__name__} or "
-                     f"{{class_path: ..., init_args: {{...}}}}; got {spec!r}")
+        return _construct(cls, spec.get("init_args") or {}, spec["class_path"], f"{where}.init_args")
+    else:
+        raise ValueError(f"{where}: expected {choices}, or a {base.__name__}; got {spec!r}")
+    if name not in registry:
+        raise ValueError(f"{where}: unknown {kind} {name!r}; valid choices: {choices}")
+    return _construct(registry[name], options, name, where)

@@ -36,48 +36,59 @@ def _chunks(T: int, chunk_size: int, window):
     return out
 
 
-def memory_flops(config, head_dim: int, T: int) -> float | None:
-    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
-    sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
-    memory, or an optimiser without a closed in-chunk form (it runs token by token: adam)."""
-    c = config
-    mem, fmap, objective, opt = c.components()
-    D = fmap.dim(head_dim)
-    d_v = head_dim + int(c.normalize)
-    if c.read == "token" and c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, objective, opt):
+def _token_reads(c, mem, bias, opt, shapes, D, d_v, T):
+    """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks)."""
+    if c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, bias, opt):
         total = 0
         for first in range(0, T, BLOCK):
             n = min(BLOCK, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
-        return total / T
-    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
-        return None
-    shapes = mem.shapes(D, head_dim, d_v)
+        return total
     sizes = [o * i for o, i in shapes.values()]
     inner = sum(o * i for o, i in shapes.values() if i != D)  # matrices whose input is not φ(k)
-    transformed = isinstance(opt, TransformedMomentum)
     total = 0
     for n, L in _chunks(T, c.chunk_size, c.window):
         total += 2 * L * (sum(sizes) + inner)
-        if c.read == "chunk":
-            total += (2 * n + 2 * L) * sum(sizes)
-            if transformed and n == c.chunk_size:  # a partial last chunk is pending, not committed
-                total += sum(opt.direction_flops(o, i) for o, i in shapes.values())
-            continue
-        if transformed:
+        if isinstance(opt, TransformedMomentum):
             total += 2 * n * n * L  # Cs Γ
             for o, i in shapes.values():
                 total += 2 * n * L * o * i + n * opt.direction_flops(o, i) + 2 * n * n * o * i + 2 * n * o * i
-            continue
-        if isinstance(opt, TransformedAccumulator):  # Cw Γ; A_t and the read per matrix
+        elif isinstance(opt, TransformedAccumulator):  # Cw Γ; A_t and the read per matrix
             total += 2 * n * n * L + sum(2 * n * L * o * i + 2 * n * o * i for o, i in shapes.values())
-            continue
-        momentum = opt.state_shape((1, 1)) is not None
-        total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)
-        for o, i in shapes.values():
-            total += 2 * n * o * i * (2 if momentum else 1) + 2 * n * L * (i + o) + 2 * L * o * i * (
-                2 if momentum else 1)
-    return total / T
+        else:
+            momentum = opt.state_shape((1, 1)) is not None
+            total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)
+            for o, i in shapes.values():
+                total += 2 * n * o * i * (2 if momentum else 1) + 2 * n * L * (i + o) + 2 * L * o * i * (
+                    2 if momentum else 1)
+    return total
+
+
+def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T):
+    """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per completed chunk."""
+    sizes = [o * i for o, i in shapes.values()]
+    inner = sum(o * i for o, i in shapes.values() if i != D)
+    total = 0
+    for n, L in _chunks(T, c.chunk_size, c.window):
+        total += 2 * L * (sum(sizes) + inner) + (2 * n + 2 * L) * sum(sizes)
+        if isinstance(opt, TransformedMomentum) and n == c.chunk_size:  # a partial last chunk is pending
+            total += sum(opt.direction_flops(o, i) for o, i in shapes.values())
+    return total
+
+
+READ_FLOPS = {"token": _token_reads, "chunk": _chunk_start_reads}  # by MemoryConfig.read
+
+
+def memory_flops(config, head_dim: int, T: int) -> float | None:
+    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
+    sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
+    memory, or an optimiser without a closed in-chunk form (it runs token by token: adam)."""
+    mem, fmap, bias, opt = config.components()
+    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
+        return None
+    D = fmap.dim(head_dim)
+    d_v = head_dim + int(config.normalize)
+    return READ_FLOPS[config.read](config, mem, bias, opt, mem.shapes(D, head_dim, d_v), D, d_v, T) / T
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:

@@ -1,4 +1,4 @@
-"""The exact online rule (chunk size 1) of the linear memory with the l2 objective and gd: the gated delta rule.
+"""The exact online rule (chunk size 1) of the linear memory with the l2 bias and gd: the gated delta rule.
 
     u_t = η_t (v_t − W_{t−1} φ(k_t)),   W_t = α_t W_{t−1} + u_t φ(k_t)ᵀ,   y_t = W_t φ(q_t)
 
@@ -19,15 +19,15 @@ import torch
 
 from .causal import causal_operands
 from .memories import LinearMemory
-from .objectives import L2
+from .attentional_biases import L2
 from .optimizers import GD
 
 BLOCK = 64
 
 
-def delta_rule_applies(mem, objective, optimizer) -> bool:
-    """The components of the delta rule: a linear memory, the l2 objective, gd (at chunk size 1, window 1)."""
-    return isinstance(mem, LinearMemory) and isinstance(objective, L2) and isinstance(optimizer, GD)
+def delta_rule_applies(mem, bias, optimizer) -> bool:
+    """The components of the delta rule: a linear memory, the l2 bias, gd (at chunk size 1, window 1)."""
+    return isinstance(mem, LinearMemory) and isinstance(bias, L2) and isinstance(optimizer, GD)
 
 
 def delta_rule(phi_q, phi_k, v, alpha, eta, W, block: int | None = None):

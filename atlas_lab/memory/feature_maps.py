@@ -127,7 +127,7 @@ class Taylor(Polynomial):
 FEATURE_MAPS = {"identity": Identity, "polynomial": Polynomial, "taylor": Taylor}
 
 
-def build_feature_map(spec, where: str = "feature_map", **options) -> FeatureMap:
-    """A feature map from a short-hand (polynomial and taylor take ``degree`` from options), a FeatureMap or a
-    class_path dict."""
-    return build("feature_map", FEATURE_MAPS, spec, FeatureMap, options, where)
+def build_feature_map(spec, where: str = "feature_map") -> FeatureMap:
+    """A feature map from a short-hand (``polynomial``), a short-hand with options ({name: polynomial, degree: 3}),
+    a FeatureMap or a class_path dict."""
+    return build("feature map", FEATURE_MAPS, spec, FeatureMap, where)

@@ -6,7 +6,7 @@ evaluated at fixed weights, at per-token weights materialised by the optimiser, 
 "dual form" where W_t = a_t W_0 + Σ_i C[t, i] δ_i u_iᵀ is never built.
 
 Built-in memories also give their per-token loss gradients analytically as rank-1 factors,
-∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``, for an objective that gives ∂ℓ/∂y). Any
+∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``, for an bias that gives ∂ℓ/∂y). Any
 ``torch.nn.Module`` mapping φ(k) [D] to [d_v] is a custom memory (``ModuleMemory``); its gradients come from
 torch.func. A new architecture subclasses ``Memory`` (docs/components.md).
 
@@ -18,7 +18,7 @@ torch.func. A new architecture subclasses ``Memory`` (docs/components.md).
     over the d_v outputs (the Miras form; it keeps −⟨M(φ(k)), v⟩ bounded below, docs/memory.md). Its Jacobian is
     applied to ∂ℓ/∂y before the last layer's factor, so the gradients stay rank-1 factors.
 
-The objective (``objectives.py``) enters the factors only through its ∂ℓ/∂y at the output.
+The attentional bias (``attentional_biases.py``) enters the factors only through its ∂ℓ/∂y at the output.
 """
 from __future__ import annotations
 
@@ -113,11 +113,6 @@ class Memory(Component):
 class LinearMemory(Memory):
     """M(k) = W φ(k); W: [d_v, D], zeros at start unless given."""
 
-    def __init__(self, output_norm: bool = False):
-        if output_norm:
-            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp), not memory='linear'; "
-                             "set output_norm=False")
-
     def __repr__(self):
         return "linear"
 
@@ -130,9 +125,9 @@ class LinearMemory(Memory):
     def forward(self, apply, phi, x):
         return apply("W", phi)
 
-    def gradient_factors(self, W, phi, x, v, objective):
+    def gradient_factors(self, W, phi, x, v, bias):
         """Rank-1 factors of ∇ℓ_i at W for a batch of tokens: {name: (δ [N, L, out], u [N, L, in])}."""
-        return {"W": (objective.grad(phi @ W["W"].mT, v), phi)}
+        return {"W": (bias.grad(phi @ W["W"].mT, v), phi)}
 
 
 def _normal_init(H, shapes, generator, dtype, device):
@@ -172,9 +167,9 @@ class MLPMemory(Memory):
         y = layer_norm(z) if self.output_norm else z
         return y + x if self.residual and x.shape[-1] == y.shape[-1] else y
 
-    def _output_grad(self, objective, x, z, v):
+    def _output_grad(self, bias, x, z, v):
         """∂ℓ/∂z at the last layer's pre-output z."""
-        dy = objective.grad(self._output(x, z), v)
+        dy = bias.grad(self._output(x, z), v)
         return layer_norm_backward(z, dy) if self.output_norm else dy
 
     def forward(self, apply, phi, x):
@@ -184,13 +179,13 @@ class MLPMemory(Memory):
             h = act(apply(f"W{i}", h))
         return self._output(x, apply(f"W{self.depth}", h))
 
-    def gradient_factors(self, W, phi, x, v, objective):
+    def gradient_factors(self, W, phi, x, v, bias):
         act, dact = ACTIVATIONS[self.activation]
         hs, zs = [phi], []
         for i in range(1, self.depth):
             zs.append(hs[-1] @ W[f"W{i}"].mT)
             hs.append(act(zs[-1]))
-        delta = self._output_grad(objective, x, hs[-1] @ W[f"W{self.depth}"].mT, v)
+        delta = self._output_grad(bias, x, hs[-1] @ W[f"W{self.depth}"].mT, v)
         factors = {}
         for i in range(self.depth, 0, -1):
             factors[f"W{i}"] = (delta, hs[i - 1])
@@ -218,11 +213,11 @@ class GatedMLPMemory(MLPMemory):
         act = ACTIVATIONS[self.activation][0]
         return self._output(x, apply("W1", act(apply("W2", phi)) * apply("W3", phi)))
 
-    def gradient_factors(self, W, phi, x, v, objective):
+    def gradient_factors(self, W, phi, x, v, bias):
         act, dact = ACTIVATIONS[self.activation]
         z2, z3 = phi @ W["W2"].mT, phi @ W["W3"].mT
         u = act(z2) * z3
-        dy = self._output_grad(objective, x, u @ W["W1"].mT, v)
+        dy = self._output_grad(bias, x, u @ W["W1"].mT, v)
         du = dy @ W["W1"]
         return {"W1": (dy, u), "W2": (du * z3 * dact(z2), phi), "W3": (du * act(z2), phi)}
 
@@ -257,12 +252,9 @@ class ModuleMemory(Memory):
 MEMORIES = {"linear": LinearMemory, "mlp": MLPMemory, "gated_mlp": GatedMLPMemory}
 
 
-def build_memory(memory, where: str = "memory", **options) -> Memory:
-    """A memory from a short-hand (built with ``options``: depth, expansion, activation, residual, output_norm), a
-    Memory, a class_path dict, or an nn.Module (a custom memory, ``ModuleMemory``)."""
-    if isinstance(memory, torch.nn.Module):
-        if options.get("output_norm"):
-            raise ValueError("output_norm applies to the MLP memories (mlp, gated_mlp); a custom nn.Module memory "
-                             "normalises inside its own forward")
-        return ModuleMemory(memory)
-    return build("memory", MEMORIES, memory, Memory, options, where)
+def build_memory(spec, where: str = "architecture") -> Memory:
+    """A memory from a short-hand (``mlp``), a short-hand with options ({name: mlp, depth: 3}), a Memory, a
+    class_path dict, or an nn.Module (a custom memory, ``ModuleMemory``)."""
+    if isinstance(spec, torch.nn.Module):
+        return ModuleMemory(spec)
+    return build("architecture", MEMORIES, spec, Memory, where)

@@ -3,17 +3,26 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import memorize_chunked
-from .feature_maps import build_feature_map
-from .memories import LinearMemory, build_memory
-from .objectives import Dot, build_objective
-from .optimizers import LinearRule, build_optimizer, start as optimizer_start
-from .reference import memorize_reference
+from .chunked import memorize_chunked, memorize_chunked_chunk_start
+from .config import GATES, MemoryConfig
+from .optimizers import start as optimizer_start
+from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
 
-IMPLS = {"reference": memorize_reference, "chunked": memorize_chunked}
-READS = ("token", "chunk")
-GATE_DEFAULTS = {"alpha": 1.0, "eta": 1.0, "theta": 0.0, "gamma": 1.0}
+
+def memorize_triton(*args, **kwargs):
+    """The Triton kernels (atlas_lab.memory.ops), imported on first use."""
+    from .ops import memorize_triton
+    return memorize_triton(*args, **kwargs)
+
+
+# what computes each read (docs/memory.md §4.1), by implementation: the one place ``read`` chooses a path. The
+# kernels compute per-token reads only; "auto" is triton on CUDA where the kernels cover the call, chunked otherwise.
+PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked, "triton": memorize_triton},
+         "chunk": {"reference": memorize_reference_chunk_start, "chunked": memorize_chunked_chunk_start}}
+# what a state carries into the middle of a chunk, by read (a call that continues one at offset > 0 needs it)
+CARRIED = {"token": "eval_weights", "chunk": "pending chunk"}
+IMPLS = ("reference", "chunked", "triton", "auto")
 
 
 def _choice(key, value, choices):
@@ -21,16 +30,16 @@ def _choice(key, value, choices):
         raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
-def _int(key, value, low, what=""):
-    """An int >= low (a bool is refused: True would pass for 1)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"memorize: {key} must be an int >= {low}{what}; got {value!r}")
-
-
-def _gate(name, value, B, T, H, like):
-    """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the default)."""
+def _gate(name, value, config, used, B, T, H, like):
+    """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the config's constant). A gate the rule
+    does not read (θ of a rule without momentum) may stay unset: it is 0."""
     if value is None:
-        value = GATE_DEFAULTS[name]
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)):
+            if used:
+                raise ValueError(f"memorize: gate {name} is {value!r} in the config; pass its values (a [B, T, H] "
+                                 f"tensor or a number)")
+            value = 0.0
     if isinstance(value, (int, float)):
         if name in ("alpha", "theta") and value < 0:  # decay factors: the chunked closed forms take their logarithm
             raise ValueError(f"memorize: gate {name} must be >= 0 (a decay factor); got {value!r}")
@@ -89,70 +98,49 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def _implementation(impl, q, mem, objective, optimizer, chunk_size, W, read):
-    """The function behind ``impl``; the Triton kernels are imported only when asked for (or on CUDA for "auto")."""
-    if impl == "triton" or (impl == "auto" and q.is_cuda):
-        from atlas_lab.kernels import memorize_triton, unsupported
-        if impl == "triton" or unsupported(q, mem, objective, optimizer, chunk_size, W, read) is None:
-            return memorize_triton
-    return IMPLS["chunked" if impl == "auto" else impl]
+def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W):
+    """The function that computes ``read`` with ``impl`` (PATHS); the Triton kernels are imported only when asked
+    for, or on CUDA for "auto"."""
+    paths = PATHS[read]
+    if impl == "triton" and "triton" not in paths:
+        from .ops import COVERAGE
+        raise NotImplementedError(f"memorize: impl='triton' does not cover read={read!r} (the kernels compute "
+                                  f"per-token reads). {COVERAGE}")
+    if impl == "auto":
+        from_kernels = q.is_cuda and "triton" in paths
+        if from_kernels:
+            from .ops import unsupported
+            from_kernels = unsupported(q, mem, bias, optimizer, chunk_size, W) is None
+        impl = "triton" if from_kernels else "chunked"
+    return paths[impl]
 
 
-def build_components(memory="linear", feature_map="identity", objective="l2", optimizer="gd", where="memory",
-                     **options):
-    """(memory, feature map, objective, optimizer) objects from short-hands, objects or class_path dicts; the
-    short-hands take their options (depth, expansion, activation, residual, output_norm, degree, ns_steps,
-    ns_coefficients) from ``options``."""
-    return (build_memory(memory, f"{where}.memory", **options),
-            build_feature_map(feature_map, f"{where}.feature_map", **options),
-            build_objective(objective, f"{where}.objective", **options),
-            build_optimizer(optimizer, f"{where}.optimizer", **options))
-
-
-def normalize_applies(mem, objective, optimizer) -> bool:
-    """normalize=True: a linear memory, the dot objective and a rule linear in the gradients (gd, momentum)."""
-    return isinstance(mem, LinearMemory) and isinstance(objective, Dot) and isinstance(optimizer, LinearRule)
-
-
-def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2", window=1, optimizer="gd",
-             alpha=None, eta=None, theta=None, gamma=None, chunk_size=64, initial_state=None, impl="chunked",
-             degree=2, coefficients=None, depth=2, expansion=4, activation="gelu", residual=True,
-             ns_steps=5, ns_coefficients="quintic", normalize=False, output_norm=False, checkpoint=False,
-             read="token"):
+def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=None, theta=None, gamma=None,
+             coefficients=None, initial_state=None, impl="chunked", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
 
-    The four components are each a short-hand name, an object or a {"class_path", "init_args"} dict
-    (docs/components.md); the short-hands take the options below.
-    memory:       "linear" | "mlp" | "gated_mlp" | a Memory | an nn.Module mapping φ(k) [D] -> [d_v] (custom memory)
-    feature_map:  "identity" | "polynomial" | "taylor" | a FeatureMap  (degree=p; coefficients=a_i ≥ 0, shape
-                  [p+1], for "polynomial", default 1/i!)
-    objective:    "l2" (½‖M(φ(k)) − v‖²) | "dot" (−⟨M(φ(k)), v⟩) | "huber" | "lp" | an Objective
-    window:       c ≥ 1 (Omega window; 1 = online), or None (every past token: global)
-    optimizer:    "gd" | "momentum" | "muon" (ns_steps=k, ns_coefficients="quintic" | "cubic") | a MemoryOptimizer
-    alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a
-                  [B, T, H] tensor, a number, or None (alpha = 1, eta = 1, theta = 0, gamma = 1).
-    chunk_size:   b; gradients of a chunk are taken at the state before it (part of the model's definition).
-    read:         "token" (y_t reads W_t, the weights after token t: the exact rule) | "chunk" (every token of a
-                  chunk reads the weights the chunk started from, and the optimizer steps once per chunk with
-                  its mean gradient: one Newton–Schulz per chunk and matrix; docs/memory.md §4.1).
+    config:       the memory (MemoryConfig: components, window, chunk_size, read, normalize, checkpoint); None:
+                  MemoryConfig(). ``changes`` are fields of it changed for this call, in MemoryConfig.replace's
+                  form: memorize(q, k, v, architecture="linear", optimizer={"name": "muon", "ns_steps": 3}).
+    alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a [B, T, H]
+                  tensor, a number, or None: the config's constant (a gate "learned" in the config must be given;
+                  θ only where the optimizer reads it).
+    coefficients: the polynomial feature map's a_i ≥ 0, shape [p+1] (None: 1/i!).
     initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
                   weights, or the MemoryState of a previous call to continue the sequence.
-    depth, expansion, activation, residual: options of the MLP memories.
-    output_norm:  MLP memories: M(x) = r(x) + LN(last layer), a parameter-free layer norm over the outputs (keeps
-                  the dot objective bounded below; docs/memory.md).
-    normalize:    linear memory + dot objective (gd or momentum): divide the read-out by z_tᵀφ(q_t), z
-                  updated by the same rule on the constant value 1 (normalised linear attention).
-    checkpoint:   chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
+    normalize:    (config) divide the read-out by z_tᵀφ(q_t), z updated by the same rule on the constant value 1
+                  (normalised linear attention).
+    checkpoint:   (config) chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
                   (less memory, one more forward of each chunk; worth it for muon's per-token weights).
     impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
-                  atlas_lab.kernels; raises for combinations they do not cover, listing those they do) |
+                  atlas_lab.memory.ops; raises for combinations they do not cover, listing those they do) |
                   "auto" (triton on CUDA where it covers the combination, chunked otherwise).
 
     Bad arguments raise TypeError (not a floating-point torch tensor; q, k, v of different dtypes or devices) or
-    ValueError (shapes, choices, ranges: window, chunk_size, degree, ns_steps ≥ 1; a number alpha or theta
+    ValueError (shapes, choices, ranges: window, chunk_size, a component's options; a number alpha or theta
     ≥ 0; an initial_state of another batch, head count or shape) naming the argument. Tensor gates and
     coefficients are not scanned for their values.
     T = 0 (an empty piece of a stream) returns o [B, 0, H, d_v] and the state unchanged.
@@ -162,21 +150,17 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     within one chunk of a linear memory; elsewhere autograd multiplies the zero gradient of a later, non-finite
     output by NaN and they may not.
     """
-    _choice("impl", impl, (*IMPLS, "triton", "auto"))
-    _choice("read", read, READS)
-    if window is not None:
-        _int("window", window, 1, " or None (global)")
-    _int("chunk_size", chunk_size, 1)
+    _choice("impl", impl, IMPLS)
+    if config is None:
+        config = MemoryConfig()
+    if not isinstance(config, MemoryConfig):
+        raise TypeError(f"memorize: config must be a MemoryConfig or None; got {type(config).__name__}")
+    config = config.replace("memorize", **changes) if changes else config.validate("memorize")
     _check_qkv(q, k, v)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
-    mem, fmap, objective, optimizer = build_components(
-        memory, feature_map, objective, optimizer, "memorize", depth=depth, expansion=expansion,
-        activation=activation, residual=residual, output_norm=output_norm, degree=degree, ns_steps=ns_steps,
-        ns_coefficients=ns_coefficients)
-    if normalize and not normalize_applies(mem, objective, optimizer):
-        raise ValueError("memorize: normalize=True needs memory='linear', objective='dot' and optimizer 'gd' or "
-                         "'momentum'")
+    mem, fmap, bias, optimizer = config.components("memorize")
+    window, chunk_size, read, normalize = config.window, config.chunk_size, config.read, config.normalize
     D = fmap.dim(d_k)
     d_out = d_v + int(normalize)
     shapes = mem.shapes(D, d_k, d_out)
@@ -187,8 +171,8 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
     if normalize:  # z_t is one more row of W, learnt on the constant value 1
         v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
-    gates = {g: _gate(g, val, B, T, H, q) for g, val in
-             (("alpha", alpha), ("eta", eta), ("theta", theta), ("gamma", gamma))}
+    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T, H, q) for g, val in
+             zip(GATES, (alpha, eta, theta, gamma))}
 
     offset, W_eval, S, pending = 0, None, None, None
     cache_k = q_.new_zeros(B * H, 0, d_k)
@@ -199,9 +183,9 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         if not 0 <= st.offset < chunk_size:
             raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}")
         W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights", q)
-        if st.momentum is not None:
+        if st.optimizer_state is not None:
             state_shapes = {n: optimizer.state_shape(shape) for n, shape in shapes.items()}
-            S = _broadcast_weights(st.momentum, state_shapes, B, H, "initial_state.momentum", q)
+            S = _broadcast_weights(st.optimizer_state, state_shapes, B, H, "initial_state.optimizer_state", q)
         if st.eval_weights is not None:
             W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights", q)
         offset = st.offset
@@ -232,11 +216,9 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         W, S = optimizer_start(optimizer, W)
     elif S is None:
         S = optimizer_start(optimizer, W)[1]
-    if offset and read == "token" and W_eval is None:
-        raise ValueError("memorize: initial_state has offset > 0 but no eval_weights")
-    if offset and read == "chunk" and pending is None:
-        raise ValueError("memorize: initial_state has offset > 0 but no pending chunk (read='chunk' continues a "
-                         "state of read='chunk')")
+    if offset and {"token": W_eval, "chunk": pending}[read] is None:
+        raise ValueError(f"memorize: initial_state has offset > 0 but no {CARRIED[read]} (read={read!r} continues a "
+                         f"state of read={read!r})")
 
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
@@ -244,12 +226,12 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = _implementation(impl, q_, mem, objective, optimizer, chunk_size, W, read)
+        implementation = _implementation(impl, read, q_, mem, bias, optimizer, chunk_size, W)
         y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
-            objective=objective, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-            offset=offset, read=read, pending=pending,
-            **({"checkpoint": checkpoint} if implementation is memorize_chunked else {}))
+            bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
+            offset=offset, pending=pending,
+            **({"checkpoint": config.checkpoint} if implementation is memorize_chunked else {}))
 
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]
@@ -261,7 +243,7 @@ def memorize(q, k, v, *, memory="linear", feature_map="identity", objective="l2"
         return None if x is None else {n: w.reshape(B, H, *w.shape[1:]) for n, w in x.items()}
 
     state = MemoryState(
-        weights=unflat(W), momentum=unflat(S), eval_weights=unflat(W_eval),
+        weights=unflat(W), optimizer_state=unflat(S), eval_weights=unflat(W_eval),
         keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
         gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
         pending=None if pending is None else {"grad": unflat(pending["grad"]),

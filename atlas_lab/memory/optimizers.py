@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from . import newton_schulz_cpu
+from .ops.newton_schulz import cpu as newton_schulz_cpu
 from .causal import causal_mask, causal_matmul, strictly_lower
 from .components import Component, build
 
@@ -33,7 +33,7 @@ NS_COEFFICIENTS = {
     "quintic": (3.4445, -4.7750, 2.0315),  # Muon's: fast, singular values end up in ~[0.5, 1.5]
     "cubic": (1.5, -0.5, 0.0),  # converges to the polar factor U Vᵀ as the number of steps grows
 }
-NS_IMPLS = ("auto", "kernel", "bmm")
+NS_IMPLS = ("auto", "cpu", "bmm")
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7,
@@ -42,7 +42,7 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
 
     X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
     impl: "bmm" runs the iterations as batched matmuls on a cache-sized block of matrices at a time, and the
-    backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "kernel" runs
+    backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "cpu" runs
     them fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``, float32/float64 on the CPU);
     "auto" takes the kernel where it applies and builds.
     """
@@ -55,10 +55,10 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    if impl == "kernel" and not newton_schulz_cpu.applies(X):
-        raise ValueError(f"newton_schulz impl 'kernel' takes float32/float64 CPU tensors where the kernel builds, "
+    if impl == "cpu" and not newton_schulz_cpu.applies(X):
+        raise ValueError(f"newton_schulz impl 'cpu' takes float32/float64 CPU tensors where the kernel builds, "
                          f"not {X.dtype} on {X.device.type}; use impl 'auto' or 'bmm'")
-    if impl == "kernel" or (impl == "auto" and newton_schulz_cpu.applies(X)):
+    if impl == "cpu" or (impl == "auto" and newton_schulz_cpu.applies(X)):
         X = newton_schulz_cpu.NSKernel.apply(X, steps, *NS_COEFFICIENTS[coefficients])
     else:
         m, pad = X.shape[-2], _row_padding(X.shape[-2])
@@ -366,10 +366,10 @@ OPTIMIZERS = {"gd": GD, "momentum": Momentum, "muon": Muon, "adam": Adam, "lq_re
               "kl_retention": KLRetention}
 
 
-def build_optimizer(spec, where: str = "optimizer", **options) -> MemoryOptimizer:
-    """An optimiser from a short-hand (muon takes ns_steps, ns_coefficients from ``options``), a MemoryOptimizer
-    or a class_path dict."""
-    return build("optimizer", OPTIMIZERS, spec, MemoryOptimizer, options, where)
+def build_optimizer(spec, where: str = "optimizer") -> MemoryOptimizer:
+    """A memory optimizer from a short-hand (``muon``), a short-hand with options ({name: muon, ns_steps: 3}), a
+    MemoryOptimizer or a class_path dict."""
+    return build("optimizer", OPTIMIZERS, spec, MemoryOptimizer, where)
 
 
 def step(optimizer, W, S, g, alpha, eta, theta):

@@ -16,41 +16,60 @@ from torch.func import grad, vmap
 from .optimizers import accumulate, commit, step
 
 
-def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, read="token", pending=None):
-    """Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T new
-    tokens ([N, m0+T, ·]); gates [N, T]. mem, objective, optimizer: component objects (any Memory, Objective,
-    MemoryOptimizer: only ``token_forward``, ``loss`` and ``update`` are used); phi: the feature map as a function.
-    read: "token" | "chunk"; pending: the chunk in progress of chunk-start reads (optimizers.accumulate), None at a
-    chunk boundary.
-    Returns (y [N, T, d_v], W, S, W̃ or None, offset, pending); with read="chunk" W̃ is W and returned as None."""
-    N, T = q.shape[:2]
+def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
+    """(g(W, t): the window gradient Σ_i γ_i ∇ℓ_i(W) of token t, read_out(W, t): y = M_W(φ(q_t)), m0)."""
+    T = q.shape[1]
     m0 = k_all.shape[1] - T
     f = mem.token_forward
 
     def token_loss(W, phi_k, k, v):
-        return objective.loss(f(W, phi_k, k), v)
+        return bias.loss(f(W, phi_k, k), v)
 
     grads = vmap(vmap(grad(token_loss), in_dims=(None, 0, 0, 0)))  # over heads×batch, then window tokens
-    read_out = vmap(f)
     phi_q, phi_k = phi(q), phi(k_all)
-    ys = []
-    for t in range(T):
-        if offset == 0 or read == "chunk":
-            W_eval = W
+
+    def g(W, t):
         j = m0 + t
         lo = 0 if window is None else max(0, j - window + 1)
-        G = grads(W_eval, phi_k[:, lo:j + 1], k_all[:, lo:j + 1], v_all[:, lo:j + 1])
+        G = grads(W, phi_k[:, lo:j + 1], k_all[:, lo:j + 1], v_all[:, lo:j + 1])
         gam = gamma_all[:, lo:j + 1]
-        g = {n: (gam.reshape(gam.shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
-        if read == "chunk":
-            ys.append(read_out(W, phi_q[:, t], q[:, t]))
-            pending = accumulate(pending, g, alpha[:, t], eta[:, t], theta[:, t])
-            if offset + 1 == chunk_size:
-                W, S = commit(optimizer, W, S, pending, chunk_size)
-                pending = None
-        else:
-            W, S = step(optimizer, W, S, g, alpha[:, t], eta[:, t], theta[:, t])
-            ys.append(read_out(W, phi_q[:, t], q[:, t]))
+        return {n: (gam.reshape(gam.shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
+
+    def read_out(W, t):
+        return vmap(f)(W, phi_q[:, t], q[:, t])
+
+    return g, read_out
+
+
+def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
+                       chunk_size, W, S, W_eval, offset, pending=None):
+    """read="token". Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T
+    new tokens ([N, m0+T, ·]); gates [N, T]. mem, bias, optimizer: component objects (any Memory, AttentionalBias,
+    MemoryOptimizer: only ``token_forward``, ``loss`` and ``update`` are used); phi: the feature map as a function.
+    Returns (y [N, T, d_v], W, S, W̃ or None, offset, None)."""
+    g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
+    ys = []
+    for t in range(q.shape[1]):
+        if offset == 0:
+            W_eval = W
+        W, S = step(optimizer, W, S, g(W_eval, t), alpha[:, t], eta[:, t], theta[:, t])
+        ys.append(read_out(W, t))
         offset = (offset + 1) % chunk_size
-    return torch.stack(ys, 1), W, S, (W_eval if offset and read == "token" else None), offset, pending
+    return torch.stack(ys, 1), W, S, (W_eval if offset else None), offset, None
+
+
+def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
+                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None):
+    """read="chunk", arguments as ``memorize_reference``: every token of a chunk reads W̃ = W; ``pending`` (the
+    chunk in progress, optimizers.accumulate; None at a chunk boundary) commits one step at the chunk's end.
+    Returns (y, W, S, None, offset, pending)."""
+    g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
+    ys = []
+    for t in range(q.shape[1]):
+        ys.append(read_out(W, t))
+        pending = accumulate(pending, g(W, t), alpha[:, t], eta[:, t], theta[:, t])
+        if offset + 1 == chunk_size:
+            W, S = commit(optimizer, W, S, pending, chunk_size)
+            pending = None
+        offset = (offset + 1) % chunk_size
+    return torch.stack(ys, 1), W, S, None, offset, pending

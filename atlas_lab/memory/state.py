@@ -14,7 +14,9 @@ class MemoryState:
     """Everything needed to continue a sequence exactly where a previous call stopped.
 
     weights:      W_t, the memory weights after the last token: {name: [B, H, *shape]}.
-    momentum:     S_t for ``momentum`` / ``muon`` ({name: [B, H, *shape]}), None for ``gd``.
+    optimizer_state: the memory optimiser's state S_t, {name: [B, H, *state_shape]}: the momentum of
+                  ``momentum`` / ``muon``, Adam's (m, v), the accumulator A_t of ``lq_retention`` /
+                  ``kl_retention``; None for ``gd``.
     eval_weights: W̃, the weights at which gradients of the chunk in progress are taken (the state at
                   the end of the previous chunk); None when ``offset == 0`` (a chunk boundary).
     keys, values, gamma: the last min(c−1, seen) raw keys [B, H, m, d_k], values [B, H, m, d_v] and
@@ -30,7 +32,7 @@ class MemoryState:
     """
 
     weights: dict[str, torch.Tensor]
-    momentum: dict[str, torch.Tensor] | None
+    optimizer_state: dict[str, torch.Tensor] | None
     eval_weights: dict[str, torch.Tensor] | None
     keys: torch.Tensor
     values: torch.Tensor
@@ -45,5 +47,5 @@ class MemoryState:
 
         pending = None if self.pending is None else {
             "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in PENDING_GATES}}
-        return MemoryState(d(self.weights), d(self.momentum), d(self.eval_weights), self.keys.detach(),
+        return MemoryState(d(self.weights), d(self.optimizer_state), d(self.eval_weights), self.keys.detach(),
                            self.values.detach(), self.gamma.detach(), self.offset, pending)

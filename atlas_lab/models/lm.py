@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers import MAC, MAG, Attention, MemoryMixer
-from .presets import LAYER_KINDS, PRESETS, MemoryOverrides, resolve_preset
+from .presets import LAYER_KINDS, PRESETS, resolve_preset
 
 
 class SwiGLU(nn.Module):
@@ -51,7 +51,7 @@ class LanguageModel(nn.Module):
     """
 
     def __init__(self, vocab_size: int, preset: str = "atlas", d_model: int = 128, n_layers: int = 4,
-                 n_heads: int = 8, memory: dict | MemoryOverrides | None = None, layers: list[str] | None = None,
+                 n_heads: int = 8, memory: dict | None = None, layers: list[str] | None = None,
                  swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True,
                  memory_heads: int | None = None, persistent_tokens: int = 0):
         super().__init__()

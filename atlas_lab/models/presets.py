@@ -1,4 +1,4 @@
-"""Named models (docs/memory.md §6): each is a layer pattern plus the five memory components and gates.
+"""Named models (docs/memory.md §6): each is a layer pattern plus a memory (its four components and gates).
 
 A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, mac, or the
 name of a one-memory-layer preset: a memory layer with that preset's memory) and ``memory`` (fields of MemoryConfig
@@ -8,30 +8,18 @@ Gates not listed as "learned" are constants; window presets use c = 8.
 
 Chunk size (docs/memory.md §4, §9): a preset whose published model is the exact online rule uses it — DeltaNet
 and Gated DeltaNet take chunk 1 (the WY path computes it 64 tokens at a time), and linear memories with the dot
-objective are exact at any chunk size (their gradient does not depend on the weights). The deep memories are
+bias are exact at any chunk size (their gradient does not depend on the weights). The deep memories are
 chunk-parallel models, as their papers train them (TTT: inner mini-batch b = 16; Titans, Atlas, OmegaNet, DLA,
 the DeepTransformers and DoT take chunk-start gradients over chunks without fixing b in their main text): b = 16
-here, part of the model's definition.
+here (MemoryConfig's default), part of the model's definition.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Literal, Optional, TypedDict, Union
-
-from ..layers.memory_mixer import Gate, MemoryConfig
-from ..memory import FEATURE_MAPS, MEMORIES, OBJECTIVES, OPTIMIZERS  # the short-hands: each kind's registry
-
-class ComponentPath(TypedDict, total=False):
-    """A user component in YAML: {class_path: package.module.Class, init_args: {...}} (LightningCLI's form)."""
-
-    class_path: str
-    init_args: dict
-
+from ..memory import MemoryConfig
 
 LAYER_KINDS = ("memory", "attention", "swa", "mag", "mac")
 _L = "learned"
 _WINDOW = 8
-_COMMON = dict(chunk_size=16)
 # η_max of the deep gd/momentum memories. Chunk-start gradients take b = 16 steps at one point: the chunk's update
 # is stable while η · Σ_i ‖h_i‖² (over the chunk's tokens and their windows, h the memory's hidden activations)
 # stays below 2. At η_max = 0.1 the memories reach inf within a few hundred tokens at initialisation (d_model
@@ -43,64 +31,66 @@ _STABLE_ETA_MAX = 0.01
 _STABLE_MOMENTUM_ETA_MAX = _STABLE_ETA_MAX / 10
 _STABLE_WINDOW_ETA_MAX = _STABLE_ETA_MAX / _WINDOW
 
+_LN = {"name": "mlp", "output_norm": True}  # the dot bias has no minimum for an MLP: normalise the memory's output
+
+
+def _memory(architecture, attentional_bias, **fields):
+    return dict(architecture=architecture, attentional_bias=attentional_bias, **fields)
+
+
 PRESETS: dict[str, dict] = {
     "transformer": dict(layers=["attention"], memory=None),
     "swa": dict(layers=["swa"], memory=None),
     # linear memory
-    "linear_attention": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=1.0, eta=1.0)),
-    "gla": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=1.0)),
+    "linear_attention": dict(layers=["memory"], memory=_memory("linear", "dot", alpha=1.0, eta=1.0)),
+    "gla": dict(layers=["memory"], memory=_memory("linear", "dot", alpha=_L, eta=1.0)),
     # RetNet (Sun et al. 2023, eq. 5–8): a fixed decay per head, γ_h = 1 − 2^(−5−h), no input gate; its
     # xPos/complex rotation of q, k is left out (the memory layers have no positional encoding).
-    "retnet": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha="head_decay", eta=1.0)),
+    "retnet": dict(layers=["memory"], memory=_memory("linear", "dot", alpha="head_decay", eta=1.0)),
     # Mamba2's SSD layer (Dao & Gu 2024, §3–§7): h_t = a_t h_{t−1} + Δ_t x_t B_tᵀ, y_t = h_t C_t, i.e. a linear memory
-    # with the dot objective, a scalar data-dependent decay a_t (α) and input gate Δ_t (η) per head; x, B, C are our
+    # with the dot bias, a scalar data-dependent decay a_t (α) and input gate Δ_t (η) per head; x, B, C are our
     # v, k, q. Departs from Mamba2's block: a = σ(w·x + b) instead of exp(−softplus(Δ) A), Δ = σ(·) instead of
     # softplus(·), q and k L2-normalised, no D skip; the short conv, SiLU output gate and norm are the mixer's.
-    "mamba2": dict(layers=["memory"], memory=dict(memory="linear", objective="dot", alpha=_L, eta=_L)),
+    "mamba2": dict(layers=["memory"], memory=_memory("linear", "dot", alpha=_L, eta=_L)),
     # DeltaNet (Schlag et al. 2021; Yang et al. 2024) and Gated DeltaNet (Yang et al. 2025): the exact delta rule,
     # chunk 1. Chunk-start gradients over b > 1 tokens are another, unstable model (I − Σ η_i k_i k_iᵀ can have
     # eigenvalues far below −1); `--model.memory.chunk_size=16` still asks for it.
-    "deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=1.0, eta=_L, chunk_size=1)),
-    "gated_deltanet": dict(layers=["memory"], memory=dict(memory="linear", objective="l2", alpha=_L, eta=_L,
-                                                          chunk_size=1)),
-    "swla": dict(layers=["memory"], memory=dict(memory="linear", feature_map="polynomial", objective="dot",
-                                                window=_WINDOW, alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
+    "deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=1.0, eta=_L, chunk_size=1)),
+    "gated_deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, chunk_size=1)),
+    "swla": dict(layers=["memory"], memory=_memory("linear", "dot", feature_map="polynomial", window=_WINDOW,
+                                                   alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
-    "ttt_mlp": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", alpha=1.0, eta=_L,
-                                                   eta_max=_STABLE_ETA_MAX)),
-    "titans": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="momentum", alpha=_L,
-                                                  eta=_L, theta=_L, eta_max=_STABLE_MOMENTUM_ETA_MAX)),
-    # the dot objective has no minimum for an MLP: its deep presets normalise the memory's output (output_norm)
-    "dla": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="dot", alpha=_L,
-                                               eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
-    "omeganet": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
-                                                    window=_WINDOW, alpha=_L, eta=_L, gamma=_L,
-                                                    eta_max=_STABLE_WINDOW_ETA_MAX)),
-    "atlas": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="polynomial", objective="l2",
-                                                 window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
-                                                 theta=_L, gamma=_L, eta_max=0.1)),
-    "atlas_pp": dict(layers=["memory"], memory=dict(memory="gated_mlp", feature_map="polynomial", objective="l2",
-                                                    window=_WINDOW, optimizer="muon", ns_steps=5, alpha=_L, eta=_L,
-                                                    theta=_L, gamma=_L, eta_max=0.1)),
-    "deep_transformer": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot",
-                                                            alpha=1.0, eta=1.0, output_norm=True)),
+    "ttt_mlp": dict(layers=["memory"], memory=_memory("mlp", "l2", alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX)),
+    "titans": dict(layers=["memory"], memory=_memory("mlp", "l2", optimizer="momentum", alpha=_L, eta=_L, theta=_L,
+                                                     eta_max=_STABLE_MOMENTUM_ETA_MAX)),
+    "dla": dict(layers=["memory"], memory=_memory(_LN, "dot", feature_map="polynomial", alpha=_L, eta=_L,
+                                                  eta_max=_STABLE_ETA_MAX)),
+    "omeganet": dict(layers=["memory"], memory=_memory("mlp", "l2", feature_map="polynomial", window=_WINDOW,
+                                                       alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_WINDOW_ETA_MAX)),
+    "atlas": dict(layers=["memory"], memory=_memory("mlp", "l2", feature_map="polynomial", window=_WINDOW,
+                                                    optimizer="muon", alpha=_L, eta=_L, theta=_L, gamma=_L,
+                                                    eta_max=0.1)),
+    "atlas_pp": dict(layers=["memory"], memory=_memory("gated_mlp", "l2", feature_map="polynomial", window=_WINDOW,
+                                                       optimizer="muon", alpha=_L, eta=_L, theta=_L, gamma=_L,
+                                                       eta_max=0.1)),
+    "deep_transformer": dict(layers=["memory"], memory=_memory(_LN, "dot", feature_map="taylor", alpha=1.0,
+                                                               eta=1.0)),
     # docs/memory.md fixes only α = 1 for SWDT; η = 1 (DeepTransformer's) overflows within 200 tokens at head dim 16
-    "swdt": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="dot", window=_WINDOW,
-                                                alpha=1.0, eta=_L, eta_max=_STABLE_ETA_MAX, output_norm=True)),
-    "dot": dict(layers=["memory"], memory=dict(memory="mlp", feature_map="taylor", objective="l2", window=_WINDOW,
-                                               alpha=_L, eta=_L, gamma=_L, eta_max=_STABLE_WINDOW_ETA_MAX)),
+    "swdt": dict(layers=["memory"], memory=_memory(_LN, "dot", feature_map="taylor", window=_WINDOW, alpha=1.0,
+                                                   eta=_L, eta_max=_STABLE_ETA_MAX)),
+    "dot": dict(layers=["memory"], memory=_memory("mlp", "l2", feature_map="taylor", window=_WINDOW, alpha=_L,
+                                                  eta=_L, gamma=_L, eta_max=_STABLE_WINDOW_ETA_MAX)),
     # Miras' Yaad (Behrouz et al. 2025, "It's All Connected", §5): a 2-layer MLP memory, the Huber attentional bias
     # (δ = 1, a constant: Yaad's δ_t is data-dependent), ℓ2 retention (α_t) and gradient descent.
-    "yaad": dict(layers=["memory"], memory=dict(memory="mlp", objective="huber", alpha=_L, eta=_L,
-                                                eta_max=_STABLE_ETA_MAX)),
+    "yaad": dict(layers=["memory"], memory=_memory("mlp", "huber", alpha=_L, eta=_L, eta_max=_STABLE_ETA_MAX)),
     # Miras' Moneta (§5): a 2-layer MLP memory, the ℓp attentional bias with p = 3 and ℓq retention with q = 4
     # (W_t = A_t / ‖A_t‖_q^{q−2} of an accumulator A_t = α_t A_{t−1} − η_t g_t): lp's and lq_retention's defaults.
-    "moneta": dict(layers=["memory"], memory=dict(memory="mlp", objective="lp", optimizer="lq_retention", alpha=_L,
-                                                  eta=_L, eta_max=_STABLE_ETA_MAX)),
+    "moneta": dict(layers=["memory"], memory=_memory("mlp", "lp", optimizer="lq_retention", alpha=_L, eta=_L,
+                                                     eta_max=_STABLE_ETA_MAX)),
     # Miras' Memora (§5): a 2-layer MLP memory, the ℓ2 attentional bias and KL retention (each row of W a scaled
     # softmax of accumulated logits: W_t = c · softmax(α_t log W_{t−1} − η_t g_t)).
-    "memora": dict(layers=["memory"], memory=dict(memory="mlp", objective="l2", optimizer="kl_retention", alpha=_L,
-                                                  eta=_L, eta_max=_STABLE_ETA_MAX)),
+    "memora": dict(layers=["memory"], memory=_memory("mlp", "l2", optimizer="kl_retention", alpha=_L, eta=_L,
+                                                     eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
@@ -115,51 +105,9 @@ PRESETS: dict[str, dict] = {
 }
 
 
-@dataclass
-class MemoryOverrides:
-    """Changes to a preset's memory components; a field left at None keeps the preset's value.
-
-    memory, feature_map, objective, optimizer: a short-hand, or {class_path: ..., init_args: {...}} naming a
-    component class (docs/components.md). window: an int c ≥ 1, or "global" (every past token). See MemoryConfig
-    for the meaning of each field.
-    """
-
-    memory: Optional[Union[Literal[tuple(MEMORIES)], ComponentPath]] = None
-    depth: Optional[int] = None
-    expansion: Optional[int] = None
-    activation: Optional[Literal["gelu", "silu", "relu", "tanh"]] = None
-    residual: Optional[bool] = None
-    feature_map: Optional[Union[Literal[tuple(FEATURE_MAPS)], ComponentPath]] = None
-    degree: Optional[int] = None
-    objective: Optional[Union[Literal[tuple(OBJECTIVES)], ComponentPath]] = None
-    window: Optional[Union[int, Literal["global"]]] = None
-    optimizer: Optional[Union[Literal[tuple(OPTIMIZERS)], ComponentPath]] = None
-    ns_steps: Optional[int] = None
-    ns_coefficients: Optional[Literal["quintic", "cubic"]] = None
-    alpha: Optional[Gate] = None
-    eta: Optional[Gate] = None
-    theta: Optional[Gate] = None
-    gamma: Optional[Gate] = None
-    eta_max: Optional[float] = None
-    chunk_size: Optional[int] = None
-    read: Optional[Literal["token", "chunk"]] = None
-    normalize: Optional[bool] = None
-    output_norm: Optional[bool] = None
-    checkpoint: Optional[bool] = None
-
-    def as_dict(self) -> dict:
-        """The fields that are set, as MemoryConfig values ("global" -> window None)."""
-        out = {k: v for k, v in asdict(self).items() if v is not None}
-        if out.get("window") == "global":
-            out["window"] = None
-        return out
-
-
-def resolve_preset(name: str, memory_overrides: dict | MemoryOverrides | None = None
-                   ) -> tuple[list[str], MemoryConfig | None]:
-    """(layer pattern, MemoryConfig or None) of a preset, with any MemoryConfig field overridden."""
-    if isinstance(memory_overrides, MemoryOverrides):
-        memory_overrides = memory_overrides.as_dict()
+def resolve_preset(name: str, memory_overrides: dict | None = None) -> tuple[list[str], MemoryConfig | None]:
+    """(layer pattern, MemoryConfig or None) of a preset, with fields changed by ``memory_overrides`` (in
+    MemoryConfig.replace's form: {"window": 16, "optimizer.ns_steps": 3})."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid choices: {', '.join(PRESETS)}")
     preset = PRESETS[name]
@@ -171,7 +119,7 @@ def resolve_preset(name: str, memory_overrides: dict | MemoryOverrides | None = 
             raise ValueError(f"preset {name!r} has no memory layer; memory overrides {sorted(memory_overrides)} "
                              f"do not apply")
         return list(preset["layers"]), None
-    config = MemoryConfig().replace(f"preset {name!r}", **{**_COMMON, **memory})
+    config = MemoryConfig().replace(f"preset {name!r}", **memory)
     if memory_overrides:
         config = config.replace("memory", **memory_overrides)
     return list(preset["layers"]), config

@@ -4,6 +4,7 @@ A model is *stable* on a sequence when every logit is finite and the memories' w
 faster than linearly in the tokens read (a memory without forgetting, like linear attention, is a sum of its writes
 and grows linearly; a diverging one grows geometrically) and stay below ``WEIGHT_LIMIT``. Reading in pieces (the
 streaming cache carries the state) is how a long document is evaluated, and it costs memory in the piece length only.
+The held-out text the checks read is ``atlas_lab.data.corpus.held_out_bytes`` (data sits above models).
 """
 from __future__ import annotations
 
@@ -91,12 +92,3 @@ def read_long(model, input_ids: torch.Tensor, piece: int = 512) -> LongRead:
         max_logit = max(max_logit, logits.abs().max().item())
         weights.append(weight)
     return LongRead(T, None, max_logit, max(weights, default=0.0), weights)
-
-
-def held_out_bytes(length: int, cache_dir: str = "~/.cache/atlas_lab") -> torch.Tensor:
-    """[1, length] byte ids of the validation plays of the LM task (the text repeats if it is shorter)."""
-    from ..data.corpus import load_corpus
-
-    text = "".join(load_corpus(None, cache_dir)["val"]).encode("utf-8")
-    text = text * (length // len(text) + 1)
-    return torch.tensor(list(text[:length]), dtype=torch.long)[None]

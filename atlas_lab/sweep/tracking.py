@@ -18,8 +18,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..lit.cli import DEFAULT_TRACKING_URI, resolve_uri  # noqa: F401  (re-exported for the sweep command)
-from .locks import SQLITE, StorageLock, is_postgres
+from ..store import init_store, resolve_uri  # noqa: F401  (init_store: re-exported for driver.py and the tests)
 
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
@@ -117,16 +116,6 @@ def stop_server(proc) -> None:
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def init_store(uri: str) -> None:
-    """Create and migrate a database tracking store (``sqlite:///…``, ``postgresql://…``) once, under the store's lock,
-    before any server or worker opens it: MLflow builds and migrates a fresh database on first open, and two
-    processes doing it at once collide (``duplicate column name``). Other URIs (an http server) are left alone."""
-    if not (uri.startswith(SQLITE) or is_postgres(uri)):
-        return
-    with StorageLock(uri, "atlas-lab mlflow store"):
-        MlflowClient(uri).search_experiments(max_results=1)
 
 
 def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:

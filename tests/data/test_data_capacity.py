@@ -28,14 +28,14 @@ def test_linear_l2_is_the_delta_rule():
         W = W - 0.7 * torch.einsum("bi,bj->bij", err, k[:, i])
     (row,) = capacity_probe([N], d_k=d, d_v=d, trials=trials, seed=0, eta=0.7, normalize_eta=False)
     assert row["recall_error"] == pytest.approx(recall_error(W, k, v), rel=1e-9)
-    assert row["n_pairs"] == N and row["feature_dim"] == d and row["memory"] == "linear"
+    assert row["n_pairs"] == N and row["feature_dim"] == d and row["architecture"] == "linear"
 
 
 def test_linear_dot_is_hebbian():
     N, d, trials = 20, 8, 2
     k, v = draws(N, d, trials, seed=3)
     W = torch.einsum("bni,bnj->bij", v, k)  # Σ v kᵀ
-    (row,) = capacity_probe([N], d_k=d, d_v=d, trials=trials, seed=3, objective="dot", normalize_eta=False)
+    (row,) = capacity_probe([N], d_k=d, d_v=d, trials=trials, seed=3, attentional_bias="dot", normalize_eta=False)
     assert row["recall_error"] == pytest.approx(recall_error(W, k, v), rel=1e-9)
     reads = torch.einsum("bij,bnj->bni", W, k)
     acc = ((reads @ v.transpose(1, 2)).argmax(-1) == torch.arange(N)).double().mean().item()
@@ -46,23 +46,24 @@ def test_recall_degrades_with_load_and_improves_with_feature_dim():
     rows = capacity_probe([2, 8, 32], d_k=6, d_v=6, trials=16)
     errors = [r["recall_error"] for r in rows]
     assert errors[0] < errors[1] < errors[2]
-    (poly,) = capacity_probe([32], d_k=6, d_v=6, trials=16, feature_map="polynomial", degree=2)
+    (poly,) = capacity_probe([32], d_k=6, d_v=6, trials=16, feature_map={"name": "polynomial", "degree": 2})
     assert poly["feature_dim"] == 28 and poly["recall_error"] < 0.8 * errors[2]
 
 
-def test_options_reach_memorize(monkeypatch):
+def test_the_memory_reaches_memorize(monkeypatch):
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(kwargs)
+        calls.append(args[3])
         return memorize(*args, **kwargs)
 
     monkeypatch.setattr(capacity, "memorize", spy)
-    (row,) = capacity_probe([8], d_k=4, d_v=4, trials=2, memory="mlp", depth=2, expansion=2, eta=0.1, chunk_size=4)
-    (kw,) = calls
-    assert (kw["memory"], kw["depth"], kw["expansion"], kw["chunk_size"]) == ("mlp", 2, 2, 4)
-    assert row["depth"] == 2 and row["chunk_size"] == 4 and torch.isfinite(torch.tensor(row["recall_error"]))
-    with pytest.raises(ValueError, match="optimizer"):
+    mlp = {"name": "mlp", "depth": 2, "expansion": 2}
+    (row,) = capacity_probe([8], d_k=4, d_v=4, trials=2, architecture=mlp, eta=0.1, chunk_size=4)
+    (config,) = calls
+    assert (config.architecture, config.chunk_size) == (mlp, 4)
+    assert row["architecture"] == mlp and row["chunk_size"] == 4 and torch.isfinite(torch.tensor(row["recall_error"]))
+    with pytest.raises(ValueError, match="capacity_probe.optimizer: unknown optimizer 'adamw'"):
         capacity_probe([8], optimizer="adamw")
     with pytest.raises(ValueError, match="n_pairs"):
         capacity_probe([])

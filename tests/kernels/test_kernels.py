@@ -1,6 +1,7 @@
-"""Triton kernels (docs/memory.md §5.3) against the PyTorch paths: batched Newton–Schulz against ``newton_schulz``;
-the chunk kernel against its PyTorch twin; ``memorize(impl="triton")`` against ``reference`` and ``chunked``
-(outputs, final state, gradients; odd lengths, several windows, state passed between calls).
+"""Triton kernels (``atlas_lab.memory.ops``, docs/memory.md §5.3) against the PyTorch paths: batched Newton–Schulz
+against ``newton_schulz``; the chunk kernel against its PyTorch twin; ``memorize(impl="triton")`` against
+``reference`` and ``chunked`` (outputs, final state, gradients; odd lengths, several windows, state passed between
+calls).
 
 Without a GPU the kernels run under Triton's interpreter (small shapes, fp32); conftest.py sets TRITON_INTERPRET=1
 before triton is first imported. Heavier sweeps are marked slow.
@@ -10,9 +11,9 @@ import itertools
 import pytest
 import torch
 
-from atlas_lab.kernels import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
+from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
 from helpers import compare_float32, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
@@ -110,7 +111,7 @@ def chunk_run(f, x, **options):
     return outs, torch.autograd.grad(total, list(x.values()), allow_unused=True)
 
 
-@pytest.mark.parametrize("momentum,objective,window,offset,shape", [
+@pytest.mark.parametrize("momentum,bias,window,offset,shape", [
     (False, "l2", 1, 0, dict(N=3, T=9, m0=0, D=5, DV=6, b=3)),
     (True, "l2", 3, 1, dict(N=3, T=11, m0=2, D=5, DV=6, b=4)),
     (True, "dot", None, 0, dict(N=2, T=11, m0=3, D=5, DV=6, b=4)),
@@ -118,9 +119,9 @@ def chunk_run(f, x, **options):
     (True, "l2", 20, 5, dict(N=2, T=40, m0=19, D=20, DV=40, b=16)),  # window spans two key blocks
     (True, "l2", 2, 0, dict(N=2, T=10, m0=1, D=130, DV=20, b=4)),  # d_v split over two programs
 ])
-def test_chunk_kernel_matches_its_pytorch_twin(momentum, objective, window, offset, shape):
+def test_chunk_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, shape):
     """The kernel in float32 against its twin in float64 (the oracle), within the error model of tests/helpers.py."""
-    options = dict(offset=offset, chunk_size=shape["b"], window=window, objective=objective)
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias)
     x = chunk_inputs(**shape, momentum=momentum)
 
     def results(f):
@@ -140,37 +141,41 @@ def test_chunk_kernel_matches_its_pytorch_twin(momentum, objective, window, offs
 
 # ---------------------------------------------------------------- memorize(impl="triton") against reference
 
-def triton_vs_reference(memory="linear", feature_map="identity", T=7, chunk_size=3, impl="reference", adjust=None,
-                        **options):
+def triton_vs_reference(architecture="linear", feature_map="identity", T=7, chunk_size=3, impl="reference",
+                        adjust=None, **options):
     """memorize(impl="triton") in float32 against ``impl`` in float64 (the oracle), within the error model of
     tests/helpers.py; ``adjust`` edits the problem first (both precisions)."""
-    kw = dict(memory=memory, feature_map=feature_map, T=T, **{n: options.pop(n) for n in ("B", "H", "d_k", "d_v")
-                                                              if n in options})
+    kw = dict(architecture=architecture, feature_map=feature_map, T=T,
+              **{n: options.pop(n) for n in ("B", "H", "d_k", "d_v") if n in options})
     p, p64 = problem(**kw), make_problem(device="cpu", **kw)
     if adjust:
         p, p64 = adjust(p), adjust(p64)
-    options = dict(memory=memory, feature_map=feature_map, chunk_size=chunk_size, **options)
+    options = dict(architecture=architecture, feature_map=feature_map, chunk_size=chunk_size, **options)
     compare_float32(lambda p: run(p, "triton", **options), lambda p: run(p, impl, **options), p,
                     run(p64, impl, **options), f"triton vs {impl} {options}")
 
 
-@pytest.mark.parametrize("objective,window,optimizer", [
+@pytest.mark.parametrize("bias,window,optimizer", [
     ("l2", 1, "gd"), ("dot", 1, "momentum"), ("l2", 3, "momentum"), ("dot", 3, "gd"), ("l2", None, "gd"),
     ("l2", None, "momentum")])
-def test_linear_memory_matches_reference(objective, window, optimizer):
+def test_linear_memory_matches_reference(bias, window, optimizer):
     """T = 7 with chunks of 3 (an odd tail); windows online, inside a chunk and global."""
-    triton_vs_reference(feature_map="polynomial", objective=objective, window=window, optimizer=optimizer)
+    triton_vs_reference(feature_map="polynomial", attentional_bias=bias, window=window, optimizer=optimizer)
 
 
-@pytest.mark.parametrize("memory,window", [("linear", 3), ("mlp", 2)])
-def test_muon_uses_the_batched_newton_schulz(memory, window):
+CUBIC = {"name": "muon", "ns_coefficients": "cubic"}
+
+
+@pytest.mark.parametrize("architecture,window", [("linear", 3), ("mlp", 2)])
+def test_muon_uses_the_batched_newton_schulz(architecture, window):
     """Cubic coefficients: quintic NS amplifies float32 rounding ~480× (see test_memory_equivalence)."""
-    triton_vs_reference(memory=memory, objective="l2", window=window, optimizer="muon", ns_coefficients="cubic")
+    triton_vs_reference(architecture=architecture, attentional_bias="l2", window=window, optimizer=CUBIC)
 
 
 def test_online_rule_and_normalized_linear_attention():
-    online = dict(objective="l2", window=2, optimizer="momentum", chunk_size=1, feature_map="identity")
-    normalized = dict(objective="dot", window=1, optimizer="gd", chunk_size=3, normalize=True, feature_map="taylor")
+    online = dict(attentional_bias="l2", window=2, optimizer="momentum", chunk_size=1, feature_map="identity")
+    normalized = dict(attentional_bias="dot", window=1, optimizer="gd", chunk_size=3, normalize=True,
+                      feature_map="taylor")
 
     def adjust(p):  # keep the normaliser z away from 0
         return {**p, "alpha": p["alpha"].detach().clamp_min(0.95).requires_grad_()}
@@ -193,14 +198,14 @@ def split_calls(p, impl, pieces, **options):
                                               pytest.param("muon", 3, marks=pytest.mark.slow)])
 def test_state_passing_with_odd_split_points(optimizer, window):
     """4 + 1 + 6 tokens with chunks of 3 (splits inside chunks) = one reference call on 11 (float32 against float64)."""
-    options = dict(objective="l2", window=window, optimizer=optimizer, chunk_size=3, feature_map="taylor",
-                   ns_coefficients="cubic")
+    options = dict(architecture="linear", attentional_bias="l2", window=window,
+                   optimizer=CUBIC if optimizer == "muon" else optimizer, chunk_size=3, feature_map="taylor")
     def results(impl, pieces):
         def go(p):
             o, state = split_calls(p, impl, pieces, **options)
             assert state.offset == 11 % 3
             out = {"output": o}
-            for part in ("weights", "momentum", "eval_weights"):
+            for part in ("weights", "optimizer_state", "eval_weights"):
                 out.update({f"state.{part}.{n}": w for n, w in (getattr(state, part) or {}).items()})
             leaves = [p["q"], p["k"], p["v"], p["alpha"], p["eta"], p["gamma"], *p["initial_state"].values()]
             grads = torch.autograd.grad(o.square().sum() + state.weights["W"].square().sum(), leaves)
@@ -213,49 +218,50 @@ def test_state_passing_with_odd_split_points(optimizer, window):
 
 
 def test_uncovered_combinations_say_what_is_covered():
-    p = problem(memory="mlp")
+    p = problem(architecture="mlp")
     with pytest.raises(NotImplementedError, match=r"impl='triton' does not cover memory mlp\(L=2,E=4\) with optimizer "
-                                                  r"gd.*impl='triton' covers memory='linear'"):
-        run(p, "triton", memory="mlp", optimizer="gd")
+                                                  r"gd.*impl='triton' covers architecture 'linear'"):
+        run(p, "triton", architecture="mlp", optimizer="gd")
     with pytest.raises(NotImplementedError, match="chunk_size=65"):
-        run(problem(), "triton", chunk_size=65)
+        run(problem(), "triton", architecture="linear", chunk_size=65)
     q = torch.randn(1, 4, 1, 3, dtype=torch.float64, device=DEVICE)
     with pytest.raises(NotImplementedError, match="does not cover dtype torch.float64"):
         memorize(q, q, q, impl="triton")
     with pytest.raises(NotImplementedError, match=r"memory module\(Linear\) with muon"):
-        memorize(q.float(), q.float(), q.float(), impl="triton", optimizer="muon", memory=torch.nn.Linear(3, 3))
+        memorize(q.float(), q.float(), q.float(), impl="triton", optimizer="muon", theta=0.5,
+                 architecture=torch.nn.Linear(3, 3))
 
 
 def test_auto_is_chunked_off_cuda_and_triton_on_cuda():
     p = problem(T=7)
-    options = dict(objective="l2", window=3, optimizer="momentum", chunk_size=3)
+    options = dict(architecture="linear", attentional_bias="l2", window=3, optimizer="momentum", chunk_size=3)
     o_auto, _, _ = run(p, "auto", **options)
     o_expected, _, _ = run(p, "triton" if DEVICE == "cuda" else "chunked", **options)
     assert torch.equal(o_auto, o_expected)
-    o_mlp, _, _ = run(problem(memory="mlp"), "auto", memory="mlp", optimizer="gd")  # not covered: chunked
-    assert torch.equal(o_mlp, run(problem(memory="mlp"), "chunked", memory="mlp", optimizer="gd")[0])
+    o_mlp, _, _ = run(problem(architecture="mlp"), "auto", architecture="mlp", optimizer="gd")  # not covered: chunked
+    assert torch.equal(o_mlp, run(problem(architecture="mlp"), "chunked", architecture="mlp", optimizer="gd")[0])
 
 
 # ---------------------------------------------------------------- slow: the full sweep
 
 @pytest.mark.slow
-@pytest.mark.parametrize("feature_map,objective,window,optimizer",
+@pytest.mark.parametrize("feature_map,bias,window,optimizer",
                          list(itertools.product(["identity", "polynomial", "taylor"], ["l2", "dot"], [1, 2, 5, None],
                                                 ["gd", "momentum"])))
-def test_linear_memory_sweep(feature_map, objective, window, optimizer):
-    triton_vs_reference(feature_map=feature_map, T=13, objective=objective, window=window, optimizer=optimizer)
+def test_linear_memory_sweep(feature_map, bias, window, optimizer):
+    triton_vs_reference(feature_map=feature_map, T=13, attentional_bias=bias, window=window, optimizer=optimizer)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("memory,objective,window", list(itertools.product(["linear", "mlp", "gated_mlp"],
-                                                                           ["l2", "dot"], [1, 3, None])))
-def test_muon_sweep(memory, objective, window):
-    triton_vs_reference(memory=memory, objective=objective, window=window, optimizer="muon", ns_coefficients="cubic")
+@pytest.mark.parametrize("architecture,bias,window", list(itertools.product(["linear", "mlp", "gated_mlp"],
+                                                                                 ["l2", "dot"], [1, 3, None])))
+def test_muon_sweep(architecture, bias, window):
+    triton_vs_reference(architecture=architecture, attentional_bias=bias, window=window, optimizer=CUBIC)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk_size,window", [(16, 1), (16, 24), (32, None)])
 def test_longer_sequences(chunk_size, window):
     """T = 50 with chunks of 16/32: full key blocks, windows across chunks and key blocks, d_v = 40 in two programs."""
-    triton_vs_reference(T=50, B=1, H=2, d_k=16, d_v=40, impl="chunked", objective="l2", window=window,
+    triton_vs_reference(T=50, B=1, H=2, d_k=16, d_v=40, impl="chunked", attentional_bias="l2", window=window,
                         optimizer="momentum", chunk_size=chunk_size)

@@ -101,7 +101,7 @@ def fit_args(task, out, batch_size, *extra, checkpoint=False):
                    "--model.eval_piece=0", "--trainer.limit_val_batches=1"]}[task]
     probe = json.dumps([{"class_path": "dist_probe.Probe", "init_args": {"out": str(out)}}]
                        + [CHECKPOINT] * checkpoint)
-    return ["fit", "-c", "lightning_config.yaml", *data, "--model.mixer=gla", "--model.d_model=16",
+    return ["fit", "-c", "lightning_config.yaml", *data, "--model.preset=gla", "--model.d_model=16",
             "--model.n_layers=1", "--model.n_heads=2", "--model.warmup_steps=2", "--model.lr=3e-3",
             f"--data.init_args.batch_size={batch_size}", f"--trainer.max_steps={STEPS}", "--trainer.max_epochs=1",
             "--trainer.log_every_n_steps=1",

@@ -39,10 +39,10 @@ def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
     assert run.data.metrics["train/memory_lr"] != run.data.metrics["train/lr"]
     # params: the flattened resolved config, once (not the module's hyper-parameters again under other names)
     params = run.data.params
-    assert params["model.mixer"] == "titans" and params["data.init_args.seed"] == "0"
-    assert not {"lr", "mixer", "memory_lr"} & set(params) and not any("/" in k for k in params)
+    assert params["model.preset"] == "titans" and params["data.init_args.seed"] == "0"
+    assert not {"lr", "preset", "memory_lr"} & set(params) and not any("/" in k for k in params)
     config = client.download_artifacts(run.info.run_id, "config.yaml", str(workdir))
-    assert "mixer: titans" in Path(config).read_text()
+    assert "preset: titans" in Path(config).read_text()
 
 
 @pytest.mark.parametrize("max_steps,validate_at_end,logged_at", [(4, "true", [1, 3]), (3, "true", [1, 2]),
@@ -60,7 +60,7 @@ def test_a_fit_is_validated_once_at_its_end(workdir, max_steps, validate_at_end,
 
 
 def tiny_mqar(logger=False):
-    return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.mixer=titans", "--model.d_model=16",
+    return ["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.preset=titans", "--model.d_model=16",
             "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2", "--model.warmup_steps=2",
             "--data.init_args.train_slices=[[16, 2, 64]]", "--data.init_args.test_slices=[[16, 2, 16]]",
             "--data.init_args.batch_size=16", "--model.schedule_steps=12",
@@ -80,7 +80,7 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     # the checkpoint rebuilds the model on its own: the linked vocab size is among its hyper-parameters
     from atlas_lab.lit import SequenceModel
     model = SequenceModel.load_from_checkpoint(ckpt)
-    assert model.hparams.vocab_size == 64 and model.hparams.mixer == "titans"
+    assert model.hparams.vocab_size == 64 and model.hparams.preset == "titans"
 
 
 @pytest.mark.parametrize("mixer", ["atlas", "atlas_mag", "transformer"])
@@ -88,7 +88,7 @@ def test_memory_lr_applies_to_the_memory_mixers_only(mixer):
     from atlas_lab.layers import MemoryMixer
     from atlas_lab.lit import SequenceModel
 
-    model = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=5e-3)
+    model = SequenceModel(vocab_size=16, preset=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=5e-3)
     groups = model.parameter_groups()
     grouped = [id(p) for g in groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
@@ -99,9 +99,9 @@ def test_memory_lr_applies_to_the_memory_mixers_only(mixer):
         assert g["weight_decay"] == (0.1 if g["params"][0].dim() >= 2 else 0.0)
     embedding = model.model.embed.weight
     assert [g["lr"] for g in groups if any(p is embedding for p in g["params"])] == [1e-3]
-    default = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3)
+    default = SequenceModel(vocab_size=16, preset=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3)
     assert {g["lr"] for g in default.parameter_groups()} == {1e-3}
-    frozen = SequenceModel(vocab_size=16, mixer=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=0.0)
+    frozen = SequenceModel(vocab_size=16, preset=mixer, d_model=16, n_layers=2, n_heads=2, lr=1e-3, memory_lr=0.0)
     assert {g["lr"] for g in frozen.parameter_groups()} == ({0.0, 1e-3} if memory else {1e-3})  # 0 is a rate
 
 
@@ -116,7 +116,7 @@ def test_bf16_mixed_training_is_finite_and_close_to_float32(workdir, mixer):
     within 2 % of float32's (the projections are bf16; the memory rule stays float32)."""
     losses = {}
     for precision in ("32-true", "bf16-mixed"):
-        cli = run_cli(["fit", *tiny_mqar(), f"--model.mixer={mixer}", "--trainer.max_steps=12",
+        cli = run_cli(["fit", *tiny_mqar(), f"--model.preset={mixer}", "--trainer.max_steps=12",
                        "--trainer.limit_val_batches=0", f"--trainer.precision={precision}"])
         losses[precision] = float(cli.trainer.callback_metrics["train/loss"])
     assert all(map(math.isfinite, losses.values())), losses
@@ -133,15 +133,15 @@ def test_under_autocast_the_memory_rule_runs_in_float32(mixer, dtype, monkeypatc
 
     seen = []
 
-    def spy(q, k, v, **kwargs):
+    def spy(q, k, v, config, **kwargs):
         tensors = [q, k, v, *kwargs["initial_state"].values(), *(g for g in kwargs.values() if torch.is_tensor(g))]
         seen.append(({t.dtype for t in tensors}, torch.is_autocast_enabled("cpu")))
-        return real(q, k, v, **kwargs)
+        return real(q, k, v, config, **kwargs)
 
     real = memory_mixer.memorize
     monkeypatch.setattr(memory_mixer, "memorize", spy)
     torch.manual_seed(0)
-    model = SequenceModel(vocab_size=32, mixer=mixer, d_model=32, n_layers=1, n_heads=2, memory_heads=4)
+    model = SequenceModel(vocab_size=32, preset=mixer, d_model=32, n_layers=1, n_heads=2, memory_heads=4)
     layer = next(m for m in model.modules() if isinstance(m, MemoryMixer))
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         out, cache = layer(torch.randn(2, 24, 32))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from atlas_lab.cli import main
-from atlas_lab.memory import (GD, L2, Adam, Huber, KLRetention, Lp, LqRetention, MemoryOptimizer, Muon, Objective,
-                              TransformedAccumulator, TransformedMomentum, build_components, check_against_reference)
+from atlas_lab.memory import (GD, L2, Adam, Huber, KLRetention, Lp, LqRetention, MemoryOptimizer, Muon, AttentionalBias,
+                              TransformedAccumulator, TransformedMomentum, MemoryConfig, check_against_reference)
 from atlas_lab.memory.chunked import _chunk_accumulated, _chunk_linear, _chunk_stepwise, _chunk_transformed, chunk_route
 
 
@@ -45,7 +45,7 @@ class TanhAccumulator(TransformedAccumulator):
         return self.tau * torch.tanh(A / self.tau)
 
 
-class LogCosh(Objective):
+class LogCosh(AttentionalBias):
     """ℓ = Σ_j log cosh(y_j − v_j); no ``grad``, so its gradients come from torch.func."""
 
     def loss(self, y, v):
@@ -57,11 +57,12 @@ def path(name):
 
 
 @pytest.mark.parametrize("memory", ["linear", "mlp", "gated_mlp"])
-@pytest.mark.parametrize("objective", ["l2", LogCosh(), Huber(0.3), Lp(3.0)], ids=repr)
+@pytest.mark.parametrize("bias", ["l2", LogCosh(), Huber(0.3), Lp(3.0)], ids=repr)
 @pytest.mark.parametrize("optimizer", [NormalizedGD(), TanhMomentum(), TanhAccumulator(), "momentum"], ids=repr)
 @pytest.mark.parametrize("read", ["token", "chunk"])
-def test_user_components_match_the_reference(memory, objective, optimizer, read):
-    errors = check_against_reference(memory, "polynomial", objective, optimizer, read=read)
+def test_user_components_match_the_reference(memory, bias, optimizer, read):
+    errors = check_against_reference(architecture=memory, feature_map="polynomial", attentional_bias=bias,
+                                     optimizer=optimizer, read=read)
     assert max(errors.values()) < 1e-6
 
 
@@ -74,7 +75,7 @@ def test_check_against_reference_can_fail():
             return w - eta.reshape(-1, *[1] * (w.dim() - 1)) * s, s
 
     with pytest.raises(AssertionError, match="chunked differs from reference"):
-        check_against_reference("mlp", "identity", "l2", Inconsistent())
+        check_against_reference(optimizer=Inconsistent())
 
 
 def test_the_form_decides_the_path():
@@ -82,34 +83,35 @@ def test_the_form_decides_the_path():
     assert chunk_route(TanhMomentum()) is _chunk_transformed and chunk_route(Muon()) is _chunk_transformed
     assert chunk_route(GD()) is _chunk_linear
     assert all(chunk_route(o) is _chunk_accumulated for o in (TanhAccumulator(), LqRetention(), KLRetention()))
-    mem, fmap, objective, optimizer = build_components("mlp", "taylor", path("LogCosh"), path("NormalizedGD"),
-                                                       depth=3, degree=3)
-    assert (mem.depth, fmap.degree, type(objective), type(optimizer)) == (3, 3, LogCosh, NormalizedGD)
-    assert objective.grad is None and L2().grad is not None and not optimizer.uses_theta
-    assert isinstance(build_components(optimizer=GD())[3], GD)
+    config = MemoryConfig(architecture={"name": "mlp", "depth": 3}, feature_map={"name": "taylor", "degree": 3},
+                          attentional_bias=path("LogCosh"), optimizer=path("NormalizedGD"))
+    mem, fmap, bias, optimizer = config.components()
+    assert (mem.depth, fmap.degree, type(bias), type(optimizer)) == (3, 3, LogCosh, NormalizedGD)
+    assert bias.grad is None and L2().grad is not None and not optimizer.uses_theta
+    assert isinstance(MemoryConfig(optimizer=GD()).components()[3], GD)
 
 
-@pytest.mark.parametrize("objective", [Huber(2.5), Lp(3.0), Lp(1.5)], ids=repr)
-def test_objective_gradients_are_the_derivative_of_the_loss(objective):
-    """∂ℓ/∂y given by the objective equals autograd's derivative of its loss; Huber is ½‖r‖² inside δ = 2.5 (‖r‖ of
+@pytest.mark.parametrize("bias", [Huber(2.5), Lp(3.0), Lp(1.5)], ids=repr)
+def test_objective_gradients_are_the_derivative_of_the_loss(bias):
+    """∂ℓ/∂y given by the bias equals autograd's derivative of its loss; Huber is ½‖r‖² inside δ = 2.5 (‖r‖ of
     these draws is 2.6 on average: both sides are taken), δ‖r‖ − ½δ² outside."""
     g = torch.Generator().manual_seed(0)
     y, v = torch.randn(50, 4, generator=g, dtype=torch.float64), torch.randn(50, 4, generator=g, dtype=torch.float64)
     y.requires_grad_(True)
-    (auto,) = torch.autograd.grad(objective.loss(y, v).sum(), y)
-    torch.testing.assert_close(objective.grad(y, v), auto, rtol=1e-12, atol=1e-12)
-    if isinstance(objective, Huber):
+    (auto,) = torch.autograd.grad(bias.loss(y, v).sum(), y)
+    torch.testing.assert_close(bias.grad(y, v), auto, rtol=1e-12, atol=1e-12)
+    if isinstance(bias, Huber):
         r = (y - v).detach()
         inside = r.norm(dim=-1) <= 2.5
         outside = ~inside
         assert inside.any() and outside.any()
-        torch.testing.assert_close(objective.loss(y, v)[inside], 0.5 * r[inside].square().sum(-1))
-        torch.testing.assert_close(objective.loss(y, v)[outside], 2.5 * r[outside].norm(dim=-1) - 3.125)
+        torch.testing.assert_close(bias.loss(y, v)[inside], 0.5 * r[inside].square().sum(-1))
+        torch.testing.assert_close(bias.loss(y, v)[outside], 2.5 * r[outside].norm(dim=-1) - 3.125)
 
 
 def test_user_components_train_through_atlas_lab_fit_from_yaml(workdir, capsys):
     Path("components.yaml").write_text(f"""model:
-  mixer: titans
+  preset: titans
   d_model: 16
   n_layers: 1
   n_heads: 2
@@ -118,7 +120,7 @@ def test_user_components_train_through_atlas_lab_fit_from_yaml(workdir, capsys):
     optimizer:
       class_path: {__name__}.NormalizedGD
       init_args: {{eps: 1.0e-5}}
-    objective:
+    attentional_bias:
       class_path: {__name__}.LogCosh
 data:
   init_args:
@@ -135,7 +137,7 @@ data:
 
     cli = run_cli(args)
     mixer = cli.model.model.blocks[0].mixer
-    assert type(mixer.optimizer) is NormalizedGD and mixer.optimizer.eps == 1e-5 and type(mixer.objective) is LogCosh
+    assert type(mixer.optimizer) is NormalizedGD and mixer.optimizer.eps == 1e-5 and type(mixer.bias) is LogCosh
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
@@ -145,3 +147,14 @@ def test_a_bad_class_path_is_one_line(workdir, capsys):
     assert main(args) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "model.memory.optimizer: class_path 'torch.nn.Linear' is not a MemoryOptimizer" in err[0]
+
+
+def test_a_component_option_from_the_command_line_joins_the_component_of_the_config_files(workdir):
+    """A YAML names the optimiser with one option; --model.memory.optimizer.ns_steps adds another, keeping its name."""
+    from atlas_lab.lit.cli import check_config
+
+    Path("cubic.yaml").write_text("model:\n  memory:\n    optimizer: {name: muon, ns_coefficients: cubic}\n")
+    cli = check_config(["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "-c", "cubic.yaml",
+                        "--model.memory.optimizer.ns_steps=2"])
+    optimizer = cli.model.model.blocks[0].mixer.optimizer
+    assert (type(optimizer), optimizer.ns_steps, optimizer.ns_coefficients) == (Muon, 2, "cubic")

@@ -4,18 +4,20 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import helpers
-from atlas_lab.layers import MemoryConfig
-from atlas_lab.memory import memorize
+from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.memory.cost import attention_flops, memory_flops
 from atlas_lab.models import PRESETS, resolve_preset
 
 MEMORY_PRESETS = [p for p in PRESETS if resolve_preset(p)[1] is not None and p not in ("atlas_mag", "atlas_mal")]
-EXTRA = {"gated_mlp muon global": dict(memory="gated_mlp", optimizer="muon", window=None, chunk_size=5),
-         "mlp depth 3 momentum": dict(memory="mlp", depth=3, optimizer="momentum", window=2, chunk_size=4),
-         "mlp muon cubic": dict(memory="mlp", optimizer="muon", ns_coefficients="cubic", window=3, chunk_size=4),
-         "mlp lq retention": dict(memory="mlp", objective="lp", optimizer="lq_retention", window=3, chunk_size=4),
-         "gated_mlp kl retention": dict(memory="gated_mlp", optimizer="kl_retention", window=None, chunk_size=5),
-         "normalised linear": dict(memory="linear", feature_map="taylor", objective="dot", normalize=True,
+EXTRA = {"gated_mlp muon global": dict(architecture="gated_mlp", optimizer="muon", window=None, chunk_size=5),
+         "mlp depth 3 momentum": dict(architecture={"name": "mlp", "depth": 3}, optimizer="momentum", window=2,
+                                      chunk_size=4),
+         "mlp muon cubic": dict(architecture="mlp", optimizer={"name": "muon", "ns_coefficients": "cubic"}, window=3,
+                                chunk_size=4),
+         "mlp lq retention": dict(architecture="mlp", attentional_bias="lp", optimizer="lq_retention", window=3,
+                                  chunk_size=4),
+         "gated_mlp kl retention": dict(architecture="gated_mlp", optimizer="kl_retention", window=None, chunk_size=5),
+         "normalised linear": dict(architecture="linear", feature_map="taylor", attentional_bias="dot", normalize=True,
                                    chunk_size=4)}
 
 
@@ -23,11 +25,7 @@ def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, T, 2, head_dim, generator=g).to(helpers.DEVICE) for _ in range(3))
     with FlopCounterMode(display=False) as counter:
-        memorize(q, k, v, memory=config.memory, feature_map=config.feature_map, degree=config.degree,
-                 objective=config.objective, window=config.window, optimizer=config.optimizer,
-                 chunk_size=config.chunk_size, depth=config.depth, expansion=config.expansion,
-                 ns_steps=config.ns_steps, ns_coefficients=config.ns_coefficients, normalize=config.normalize,
-                 output_norm=config.output_norm, read=config.read, alpha=0.9, eta=0.1, theta=0.5, gamma=0.7)
+        memorize(q, k, v, config, alpha=0.9, eta=0.1, theta=0.5, gamma=0.7)
     return counter.get_total_flops() / 2  # 2 heads
 
 

@@ -76,7 +76,8 @@ def qkv(B=2, T=13, H=3, d_k=5, d_v=4, dtype=torch.float64, normalize_k=True):
 def test_linear_attention(impl, chunk_size):
     """linear memory, identity, dot, window 1, gd, α = η = 1: y_t = Σ_{i≤t} v_i (k_i·q_t)."""
     q, k, v = qkv()
-    o, _ = memorize(q, k, v, memory="linear", objective="dot", optimizer="gd", chunk_size=chunk_size, impl=impl)
+    o, _ = memorize(q, k, v, architecture="linear", attentional_bias="dot", optimizer="gd", chunk_size=chunk_size,
+                    impl=impl)
     scores = torch.einsum("bthd,bshd->bhts", q, k).tril()
     direct = torch.einsum("bhts,bshd->bthd", scores, v)
     assert rel_err(o, direct) < 1e-12
@@ -87,7 +88,8 @@ def test_gated_linear_attention(impl):
     """GLA-like scalar gate: y_t = Σ_{i≤t} (∏_{l=i+1..t} α_l) v_i (k_i·q_t)."""
     q, k, v = qkv()
     alpha = rand(2, 13, 3, generator=torch.Generator().manual_seed(4)) * 0.5 + 0.5
-    o, _ = memorize(q, k, v, memory="linear", objective="dot", optimizer="gd", alpha=alpha, chunk_size=4, impl=impl)
+    o, _ = memorize(q, k, v, architecture="linear", attentional_bias="dot", optimizer="gd", alpha=alpha, chunk_size=4,
+                    impl=impl)
     logc = alpha.log().cumsum(1)  # [B, T, H]
     decay = (logc.unsqueeze(2) - logc.unsqueeze(1)).exp()  # [B, t, s, H] = ∏_{s<l≤t} α_l
     causal = torch.ones(13, 13, dtype=torch.bool, device=q.device).tril()[None, :, None, :]  # [1, t, 1, s]
@@ -107,7 +109,8 @@ def test_deltanet_matches_flash_linear_attention(impl):
     beta = rand(2, 13, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float32).sigmoid()
 
     def ours(x):
-        o, state = memorize(x["q"] * x["q"].shape[-1] ** -0.5, x["k"], x["v"], memory="linear", objective="l2",
+        o, state = memorize(x["q"] * x["q"].shape[-1] ** -0.5, x["k"], x["v"], architecture="linear",
+                            attentional_bias="l2",
                             optimizer="gd", eta=x["beta"], chunk_size=1, impl=impl)  # the exact online delta rule
         return {"output": o, "W": state.weights["W"]}
 
@@ -126,7 +129,8 @@ def test_gated_deltanet_titans_form(impl):
     g = torch.Generator().manual_seed(6)
     alpha = rand(2, 13, 3, generator=g) * 0.2 + 0.8
     eta = rand(2, 13, 3, generator=g)
-    o, _ = memorize(q, k, v, memory="linear", objective="l2", optimizer="gd", alpha=alpha, eta=eta, chunk_size=1,
+    o, _ = memorize(q, k, v, architecture="linear", attentional_bias="l2", optimizer="gd", alpha=alpha, eta=eta,
+                    chunk_size=1,
                     impl=impl)
     W = q.new_zeros(2, 3, 4, 5)
     out = []
@@ -143,7 +147,7 @@ def test_titans_momentum_recurrence_by_hand():
     q, k, v = qkv()
     g = torch.Generator().manual_seed(7)
     alpha, eta, theta = (rand(2, 13, 3, generator=g) * 0.5 + 0.5 for _ in range(3))
-    o, state = memorize(q, k, v, memory="linear", optimizer="momentum", alpha=alpha, eta=eta, theta=theta,
+    o, state = memorize(q, k, v, architecture="linear", optimizer="momentum", alpha=alpha, eta=eta, theta=theta,
                         chunk_size=1)
     W = q.new_zeros(2, 3, 4, 5)
     S = torch.zeros_like(W)
@@ -154,7 +158,7 @@ def test_titans_momentum_recurrence_by_hand():
         W = alpha[:, t, :, None, None] * W + S
         out.append(torch.einsum("bhvk,bhk->bhv", W, q[:, t]))
     assert rel_err(o, torch.stack(out, 1)) < 1e-12
-    assert rel_err(state.momentum["W"], S) < 1e-12
+    assert rel_err(state.optimizer_state["W"], S) < 1e-12
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -167,7 +171,8 @@ def test_taylor_normalized_linear_memory_converges_to_softmax_attention(impl):
     softmax = torch.einsum("bhts,bshd->bthd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
     errors = []
     for p in range(1, 8):
-        o, _ = memorize(q, k, v, memory="linear", feature_map="taylor", degree=p, objective="dot", normalize=True,
+        o, _ = memorize(q, k, v, architecture="linear", feature_map={"name": "taylor", "degree": p},
+                        attentional_bias="dot", normalize=True,
                         chunk_size=4, impl=impl)
         errors.append(rel_err(o, softmax))
     assert all(b < a for a, b in zip(errors, errors[1:])), errors
@@ -177,7 +182,8 @@ def test_taylor_normalized_linear_memory_converges_to_softmax_attention(impl):
 def test_normalized_linear_attention_state_carries_normaliser():
     """normalize=True across two calls equals one call (z is carried in the state)."""
     q, k, v = qkv(T=10)
-    opts = dict(memory="linear", feature_map="taylor", degree=2, objective="dot", normalize=True, chunk_size=3)
+    opts = dict(architecture="linear", feature_map={"name": "taylor", "degree": 2}, attentional_bias="dot",
+                normalize=True, chunk_size=3)
     o, _ = memorize(q, k, v, **opts)
     o1, s = memorize(q[:, :4], k[:, :4], v[:, :4], **opts)
     o2, _ = memorize(q[:, 4:], k[:, 4:], v[:, 4:], initial_state=s, **opts)
@@ -217,11 +223,12 @@ def test_adam_first_step_is_a_scaled_sign_and_zero_betas_are_normalised_steps():
     # in a layer: chunks of 3, a window of 2 — the chunk's per-token path equals the oracle (tests/memory/
     # test_memory_equivalence.py runs every combination); here the state continues across calls
     q, k, v = qkv()
-    o, state = memorize(q, k, v, memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3, eta=0.05)
-    assert state.momentum["W1"].shape[:3] == (2, 3, 2) and torch.isfinite(o).all()
-    o1, s1 = memorize(q[:, :5], k[:, :5], v[:, :5], memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
+    o, state = memorize(q, k, v, architecture="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3, eta=0.05)
+    assert state.optimizer_state["W1"].shape[:3] == (2, 3, 2) and torch.isfinite(o).all()
+    o1, s1 = memorize(q[:, :5], k[:, :5], v[:, :5], architecture="mlp", optimizer=Adam(0.0, 0.0), window=2,
+                      chunk_size=3,
                       eta=0.05)
-    o2, _ = memorize(q[:, 5:], k[:, 5:], v[:, 5:], memory="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
+    o2, _ = memorize(q[:, 5:], k[:, 5:], v[:, 5:], architecture="mlp", optimizer=Adam(0.0, 0.0), window=2, chunk_size=3,
                      eta=0.05, initial_state=s1)
     assert rel_err(torch.cat([o1, o2], 1), o) < 1e-12
 
@@ -260,28 +267,34 @@ def test_miras_retention_rules_follow_their_equations():
 def test_momentum_with_zero_decay_is_gd():
     q, k, v = qkv()
     eta = rand(2, 13, 3, generator=torch.Generator().manual_seed(9))
-    o1, _ = memorize(q, k, v, memory="mlp", optimizer="gd", eta=eta, window=3, chunk_size=4)
-    o2, _ = memorize(q, k, v, memory="mlp", optimizer="momentum", eta=eta, theta=0.0, window=3, chunk_size=4)
+    o1, _ = memorize(q, k, v, architecture="mlp", optimizer="gd", eta=eta, window=3, chunk_size=4)
+    o2, _ = memorize(q, k, v, architecture="mlp", optimizer="momentum", eta=eta, theta=0.0, window=3, chunk_size=4)
     assert rel_err(o2, o1) < 1e-12
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(memory="deep"), "valid choices: linear, mlp, gated_mlp"),
+    (dict(architecture="deep"), "valid choices: linear, mlp, gated_mlp"),
     (dict(feature_map="exp"), "valid choices: identity, polynomial, taylor"),
-    (dict(objective="l1"), "valid choices: l2, dot"),
+    (dict(attentional_bias="l1"), "valid choices: l2, dot"),
     (dict(optimizer="adamw"), "valid choices: gd, momentum, muon, adam"),
-    (dict(optimizer="muon", ns_coefficients="septic"), "valid choices: quintic, cubic"),
-    (dict(window=0), "window must be an int >= 1 or None"),
-    (dict(chunk_size=0), "chunk_size must be an int >= 1"),
+    (dict(optimizer={"name": "muon", "ns_coefficients": "septic"}), "valid choices: quintic, cubic"),
+    (dict(optimizer={"name": "muon", "ns_step": 3}),
+     "memorize.optimizer.ns_step: muon does not take 'ns_step'; it takes ns_steps, ns_coefficients"),
+    (dict(optimizer={"name": "gd", "ns_steps": 3}), "memorize.optimizer.ns_steps: gd does not take 'ns_steps'; it "
+                                                    "takes no options"),
+    (dict(ns_steps=3), "memorize.ns_steps: an option of the optimizer now; write optimizer.ns_steps: 3"),
+    (dict(objective="dot"), "memorize.objective: renamed; write attentional_bias: dot"),
+    (dict(window=0), "memorize.window: expected an int >= 1 or null (global), got 0"),
+    (dict(chunk_size=0), "memorize.chunk_size: expected an int >= 1"),
     (dict(impl="cuda"), "valid choices: reference, chunked, triton"),
-    (dict(read="every"), "unknown read='every'; valid choices: token, chunk"),
+    (dict(read="every"), "memorize.read: unknown value 'every'; valid choices: token, chunk"),
     (dict(alpha=torch.ones(2, 3)), "gate alpha must be a [B, T, H]"),
-    (dict(normalize=True), "normalize=True needs memory='linear', objective='dot'"),
-    (dict(initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
-    (dict(initial_state={"V": torch.zeros(4, 5)}), "the memory expects ['W']"),
-    (dict(memory="mlp", depth=0), "depth must be >= 1"),
-    (dict(memory="mlp", activation="swish"), "valid choices: gelu, silu, relu, tanh"),
-    (dict(feature_map="polynomial", degree=2, coefficients=torch.ones(2)), "coefficients must have shape"),
+    (dict(normalize=True), "memorize.normalize: needs architecture linear, attentional_bias dot"),
+    (dict(architecture="linear", initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
+    (dict(architecture="linear", initial_state={"V": torch.zeros(4, 5)}), "the memory expects ['W']"),
+    (dict(architecture={"name": "mlp", "depth": 0}), "depth must be >= 1"),
+    (dict(architecture={"name": "mlp", "activation": "swish"}), "valid choices: gelu, silu, relu, tanh"),
+    (dict(feature_map={"name": "polynomial", "degree": 2}, coefficients=torch.ones(2)), "coefficients must have shape"),
 ])
 def test_bad_arguments_say_what_is_valid(kwargs, message):
     q, k, v = qkv(T=4)
@@ -292,12 +305,12 @@ def test_bad_arguments_say_what_is_valid(kwargs, message):
 def test_triton_says_what_it_does_not_cover():
     q, k, v = qkv(T=4)  # float64 and an MLP memory with gd: not covered by the kernels
     with pytest.raises(NotImplementedError, match="impl='triton' does not cover"):
-        memorize(q, k, v, memory="mlp", impl="triton")
+        memorize(q, k, v, architecture="mlp", impl="triton")
     with pytest.raises(NotImplementedError, match="read='chunk'"):
         memorize(q.float(), k.float(), v.float(), read="chunk", impl="triton")
 
 
-@pytest.mark.parametrize("impl", ["bmm", "kernel"])
+@pytest.mark.parametrize("impl", ["bmm", "cpu"])
 @pytest.mark.parametrize("coefficients", ["quintic", "cubic"])
 @pytest.mark.parametrize("shape", [(7, 5, 9), (6, 9, 5), (2, 3, 4, 4), (3, 15, 16), (2, 16, 15), (40, 1, 3),
                                    (2, 17, 40)])
@@ -341,13 +354,13 @@ def test_newton_schulz_kernel_matches_bmm_in_float32(shape):
             return {"output": out, "grad.G": torch.autograd.grad((out * x["weight"]).sum(), G)[0]}
         return go
 
-    compare_float32(ns("kernel"), ns("bmm"), x, ns("bmm")({n: t.double() for n, t in x.items()}), str(shape))
+    compare_float32(ns("cpu"), ns("bmm"), x, ns("bmm")({n: t.double() for n, t in x.items()}), str(shape))
 
 
 def test_newton_schulz_kernel_says_what_it_takes():
-    with pytest.raises(ValueError, match="impl 'kernel' takes float32/float64 CPU tensors"):
-        newton_schulz(torch.randn(2, 4, 4, dtype=torch.bfloat16), impl="kernel")
-    with pytest.raises(ValueError, match="valid choices: auto, kernel, bmm"):
+    with pytest.raises(ValueError, match="impl 'cpu' takes float32/float64 CPU tensors"):
+        newton_schulz(torch.randn(2, 4, 4, dtype=torch.bfloat16), impl="cpu")
+    with pytest.raises(ValueError, match="valid choices: auto, cpu, bmm"):
         newton_schulz(torch.randn(2, 4, 4), impl="triton")
 
 
@@ -357,7 +370,7 @@ def test_newton_schulz_takes_batched_matmuls_without_the_kernel(monkeypatch, tmp
     """A failed build warns once and leaves impl "auto" on the bmm path; ATLAS_LAB_NS_KERNEL=0 turns the kernel off."""
     from torch.utils import cpp_extension
 
-    from atlas_lab.memory import newton_schulz_cpu
+    from atlas_lab.memory.ops.newton_schulz import cpu as newton_schulz_cpu
 
     G = torch.randn(6, 4, 16, dtype=torch.float64)
     expected = newton_schulz(G, impl="bmm")
@@ -377,7 +390,7 @@ def test_newton_schulz_takes_batched_matmuls_without_the_kernel(monkeypatch, tmp
             assert not newton_schulz_cpu.applies(G)
         assert rel_err(newton_schulz(G), expected) == 0.0
         with pytest.raises(ValueError, match="where the kernel builds"):
-            newton_schulz(G, impl="kernel")
+            newton_schulz(G, impl="cpu")
     finally:
         newton_schulz_cpu.kernel.cache_clear()  # the next caller loads the real build again
 
@@ -388,7 +401,7 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_kernel():
     import fcntl
     import threading
 
-    from atlas_lab.memory import newton_schulz_cpu
+    from atlas_lab.memory.ops.newton_schulz import cpu as newton_schulz_cpu
 
     if newton_schulz_cpu.kernel() is None:
         pytest.skip("the CPU kernel does not build here")

@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from atlas_lab.layers import Attention, MemoryConfig, MemoryMixer
+from atlas_lab.layers import Attention, MemoryMixer
+from atlas_lab.memory import MemoryConfig
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
 from helpers import rel_err
 
@@ -136,11 +137,11 @@ def changed_fields(a: MemoryConfig, b: MemoryConfig):
 
 @pytest.mark.parametrize("a,b,expected", [
     ("atlas", "omeganet", {"optimizer", "eta_max"}),  # gd diverges at atlas's η_max 0.1 (muon steps are bounded)
-    ("omeganet", "dla", {"objective", "window", "gamma", "output_norm", "eta_max"}),
-    ("atlas", "atlas_pp", {"memory"}),
+    ("omeganet", "dla", {"architecture", "attentional_bias", "window", "gamma", "eta_max"}),  # + output_norm
+    ("atlas", "atlas_pp", {"architecture"}),
     ("deltanet", "gated_deltanet", {"alpha"}),
     ("linear_attention", "gla", {"alpha"}),
-    ("deltanet", "linear_attention", {"objective", "eta", "chunk_size"}),
+    ("deltanet", "linear_attention", {"attentional_bias", "eta", "chunk_size"}),
     ("deep_transformer", "swdt", {"window", "eta", "eta_max"}),
     ("omeganet", "dot", {"feature_map"}),
 ])
@@ -175,8 +176,14 @@ def test_memory_heads_apply_to_memories_only():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(preset="atlass"), "unknown preset 'atlass'; valid choices: transformer, swa"),
-    (dict(preset="atlas", memory={"windw": 2}), "unknown field(s) ['windw']; valid fields: memory, depth"),
-    (dict(preset="atlas", memory={"optimizer": "adamw"}), "memory.optimizer: unknown value 'adamw'; valid choices: gd"),
+    (dict(preset="atlas", memory={"windw": 2}), "memory.windw: unknown field; valid fields: architecture, feature_map"),
+    (dict(preset="atlas", memory={"optimizer": "adamw"}),
+     "memory.optimizer: unknown optimizer 'adamw'; valid choices: gd"),
+    (dict(preset="atlas", memory={"optimizer.ns_step": 3}),
+     "memory.optimizer.ns_step: muon does not take 'ns_step'; it takes ns_steps, ns_coefficients"),
+    (dict(preset="atlas", memory={"ns_steps": 3}), "memory.ns_steps: an option of the optimizer now; write "
+                                                   "optimizer.ns_steps: 3, or optimizer: {name: <optimizer>"),
+    (dict(preset="atlas", memory={"memory": "linear"}), "memory.memory: renamed; write architecture: linear"),
     (dict(preset="transformer", memory={"window": 2}), "has no memory layer"),
     (dict(preset="atlas", layers=["memory", "lstm"]), "unknown layer kind(s) ['lstm']"),
     (dict(preset="atlas", memory={"window": 0}), "memory.window: expected an int >= 1 or null"),
@@ -229,9 +236,7 @@ def _preset_memory(preset, q, k, v, **gates_and_state):
     from atlas_lab.memory import memorize
 
     _, config = resolve_preset(preset)
-    mem, fmap, objective, optimizer = config.components()
-    return memorize(q, k, v, memory=mem, feature_map=fmap, objective=objective, optimizer=optimizer,
-                    window=config.window, chunk_size=config.chunk_size, **gates_and_state)[0]
+    return memorize(q, k, v, config, **gates_and_state)[0]
 
 
 def test_retnet_preset_is_fla_retention():
@@ -314,8 +319,8 @@ def test_hybrid_layer_patterns_take_each_presets_memory():
     kinds = [type(b.mixer).__name__ for b in model.blocks]
     assert model.layer_kinds == ["mamba2", "memory", "swa"] and kinds == ["MemoryMixer", "MemoryMixer", "Attention"]
     mamba, gdn = model.blocks[0].mixer.config, model.blocks[1].mixer.config
-    assert (mamba.objective, gdn.objective, mamba.chunk_size, gdn.chunk_size) == ("dot", "l2", 8, 8)
-    assert tiny("samba").layer_kinds == ["memory", "swa"] and tiny("samba").memory_config.objective == "dot"
+    assert (mamba.attentional_bias, gdn.attentional_bias, mamba.chunk_size, gdn.chunk_size) == ("dot", "l2", 8, 8)
+    assert tiny("samba").layer_kinds == ["memory", "swa"] and tiny("samba").memory_config.attentional_bias == "dot"
     with pytest.raises(ValueError, match="or a preset of one memory layer"):
         tiny("atlas", layers=["atlas_mag"])
 
@@ -361,8 +366,7 @@ def test_mac_is_memory_as_context():
         xs = x[:, lo:lo + 4]
         n = xs.shape[1]
         qh = torch.nn.functional.normalize(torch.nn.functional.silu(mac.retrieve_q(xs)).view(B, n, Hm, dm), dim=-1)
-        read, _ = memorize(qh, qh, torch.zeros_like(qh), memory=mem.mem, feature_map=mem.feature_map,
-                           objective=mem.objective, optimizer=mem.optimizer, eta=0.0, chunk_size=16,
+        read, _ = memorize(qh, qh, torch.zeros_like(qh), mem.rule, alpha=1.0, eta=0.0, theta=0.0, gamma=1.0,
                            initial_state=weights)
         h = mac.retrieve_out(read.reshape(B, n, Hm * dm))
         pos = torch.arange(lo, lo + n)

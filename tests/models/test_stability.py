@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from atlas_lab.data.corpus import held_out_bytes
 from atlas_lab.lit import SequenceModel
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
-from atlas_lab.models.stability import WEIGHT_LIMIT, held_out_bytes, read_long
+from atlas_lab.models.stability import WEIGHT_LIMIT, read_long
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTH, PIECE = 16_384, 512
@@ -54,7 +55,7 @@ def test_model_trained_200_steps_on_lm_yaml_stays_finite_and_bounded(preset, tmp
     """200 steps of experiments/lm.yaml at its learning rate through the CLI (a non-finite training loss fails the
     run), then the trained model reads 16K tokens. Runs in a temporary directory (runs/ lands there)."""
     cmd = [sys.executable, "-m", "atlas_lab.cli", "fit", "-c", str(ROOT / "lightning_config.yaml"), "-c",
-           str(ROOT / "experiments" / "lm.yaml"), f"--model.mixer={preset}", "--trainer.max_steps=200",
+           str(ROOT / "experiments" / "lm.yaml"), f"--model.preset={preset}", "--trainer.max_steps=200",
            "--trainer.limit_val_batches=0"]
     if preset == "transformer":  # lm.yaml's comparison: the transformer of the atlas size has one more layer
         cmd.append("--model.n_layers=5")
@@ -67,11 +68,11 @@ def test_model_trained_200_steps_on_lm_yaml_stays_finite_and_bounded(preset, tmp
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_presets_whose_published_model_is_exact_use_the_exact_rule(preset):
-    """A linear memory with the l2 objective and gd at window 1 is DeltaNet / Gated DeltaNet: the published models
+    """A linear memory with the l2 bias and gd at window 1 is DeltaNet / Gated DeltaNet: the published models
     are the exact online rule, chunk size 1 (computed by the WY path); chunk-start gradients over b > 1 tokens are
     another, unstable model."""
     _, config = resolve_preset(preset)
-    if config is not None and (config.memory, config.objective, config.optimizer, config.window) == \
+    if config is not None and (config.architecture, config.attentional_bias, config.optimizer, config.window) == \
             ("linear", "l2", "gd", 1):
         assert config.chunk_size == 1, f"{preset}: chunk_size {config.chunk_size}"
 

@@ -14,22 +14,22 @@ T_975 = {2: 4.302652729749464, 4: 2.7764451051977934}  # Student's t quantile 0.
 
 
 def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=None, states=None):
-    """A grid study over axes (mixer, memory) whose point labels -> per-repeat values; None is a failed repeat."""
+    """A grid study over axes (preset, memory) whose point labels -> per-repeat values; None is a failed repeat."""
     study = optuna.create_study(direction=direction)
     for key, value in (("metric", "val/acc"), ("direction", direction), ("sampler", "grid"),
-                       ("grid_keys", ["model.mixer", "model.memory"]), ("baseline", baseline)):
+                       ("grid_keys", ["model.preset", "model.memory"]), ("baseline", baseline)):
         study.set_user_attr(key, value)
-    dists = {"model.mixer": CategoricalDistribution(["atlas", "atlas_mag"]),
+    dists = {"model.preset": CategoricalDistribution(["atlas", "atlas_mag"]),
              "model.memory": CategoricalDistribution(["atlas", "linear", "gd"])}
-    for (mixer, memory), per_repeat in values.items():
+    for (preset, memory), per_repeat in values.items():
         for repeat, v in enumerate(per_repeat):
-            state = (states or {}).get((mixer, memory, repeat), TrialState.COMPLETE if v is not None else
+            state = (states or {}).get((preset, memory, repeat), TrialState.COMPLETE if v is not None else
                                        TrialState.FAIL)
-            attrs = {"labels": {"model.mixer": mixer, "model.memory": memory}, "repeat": repeat}
+            attrs = {"labels": {"model.preset": preset, "model.memory": memory}, "repeat": repeat}
             if state == TrialState.FAIL:
                 attrs["fail_reason"] = "FloatingPointError: val/acc is nan"
             study.add_trial(create_trial(state=state, value=v if state == TrialState.COMPLETE else None,
-                                         params={"model.mixer": mixer, "model.memory": memory}, distributions=dists,
+                                         params={"model.preset": preset, "model.memory": memory}, distributions=dists,
                                          user_attrs=attrs))
     return study
 
@@ -50,15 +50,15 @@ def test_points_count_failed_and_pruned_repeats_without_averaging_them():
                              ("atlas_mag", "gd"): [0.9, 0.1, 0.3]},
                             states={("atlas_mag", "gd", 1): TrialState.PRUNED})
     columns, rows = result_rows(study)
-    assert columns == ["model.mixer", "model.memory"]
-    by = {(r["model.mixer"], r["model.memory"]): r for r in rows}
+    assert columns == ["model.preset", "model.memory"]
+    by = {(r["model.preset"], r["model.memory"]): r for r in rows}
     linear = by["atlas", "linear"]
     assert (linear["n"], linear["failed"], linear["pruned"]) == (2, 1, 0)
     assert linear["mean"] == pytest.approx(0.3) and linear["values"] == {0: 0.2, 2: 0.4}
     assert "nan" in linear["reason"]
     gd = by["atlas_mag", "gd"]
     assert (gd["n"], gd["failed"], gd["pruned"], gd["mean"]) == (2, 0, 1, pytest.approx(0.6))
-    assert [(r["model.mixer"], r["model.memory"]) for r in rows] == [("atlas", "atlas"), ("atlas_mag", "gd"),
+    assert [(r["model.preset"], r["model.memory"]) for r in rows] == [("atlas", "atlas"), ("atlas_mag", "gd"),
                                                                      ("atlas", "linear")]  # best mean first
 
 
@@ -69,17 +69,17 @@ def test_paired_differences_to_the_baseline(direction):
     # d(atlas_mag, atlas) pairs repeats 0 and 2 only (repeat 1 failed)
     study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78],
                              ("atlas", "gd"): [0.6, 0.8, 0.7], ("atlas_mag", "atlas"): [0.4, None, 0.9]},
-                            direction=direction, baseline={"model.mixer": "atlas", "model.memory": "atlas"})
+                            direction=direction, baseline={"model.preset": "atlas", "model.memory": "atlas"})
     columns, rows = result_rows(study)
     diffs = {d["changes"]: d for d in differences(study, columns, rows)}
-    assert set(diffs) == {"memory=linear", "memory=gd", "mixer=atlas_mag"}
+    assert set(diffs) == {"memory=linear", "memory=gd", "preset=atlas_mag"}
     linear = diffs["memory=linear"]
     assert linear["pairs"] == 3 and linear["diff"] == pytest.approx(0.10) and linear["std"] == pytest.approx(0.02)
     assert linear["low"] == pytest.approx(0.10 - T_975[2] * 0.02 / math.sqrt(3))
     assert linear["excludes_0"] and linear["better"] == (direction == "maximize")
     gd = diffs["memory=gd"]
     assert gd["diff"] == pytest.approx(0.1) and gd["std"] == pytest.approx(0.1) and not gd["excludes_0"]
-    mag = diffs["mixer=atlas_mag"]
+    mag = diffs["preset=atlas_mag"]
     assert mag["pairs"] == 2 and mag["diff"] == pytest.approx(((0.4 - 0.5) + (0.9 - 0.7)) / 2)
     # unpaired, the same numbers would not resolve linear: its seeds vary more than its difference
     assert interval([0.6, 0.72, 0.78])["low"] < interval([0.5, 0.6, 0.7])["high"]
@@ -87,7 +87,7 @@ def test_paired_differences_to_the_baseline(direction):
 
 def test_summary_files_hold_the_statistics_and_the_differences(tmp_path):
     study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78]},
-                            baseline={"model.mixer": "atlas", "model.memory": "atlas"})
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"})
     out = summarize(study, console=Console(width=200, record=True), out_dir=tmp_path)
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [(r["model.memory"], r["n"], float(r["mean"])) for r in rows] == [("linear", "3", pytest.approx(0.7)),
@@ -103,10 +103,10 @@ def test_summary_files_hold_the_statistics_and_the_differences(tmp_path):
 def test_plot_axes_put_numeric_labels_in_order():
     """A numeric grid axis (the Omega window) is plotted in ascending order, not in the best-first order of the rows;
     other axes keep the rows' order."""
-    rows = [{"window": 2, "mixer": "atlas"}, {"window": 32, "mixer": "atlas"}, {"window": 1, "mixer": "omeganet"},
-            {"window": 16, "mixer": "atlas"}, {"window": 4, "mixer": "omeganet"}]
+    rows = [{"window": 2, "preset": "atlas"}, {"window": 32, "preset": "atlas"}, {"window": 1, "preset": "omeganet"},
+            {"window": 16, "preset": "atlas"}, {"window": 4, "preset": "omeganet"}]
     assert axis_labels(rows, "window") == ["1", "2", "4", "16", "32"]
-    assert axis_labels(rows, "mixer") == ["atlas", "omeganet"]
+    assert axis_labels(rows, "preset") == ["atlas", "omeganet"]
     assert axis_labels([{"flag": True}, {"flag": False}], "flag") == ["True", "False"]
 
 
@@ -119,7 +119,7 @@ def test_the_parent_run_shows_values_to_the_digits_of_the_tables(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     study = synthetic_study({("atlas", "atlas"): [0.85, 0.86, 0.85], ("atlas", "linear"): [0.5, 0.6, 0.6]},
-                            baseline={"model.mixer": "atlas", "model.memory": "linear"})
+                            baseline={"model.preset": "atlas", "model.memory": "linear"})
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     parent = parent_run(client, "s", "memory")
     summarize(study, client, parent, console=Console(width=200, record=True), out_dir=tmp_path)

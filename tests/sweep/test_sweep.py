@@ -13,12 +13,12 @@ from atlas_lab.sweep.tracking import finish_run
 from sweep_helpers import ROOT, load, runs_of, write_sweep
 
 def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
-    sweep = write_sweep("grid.yaml", repeats=2, grid={"model.mixer": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
-                        fixed={"trainer.max_epochs": 1}, baseline={"model.mixer": "gla", "model.lr": 1e-3})
+    sweep = write_sweep("grid.yaml", repeats=2, grid={"model.preset": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
+                        fixed={"trainer.max_epochs": 1}, baseline={"model.preset": "gla", "model.lr": 1e-3})
     assert main(["sweep", sweep]) == 0
     trials = load().get_trials()
     assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
-    points = sorted((t.params["model.mixer"], t.params["model.lr"], t.user_attrs["repeat"]) for t in trials)
+    points = sorted((t.params["model.preset"], t.params["model.lr"], t.user_attrs["repeat"]) for t in trials)
     assert len(set(points)) == 8
     client, parents, children = runs_of()
     assert len(parents) == 1 and len(children) == 8
@@ -26,13 +26,13 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     # repeat r adds r to both seeds (initialisation and data), the same r at every point: the points are paired
     seeds = sorted((c.info.run_name, c.data.params["seed_everything"], c.data.params["data.init_args.seed"])
                    for c in children)
-    assert seeds == sorted((f"lr={lr} mixer={m} seed={r}", str(r), str(r))  # grid keys in file order
+    assert seeds == sorted((f"lr={lr} preset={m} seed={r}", str(r), str(r))  # grid keys in file order
                            for m in ("gla", "deltanet") for lr in (0.001, 0.003) for r in (0, 1))
     child = children[0]
     # params: the flattened resolved config, each key once (not Lightning's hparams again as lr, memory/memory)
-    assert not {"lr", "mixer", "d_model"} & set(child.data.params) and not any("/" in k for k in child.data.params)
+    assert not {"lr", "preset", "d_model"} & set(child.data.params) and not any("/" in k for k in child.data.params)
     assert [m for m in child.data.metrics if "lr" in m] == ["train/lr"]  # one line per rate, not one per group
-    assert child.data.params["model.mixer"] in ("gla", "deltanet") and "trainer.max_epochs" in child.data.params
+    assert child.data.params["model.preset"] in ("gla", "deltanet") and "trainer.max_epochs" in child.data.params
     assert child.data.tags["optuna.state"] == "COMPLETE" and "val/acc" in child.data.metrics
     artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
     assert {"config.yaml", "learning_curves.png", "slices.md"} <= artifacts
@@ -42,7 +42,7 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     assert table.count("| 2 |") >= 4 and "paired differences to the baseline" in table  # 4 points of 2 seeds each
     # the parent run carries the summary: the grid axes as params, the best and per-point means as metrics
     summary = parents[0].data
-    assert summary.params["grid.model.mixer"] == "gla, deltanet" and summary.params["study.metric"] == "val/acc"
+    assert summary.params["grid.model.preset"] == "gla, deltanet" and summary.params["study.metric"] == "val/acc"
     assert {"best/val/acc", "mean/0.001 gla", "mean/0.003 deltanet", "diff/0.003 gla"} <= set(summary.metrics)
     assert summary.tags["atlas_lab.baseline"] == "0.001 gla"
     # the workers' logs hold no other package's noise (atlas_lab/noise.py applies in workers too)
@@ -97,6 +97,19 @@ def test_a_smoke_study_of_a_few_steps_measures_each_trial_at_its_end(workdir):
         trial = next(t for t in trials if str(t.number) == child.data.tags["optuna.trial_number"])
         history = client.get_metric_history(child.info.run_id, "val/acc")
         assert [m.value for m in history] == [trial.value], (child.info.run_name, history)
+
+
+def test_a_grid_over_a_component_option_reaches_the_component(workdir):
+    """model.memory.optimizer.ns_steps on atlas (optimizer: muon, written as a short-hand by the preset): each
+    trial's muon takes its value; the option is logged with the child's config."""
+    sweep = write_sweep("ns.yaml", grid={"model.memory.optimizer.ns_steps": [1, 3]},
+                        fixed={"model.preset": "atlas", "model.memory_heads": 2, "trainer.max_steps": 2})
+    done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(t.state == TrialState.COMPLETE for t in load().get_trials()) and len(load().get_trials()) == 2
+    logged = sorted(child.data.params["model.memory.optimizer.ns_steps"] for child in runs_of()[2])
+    assert logged == ["1", "3"]
 
 
 def test_nan_loss_fails_its_trial_and_the_study_goes_on(workdir):

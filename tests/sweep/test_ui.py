@@ -36,8 +36,8 @@ def chromium() -> str:
 def test_the_ui_shows_the_study_its_children_and_the_metric_in_model_training_mode(sweep_dir, tmp_path):
     browser = chromium()
     from playwright import sync_api as playwright
-    sweep = write_sweep("grid.yaml", repeats=2, grid={"model.mixer": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
-                        baseline={"model.mixer": "gla", "model.lr": 1e-3})
+    sweep = write_sweep("grid.yaml", repeats=2, grid={"model.preset": ["gla", "deltanet"], "model.lr": [1e-3, 3e-3]},
+                        baseline={"model.preset": "gla", "model.lr": 1e-3})
     assert main(["sweep", sweep]) == 0
     port = free_port()
     ui = subprocess.Popen([sys.executable, "-m", "atlas_lab.cli", "ui", "--port", str(port), "--study", "s"],
@@ -46,7 +46,8 @@ def test_the_ui_shows_the_study_its_children_and_the_metric_in_model_training_mo
         line = ui.stdout.readline()
         url = next(word for word in line.split() if word.startswith("http://"))
         assert url.startswith(f"http://127.0.0.1:{port}/#/experiments/") and "workflowType=machine_learning" in url
-        children = [f"lr={lr} mixer={m} seed={r}" for m in ("gla", "deltanet") for lr in (0.001, 0.003) for r in (0, 1)]
+        children = [f"lr={lr} preset={m} seed={r}" for m in ("gla", "deltanet") for lr in (0.001, 0.003)
+                    for r in (0, 1)]
         with playwright.sync_playwright() as p:
             page = p.chromium.launch(executable_path=browser, args=["--no-sandbox"]).new_page(
                 viewport={"width": 1800, "height": 900})
@@ -55,7 +56,7 @@ def test_the_ui_shows_the_study_its_children_and_the_metric_in_model_training_mo
             # model-training mode: its sidebar (runs, models, the registry), not GenAI's (traces, judges, prompts)
             assert page.get_by_text("Model registry", exact=True).count() == 1
             assert page.get_by_text("Judges", exact=True).count() == 0
-            for header in ("val/acc", "best/val/acc", "model.mixer", "model.lr"):  # the view's columns
+            for header in ("val/acc", "best/val/acc", "model.preset", "model.lr"):  # the view's columns
                 assert page.get_by_text(header, exact=True).count() >= 1, header
             page.locator('button[data-component-id$="runnamecellrenderer.tsx_46"]').first.click()  # expand the parent
             for name in children:

@@ -1,11 +1,11 @@
-"""Attentional biases: the per-token objective ℓ(y, v) of the memory's output y = M(φ(k)) (docs/memory.md §3).
+"""Attentional biases: the per-token bias ℓ(y, v) of the memory's output y = M(φ(k)) (docs/memory.md §3).
 
     l2:     ℓ = ½‖y − v‖²                                     ∂ℓ/∂y = y − v
     dot:    ℓ = −⟨y, v⟩                                       ∂ℓ/∂y = −v
     huber:  ℓ = ½‖r‖² if ‖r‖ ≤ δ, else δ‖r‖ − ½δ²   (r = y − v)  ∂ℓ/∂y = r · min(1, δ/‖r‖)      (Miras' Yaad)
     lp:     ℓ = ‖r‖_p^p = Σ_j |r_j|^p                           ∂ℓ/∂y = p |r|^{p−1} sign(r)   (Miras' Moneta)
 
-An objective that gives ``grad`` (∂ℓ/∂y) keeps the built-in memories' analytic gradients, rank-1 factors
+An bias that gives ``grad`` (∂ℓ/∂y) keeps the built-in memories' analytic gradients, rank-1 factors
 δ uᵀ per weight matrix; one with only ``loss`` takes torch.func's gradients (docs/components.md).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from .components import Component, build
 
 
-class Objective(Component):
+class AttentionalBias(Component):
     """ℓ(y, v) for outputs y and values v [..., d_v] -> [...]; ``grad`` (∂ℓ/∂y, same shape as y) is optional."""
 
     grad = None
@@ -24,7 +24,7 @@ class Objective(Component):
         raise NotImplementedError
 
 
-class L2(Objective):
+class L2(AttentionalBias):
     """ℓ = ½‖y − v‖² (the delta rule's)."""
 
     def loss(self, y, v):
@@ -37,7 +37,7 @@ class L2(Objective):
         return "l2"
 
 
-class Dot(Objective):
+class Dot(AttentionalBias):
     """ℓ = −⟨y, v⟩ (linear attention's; its gradient does not depend on the weights)."""
 
     def loss(self, y, v):
@@ -50,7 +50,7 @@ class Dot(Objective):
         return "dot"
 
 
-class Huber(Objective):
+class Huber(AttentionalBias):
     """ℓ = ½‖r‖² inside ‖r‖ ≤ δ, δ‖r‖ − ½δ² outside (r = y − v): l2 near the target, l1-like growth for outliers.
 
     Miras' Yaad takes a data-dependent δ_t; here δ is one constant (``delta``)."""
@@ -77,7 +77,7 @@ class Huber(Objective):
         return f"huber(δ={self.delta:g})"
 
 
-class Lp(Objective):
+class Lp(AttentionalBias):
     """ℓ = Σ_j |y_j − v_j|^p, p ≥ 1 (p = 2: twice l2; Miras' Moneta uses p = 3)."""
 
     def __init__(self, p: float = 3.0):
@@ -96,9 +96,10 @@ class Lp(Objective):
         return f"lp(p={self.p:g})"
 
 
-OBJECTIVES = {"l2": L2, "dot": Dot, "huber": Huber, "lp": Lp}
+ATTENTIONAL_BIASES = {"l2": L2, "dot": Dot, "huber": Huber, "lp": Lp}
 
 
-def build_objective(spec, where: str = "objective", **options) -> Objective:
-    """An objective from a short-hand, an Objective or a class_path dict."""
-    return build("objective", OBJECTIVES, spec, Objective, options, where)
+def build_attentional_bias(spec, where: str = "attentional_bias") -> AttentionalBias:
+    """An attentional bias from a short-hand (``lp``), a short-hand with options ({name: lp, p: 4}), an AttentionalBias
+    or a class_path dict."""
+    return build("attentional bias", ATTENTIONAL_BIASES, spec, AttentionalBias, where)

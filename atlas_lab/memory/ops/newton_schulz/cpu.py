@@ -1,9 +1,9 @@
-"""The CPU kernel of the Newton–Schulz iterations (``newton_schulz_cpu.cpp``), built on first use.
+"""The CPU kernel of the Newton–Schulz iterations (``cpu.cpp`` next to this file), built on first use.
 
 Each matrix of a batch runs all k iterations, and their recomputing backward, in a per-thread buffer of fused
-vector products, instead of the 3k batched matmul calls of ``optimizers._NSIterations``. It takes float32 and
-float64 CPU tensors; ``optimizers.newton_schulz`` uses it for those when it builds, and the batched-matmul path
-otherwise.
+vector products, instead of the 3k batched matmul calls of ``newton_schulz(impl="bmm")``. It takes float32 and
+float64 CPU tensors; ``atlas_lab.memory.optimizers.newton_schulz`` uses it for those when it builds, and the
+batched-matmul path otherwise.
 
 The build (torch.utils.cpp_extension: a C++ compiler and ninja, about a minute) happens once per machine and
 torch version; the library is cached under $TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). A machine
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-SOURCE = Path(__file__).with_name("newton_schulz_cpu.cpp")
+SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
 

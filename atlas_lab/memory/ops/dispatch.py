@@ -1,7 +1,7 @@
 """``memorize(..., impl="triton")``: the memory op on the Triton kernels (docs/memory.md §5.3).
 
 Covered (same function as ``impl="chunked"``, same arguments and results as ``memorize_reference``):
-  * memory="linear", objective "l2" or "dot", any window (c ≥ 1 or global), optimizer "gd" or
+  * memory="linear", bias "l2" or "dot", any window (c ≥ 1 or global), optimizer "gd" or
     "momentum", any feature map (φ is applied in PyTorch), normalize=True: one fused chunk kernel
     (``chunk_linear_memory``), forward and backward; needs D = dim φ(k) ≤ 256 and chunk_size ≤ 64.
   * optimizer "muon" with a built-in memory (linear, mlp, gated_mlp): the chunked path, with every
@@ -16,35 +16,33 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
-from atlas_lab.memory.chunked import memorize_chunked
-from atlas_lab.memory.memories import GatedMLPMemory, LinearMemory, MLPMemory
-from atlas_lab.memory.objectives import L2, Dot
-from atlas_lab.memory.optimizers import GD, Momentum, Muon
-
-from .chunk_linear_memory import MAX_CHUNK, MAX_FEATURES, chunk_linear_memory, chunk_linear_memory_fwd_kernel
-from .newton_schulz import MAX_COLS, MAX_ROWS, newton_schulz
+from ..chunked import memorize_chunked
+from ..memories import GatedMLPMemory, LinearMemory, MLPMemory
+from ..attentional_biases import L2, Dot
+from ..optimizers import GD, Momentum, Muon
+from .chunk_linear_memory.triton import MAX_CHUNK, MAX_FEATURES, chunk_linear_memory, chunk_linear_memory_fwd_kernel
+from .newton_schulz.triton import MAX_COLS, MAX_ROWS, newton_schulz
 
 INTERPRETED = isinstance(chunk_linear_memory_fwd_kernel, InterpretedFunction)  # TRITON_INTERPRET=1 when imported
 # What the kernels cover, by component class (exact classes: a subclass may change what a method computes).
-KERNEL_OBJECTIVES = {L2: "l2", Dot: "dot"}  # the chunk kernel's two gradient forms
+KERNEL_BIASES = {L2: "l2", Dot: "dot"}  # the chunk kernel's two gradient forms
 LINEAR_KERNEL_OPTIMIZERS = (GD, Momentum)
 MUON_MEMORIES = (LinearMemory, MLPMemory, GatedMLPMemory)  # built-in memories with analytic gradient factors
-COVERAGE = ("impl='triton' covers memory='linear' with optimizer 'gd' or 'momentum' (objective 'l2' or 'dot', any "
-            f"window and feature map, D ≤ {MAX_FEATURES}, chunk_size ≤ {MAX_CHUNK}) and optimizer 'muon' with "
-            f"memory 'linear', 'mlp' or 'gated_mlp' (weights up to {MAX_ROWS} × {MAX_COLS}), in float32, float16 "
+COVERAGE = ("impl='triton' covers architecture 'linear' with optimizer 'gd' or 'momentum' (attentional_bias 'l2' "
+            f"or 'dot', any window and feature map, D ≤ {MAX_FEATURES}, chunk_size ≤ {MAX_CHUNK}) and optimizer "
+            f"'muon' with architecture 'linear', 'mlp' or 'gated_mlp' (weights up to {MAX_ROWS} × {MAX_COLS}), in "
+            "float32, float16 "
             "or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or 'auto') otherwise")
 
 
-def unsupported(q, mem, objective, optimizer, chunk_size, W, read="token") -> str | None:
-    """Why the Triton kernels do not cover a call (None when they do)."""
-    if read != "token":
-        return f"read={read!r} (the kernels compute per-token reads)"
+def unsupported(q, mem, bias, optimizer, chunk_size, W) -> str | None:
+    """Why the Triton kernels do not cover a call of per-token reads (None when they do)."""
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"dtype {q.dtype}"
     if not (q.is_cuda or INTERPRETED):
         return f"tensors on {q.device.type} (on the CPU, set TRITON_INTERPRET=1 before triton is first imported)"
-    if type(objective) not in KERNEL_OBJECTIVES:
-        return f"objective {objective!r}"
+    if type(bias) not in KERNEL_BIASES:
+        return f"bias {bias!r}"
     if type(optimizer) is Muon:
         if type(mem) not in MUON_MEMORIES:
             return f"memory {mem!r} with muon"
@@ -79,21 +77,21 @@ def chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset):
     return {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
 
 
-def memorize_triton(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, objective, window, optimizer,
-                    chunk_size, W, S, W_eval, offset, read="token", pending=None):
+def memorize_triton(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
+                    chunk_size, W, S, W_eval, offset, pending=None):
     """Same arguments and results as ``atlas_lab.memory.reference.memorize_reference``, on the Triton kernels."""
-    reason = unsupported(q, mem, objective, optimizer, chunk_size, W, read)
+    reason = unsupported(q, mem, bias, optimizer, chunk_size, W)
     if reason:
         raise NotImplementedError(f"memorize: impl='triton' does not cover {reason}. {COVERAGE}")
     if type(optimizer) is Muon:  # the chunked path, every chunk's n·N momenta orthogonalised in one NS launch
-        return memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, mem=mem, phi=phi, objective=objective,
+        return memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, mem=mem, phi=phi, bias=bias,
                                 window=window, optimizer=optimizer.with_ns(newton_schulz), chunk_size=chunk_size, W=W,
                                 S=S, W_eval=W_eval, offset=offset)
     momentum = type(optimizer) is Momentum
     co = chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset)
     y, W_T, S_T, W_e = chunk_linear_memory(
         phi(q), phi(k_all), v_all, gamma_all, co["a"], co["Cw"], W["W"], (W if W_eval is None else W_eval)["W"],
-        offset=offset, chunk_size=chunk_size, window=window, objective=KERNEL_OBJECTIVES[type(objective)],
+        offset=offset, chunk_size=chunk_size, window=window, bias=KERNEL_BIASES[type(bias)],
         m=co.get("m"), s=co.get("s"),
         Cs=co.get("Cs"), S0=S["W"] if momentum else None)
     offset = (offset + q.shape[1]) % chunk_size

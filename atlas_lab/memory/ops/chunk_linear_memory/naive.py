@@ -1,14 +1,14 @@
 """The chunk kernel's computation in plain PyTorch, chunk by chunk (same arguments and results as
-``chunk_linear_memory.chunk_linear_memory``); the kernels' unit-test oracle. The equations are in that
-module's docstring."""
+``triton.chunk_linear_memory``, the Triton kernel next to this file); the kernels' unit-test oracle. The equations
+are in that module's docstring."""
 from __future__ import annotations
 
 import torch
 
-from atlas_lab.memory.causal import causal_operands
+from ...causal import causal_operands
 
 
-def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, objective,
+def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, bias,
                               m=None, s=None, Cs=None, S0=None):
     N, T, _ = q.shape
     L = k.shape[1]
@@ -20,7 +20,7 @@ def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_s
         first = L - T + t0
         lo = max(first - c + 1, 0)
         u, g = k[:, lo:first + n], gamma[:, lo:first + n]
-        delta = u @ We.mT - v[:, lo:first + n] if objective == "l2" else -v[:, lo:first + n]
+        delta = u @ We.mT - v[:, lo:first + n] if bias == "l2" else -v[:, lo:first + n]
         pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
         idx = torch.arange(lo, first + n, device=q.device)
         band = torch.where((idx <= pos) & (idx > pos - c), g.unsqueeze(-2), 0.0)  # Γ [N, n, window keys]

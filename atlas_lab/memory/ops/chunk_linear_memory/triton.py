@@ -18,7 +18,7 @@ reverse carrying ∂L/∂W (and ∂L/∂S), recomputes δ, Γ and C, and returns
 γ, the coefficients (a, m, s, Cw, Cs — their gate gradients follow by autograd) and the initial
 states. Gradients of tokens shared by several windows (keys, values, γ) are accumulated atomically.
 All arithmetic is fp32 (``ieee`` dots, like torch's default fp32 matmul); inputs may be fp16/bf16.
-The same computation in plain PyTorch is ``naive.chunk_linear_memory_naive``.
+The same computation in plain PyTorch is ``naive.chunk_linear_memory_naive`` (next to this file).
 """
 from __future__ import annotations
 
@@ -279,7 +279,7 @@ def _config(D, DV, b):
 
 class ChunkLinearMemoryFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, offset, chunk_size, window, objective, momentum):
+    def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, offset, chunk_size, window, bias, momentum):
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
         NC = triton.cdiv(T + offset, chunk_size)
@@ -292,15 +292,15 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         grid = (triton.cdiv(DV, cfg["BV"]), N)
         chunk_linear_memory_fwd_kernel[grid](
             q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, y, WT, ST, WE, WH, SH,
-            T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=objective == "l2", MOMENTUM=momentum, **cfg)
+            T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=bias == "l2", MOMENTUM=momentum, **cfg)
         ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH)
-        ctx.args = (offset, chunk_size, window, objective, momentum, NC, cfg)
+        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg)
         return y, WT, ST, WE
 
     @staticmethod
     def backward(ctx, dy, dWT, dST, dWE):
         q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH = ctx.saved_tensors
-        offset, chunk_size, window, objective, momentum, NC, cfg = ctx.args
+        offset, chunk_size, window, bias, momentum, NC, cfg = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
         NV = triton.cdiv(DV, cfg["BV"])
@@ -313,7 +313,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         chunk_linear_memory_bwd_kernel[(NV, N)](
             q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH, dy.contiguous(), dWT.contiguous(), dST.contiguous(),
             dWE.contiguous(), dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, dW0, dS0, dWe0,
-            N, T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=objective == "l2", MOMENTUM=momentum,
+            N, T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=bias == "l2", MOMENTUM=momentum,
             **cfg)
         gates = (da.sum(0), dm.sum(0) if momentum else None, ds.sum(0) if momentum else None, dCw.sum(0),
                  dCs.sum(0) if momentum else None)
@@ -323,7 +323,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, objective,
+def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, bias,
                         m=None, s=None, Cs=None, S0=None):
     """Linear memory over T new tokens, chunk by chunk, in one kernel launch (forward and backward).
 
@@ -341,5 +341,5 @@ def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, w
     L = k.shape[1]
     args = [x.contiguous() for x in (q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0)]
     y, WT, ST, WE = ChunkLinearMemoryFunction.apply(*args, offset, chunk_size, L if window is None else window,
-                                                     objective, momentum)
+                                                     bias, momentum)
     return y, WT, (ST if momentum else None), WE

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atlas_lab.memory.optimizers import NS_COEFFICIENTS
+from ...optimizers import NS_COEFFICIENTS
 
 MAX_ROWS, MAX_COLS = 128, 512  # after the transpose to rows ≤ cols
 IEEE = tl.constexpr("ieee")  # exact fp32 dots (no tf32), like torch's default fp32 matmul

@@ -1,0 +1,146 @@
+"""One memory configuration: the four components, the window, the gates and the chunking (docs/memory.md §0).
+
+    MemoryConfig(architecture={"name": "mlp", "depth": 3}, feature_map="polynomial", attentional_bias="l2",
+                 optimizer={"name": "muon", "ns_steps": 3}, window=8, eta="learned", eta_max=0.1, chunk_size=16)
+
+A component is written as components.py says (a short-hand, a short-hand with its options, a class_path or an
+object) and carries its own options; the other fields belong to the rule. ``replace`` also takes a dotted key into
+a component (``optimizer.ns_steps=3``), the form the CLI and the sweeps write (``--model.memory.optimizer.ns_steps=3``).
+Every default is written here, once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Optional, Union
+
+from .feature_maps import build_feature_map
+from .memories import LinearMemory, build_memory
+from .attentional_biases import Dot, build_attentional_bias
+from .optimizers import LinearRule, build_optimizer
+
+Gate = Union[float, Literal["learned", "head_decay"]]
+GATES = ("alpha", "eta", "theta", "gamma")
+# initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
+GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
+# the values a constant gate may take: retention and momentum decay are fractions (θ = 1 never forgets a step)
+GATE_RANGES = {"alpha": (lambda x: 0 <= x <= 1, "in [0, 1]"), "eta": (lambda x: x >= 0, ">= 0"),
+               "theta": (lambda x: 0 <= x < 1, "in [0, 1)"), "gamma": (lambda x: x >= 0, ">= 0")}
+# the four components: field -> its builder (registry, short-hands and options live with each kind)
+COMPONENTS = {"architecture": build_memory, "feature_map": build_feature_map,
+              "attentional_bias": build_attentional_bias, "optimizer": build_optimizer}
+# keys of the flat form of earlier versions -> the field that holds them now (renamed, or an option of a component)
+MOVED = {"memory": "architecture", "objective": "attentional_bias", "depth": "architecture.depth",
+         "expansion": "architecture.expansion", "activation": "architecture.activation",
+         "residual": "architecture.residual", "output_norm": "architecture.output_norm",
+         "degree": "feature_map.degree", "ns_steps": "optimizer.ns_steps",
+         "ns_coefficients": "optimizer.ns_coefficients"}
+
+
+def with_option(spec, option: str, value, where: str):
+    """A component spec with one option set: "muon" + ns_steps=3 -> {"name": "muon", "ns_steps": 3}."""
+    if isinstance(spec, str):
+        return {"name": spec, option: value}
+    if isinstance(spec, dict) and "name" in spec:
+        return {**spec, option: value}
+    if isinstance(spec, dict) and "class_path" in spec:
+        return {**spec, "init_args": {**(spec.get("init_args") or {}), option: value}}
+    raise ValueError(f"{where}.{option}: the component is given as an object ({spec!r}); set its options where it "
+                     f"is built, or write it as {{name: ..., {option}: ...}}")
+
+
+def moved_hint(key: str, value, where: str) -> str:
+    """The one line that says how a key of the old flat form is written now."""
+    new = MOVED[key]
+    if "." not in new:
+        return f"{where}.{key}: renamed; write {new}: {value}"
+    component, option = new.split(".")
+    return (f"{where}.{key}: an option of the {component} now; write {new}: {value}, or "
+            f"{component}: {{name: <{component}>, {option}: {value}}}")
+
+
+@dataclass
+class MemoryConfig:
+    """The memory of a memory layer (docs/memory.md).
+
+    architecture, feature_map, attentional_bias, optimizer: the four components, each a short-hand of its kind's
+        registry (MEMORIES, FEATURE_MAPS, ATTENTIONAL_BIASES, OPTIMIZERS), a short-hand with the options its class
+        takes ({name: muon, ns_steps: 3}), a class_path or an object (docs/components.md lists the built-ins)
+    window: Omega window c ≥ 1 (1: online), or None (every past token: global)
+    alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight: "learned" (σ(w·x + b),
+        η scaled by eta_max) or a constant; alpha also "head_decay": RetNet's fixed α_h = 1 − 2^(−5−h)
+    chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
+    read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
+        started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
+    normalize: normalised read-out (linear architecture + dot bias + gd or momentum)
+    checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
+    """
+
+    architecture: Any = "mlp"
+    feature_map: Any = "identity"
+    attentional_bias: Any = "l2"
+    optimizer: Any = "gd"
+    window: Optional[int] = 1
+    alpha: Gate = 1.0
+    eta: Gate = 1.0
+    theta: Gate = "learned"
+    gamma: Gate = 1.0
+    eta_max: float = 1.0
+    chunk_size: int = 16
+    read: Literal["token", "chunk"] = "token"
+    normalize: bool = False
+    checkpoint: bool = False
+
+    def components(self, where: str = "memory") -> tuple:
+        """(memory, feature map, attentional bias, optimizer) objects of this config."""
+        return tuple(build(getattr(self, name), f"{where}.{name}") for name, build in COMPONENTS.items())
+
+    def validate(self, where: str = "memory") -> "MemoryConfig":
+        """Raise ValueError naming the key, the value and what is expected."""
+        from .op import PATHS  # the reads, each with the functions that compute it (op.py imports this module)
+        if self.read not in PATHS:
+            raise ValueError(f"{where}.read: unknown value {self.read!r}; valid choices: {', '.join(PATHS)}")
+        for g in GATES:
+            value, (holds, expected) = getattr(self, g), GATE_RANGES[g]
+            if value == "learned" or (g == "alpha" and value == "head_decay"):
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not holds(value):
+                raise ValueError(f"{where}.{g}: expected 'learned' or a constant {expected}, got {value!r}")
+        if isinstance(self.eta_max, bool) or not isinstance(self.eta_max, (int, float)) or self.eta_max <= 0:
+            raise ValueError(f"{where}.eta_max: expected a number > 0 (the largest learned η), got {self.eta_max!r}")
+        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
+                                        or self.window < 1):
+            raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
+        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
+            raise ValueError(f"{where}.chunk_size: expected an int >= 1, got {self.chunk_size!r}")
+        for key in ("normalize", "checkpoint"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}.{key}: expected true or false, got {getattr(self, key)!r}")
+        mem, _, bias, optimizer = self.components(where)
+        if self.normalize and not normalize_applies(mem, bias, optimizer):
+            raise ValueError(f"{where}.normalize: needs architecture linear, attentional_bias dot and optimizer gd "
+                             f"or momentum (got {mem!r}, {bias!r}, {optimizer!r}); set it to false")
+        return self
+
+    def replace(self, where: str = "memory", **changes) -> "MemoryConfig":
+        """A validated copy with fields changed, in order; ``component.option`` keys set one option of a component.
+        An unknown field is an error listing the valid ones; a key of the old flat form says how to write it now."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in changes.items():
+            field, _, option = key.partition(".")
+            if field not in values:
+                if field in MOVED and not option:
+                    raise ValueError(moved_hint(field, value, where))
+                raise ValueError(f"{where}.{field}: unknown field; valid fields: {', '.join(values)}")
+            if not option:
+                values[field] = value
+            elif field in COMPONENTS:
+                values[field] = with_option(values[field], option, value, f"{where}.{field}")
+            else:
+                raise ValueError(f"{where}.{key}: {field} has no options; the components that do are "
+                                 f"{', '.join(COMPONENTS)}")
+        return MemoryConfig(**values).validate(where)
+
+
+def normalize_applies(mem, bias, optimizer) -> bool:
+    """normalize=True: a linear memory, the dot bias and a rule linear in the gradients (gd, momentum)."""
+    return isinstance(mem, LinearMemory) and isinstance(bias, Dot) and isinstance(optimizer, LinearRule)

@@ -1,0 +1,24 @@
+"""Newton–Schulz NS_k on a batch of small matrices (docs/memory.md §3, muon), one fused kernel per device:
+
+    triton.py  newton_schulz  one Triton launch for the whole batch, the k steps fused; forward and recomputing
+                              backward (CUDA, or the CPU under TRITON_INTERPRET=1)
+    cpu.py     NSKernel       the compiled C++ kernel (``cpu.cpp``, built on first use): float32/float64 on the CPU
+    cpu.cpp                   its source (shipped as package data)
+
+The PyTorch reference, which also picks between its batched-matmul path and the CPU kernel, is
+``atlas_lab.memory.optimizers.newton_schulz``. This package is imported with the memory package (the optimisers
+import ``cpu``), so ``newton_schulz`` here imports triton on its first call only.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["newton_schulz"]
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
+    """``triton.newton_schulz``: NS_k(G) for G [..., m, n] (each matrix separately, min(m, n) ≤ 128 and
+    max(m, n) ≤ 512) -> [..., m, n]; triton is imported on the first call."""
+    from .triton import newton_schulz as kernel
+
+    return kernel(G, steps, coefficients, eps)

@@ -1,0 +1,118 @@
+"""The stores that runs write to, below both ``lit`` (a fit's MLflow logger) and ``sweep`` (studies, trials and
+the tracking server): the MLflow tracking URI, the store locks, and the one-time creation of a database store.
+It imports nothing else of atlas_lab (and MLflow only when a store is created), so a logged fit never loads the
+sweep package or Optuna.
+
+Locks that every process of a study takes in the same place: the storage itself. A journal file or a SQLite
+database is guarded by an exclusive ``flock`` on ``STORE.atlas-lab.lock`` next to it (processes of one machine, or
+of machines sharing a POSIX file system; Optuna's journal writes take another, ``sweep.locks.JournalFlock``); a
+PostgreSQL database by a session advisory lock, which every machine that reaches the server shares. Work that reads
+and then writes shared state (enqueue the grid, find or create the MLflow parent run, fail and re-enqueue a lost
+trial, create and migrate a fresh store) runs under one of these, so two processes can never both decide to write.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+from pathlib import Path
+
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+SQLITE = "sqlite:///"
+LOCK_SUFFIX = ".atlas-lab.lock"
+
+
+def resolve_uri(uri: str | None, create: bool = True) -> str:
+    """The tracking URI (default ``DEFAULT_TRACKING_URI``) with a relative SQLite path made absolute, so that every
+    process, whatever its folder, finds the same file (MLflow also caches stores by URI within a process);
+    ``create`` makes its folder."""
+    uri = uri or DEFAULT_TRACKING_URI
+    if uri.startswith(SQLITE) and not uri[len(SQLITE):].startswith("/"):
+        path = Path(uri[len(SQLITE):]).resolve()
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return SQLITE + str(path)
+    return uri
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgresql+", "postgres://"))
+
+
+def store_file(url: str) -> Path | None:
+    """The file that holds a store: a journal file path, or the database of ``sqlite:///path``; None for a server
+    (``postgresql://…``, ``http://…``) or an in-memory database."""
+    if "://" not in url:
+        return Path(url)
+    if url.startswith(SQLITE) and url[len(SQLITE):] not in ("", ":memory:"):
+        return Path(url[len(SQLITE):])
+    return None
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path):
+    """An exclusive flock on ``path`` (created if missing), released on exit or when the process dies."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str):
+    """A PostgreSQL session advisory lock keyed by ``name``, held on a connection of its own; the server drops it
+    if the process dies, so a crashed holder never blocks the others."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    finally:
+        engine.dispose()
+
+
+class StorageLock:
+    """The lock of one store: a journal file path, ``sqlite:///path`` or ``postgresql://…``; ``name`` tells apart
+    locks that share a PostgreSQL server (the Optuna storage and the MLflow store may be one database). Taken with
+    ``with``, as often as needed (one holder at a time); an unsupported store is a ValueError when it is made."""
+
+    def __init__(self, url: str, name: str):
+        if is_postgres(url):
+            self._open = lambda: advisory_lock(url, name)
+        elif url.startswith(SQLITE):
+            self._open = lambda: file_lock(url[len(SQLITE):] + LOCK_SUFFIX)
+        elif "://" in url:
+            raise ValueError(f"{url}: no lock for this kind of store (use a journal file, sqlite:/// or postgresql://)")
+        else:
+            self._open = lambda: file_lock(url + LOCK_SUFFIX)
+        self._held = None
+
+    def __enter__(self):
+        self._held = self._open()
+        return self._held.__enter__()
+
+    def __exit__(self, *exc):
+        held, self._held = self._held, None
+        return held.__exit__(*exc)
+
+
+def init_store(uri: str) -> None:
+    """Create and migrate a database tracking store (``sqlite:///…``, ``postgresql://…``) once, under the store's lock,
+    before any server or worker opens it: MLflow builds and migrates a fresh database on first open, and two
+    processes doing it at once collide (``duplicate column name``). Other URIs (an http server) are left alone."""
+    if not (uri.startswith(SQLITE) or is_postgres(uri)):
+        return
+    from mlflow.tracking import MlflowClient
+
+    with StorageLock(uri, "atlas-lab mlflow store"):
+        MlflowClient(uri).search_experiments(max_results=1)
