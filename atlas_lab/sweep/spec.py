@@ -72,8 +72,8 @@ class SweepSpec:
         return out
 
     def run_name(self, labels: dict[str, str], sampled: dict[str, Any], seed: int, trial_number: int) -> str:
-        """A trial's MLflow run name: its grid labels (``preset=atlas architecture=gated_mlp seed=1``), or for a search its
-        number and sampled values (``trial-3 lr=0.0012 seed=0``)."""
+        """A trial's MLflow run name: its grid labels (``preset=atlas architecture=gated_mlp seed=1``), or for a
+        search its number and sampled values (``trial-3 lr=0.0012 seed=0``)."""
         keys = list(labels) or list(sampled)
         values = [labels[k] for k in labels] or [f"{v:.3g}" if isinstance(v, float) else v for v in sampled.values()]
         parts = [] if labels else [f"trial-{trial_number}"]
