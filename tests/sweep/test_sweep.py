@@ -99,9 +99,12 @@ def test_a_smoke_study_of_a_few_steps_measures_each_trial_at_its_end(workdir):
         assert [m.value for m in history] == [trial.value], (child.info.run_name, history)
 
 
+@pytest.mark.slow
 def test_a_grid_over_a_component_option_reaches_the_component(workdir):
     """model.memory.optimizer.ns_steps on atlas (optimizer: muon, written as a short-hand by the preset): each
-    trial's muon takes its value; the option is logged with the child's config."""
+    trial's muon takes its value; the option is logged with the child's config. (slow: two atlas trials through
+    `atlas-lab sweep`; the default suite checks the option's path through the CLI in tests/memory/test_components.py
+    and every shipped sweep's grid points, sweeps/ns_steps.yaml's among them, in test_shipped_sweep_files_are_valid)"""
     sweep = write_sweep("ns.yaml", grid={"model.memory.optimizer.ns_steps": [1, 3]},
                         fixed={"model.preset": "atlas", "model.memory_heads": 2, "trainer.max_steps": 2})
     done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], capture_output=True, text=True,
