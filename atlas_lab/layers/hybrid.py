@@ -107,7 +107,7 @@ class MAC(nn.Module):
             outputs.append(self.o_proj(self.y_norm(y.to(dtype)) * torch.sigmoid(self.z_norm(z.to(dtype)))))
             position, t = position + n, t + n
             if position % self.segment == 0:  # a segment ends: the next one reads the memory as it is now
-                weights, keys, values, key_pos = memory_cache["memory"].weights, None, None, None
+                weights, keys, values, key_pos = memory_cache["state"].weights, None, None, None
         keys, values, key_pos = self._slots(x, keys, values, key_pos)
         return torch.cat(outputs, 1), {"position": position, "memory": memory_cache, "weights": weights,
                                        "k": keys, "v": values, "key_pos": key_pos}

@@ -24,8 +24,8 @@ def _logit(p: float) -> float:
 class MemoryMixer(nn.Module):
     """Multi-head memory token mixer. x: [B, T, d_model] -> [B, T, d_model].
 
-    Streaming: ``forward(x, cache)`` returns ``(y, cache)``; the cache holds the three conv caches and
-    the MemoryState, so a sequence read in pieces gives the same outputs as read at once.
+    Streaming: ``forward(x, cache)`` returns ``(y, cache)``; the cache holds the three conv caches ("q", "k", "v")
+    and the MemoryState ("state"), so a sequence read in pieces gives the same outputs as read at once.
     """
 
     def __init__(self, d_model: int, n_heads: int, config: MemoryConfig, head_dim: int | None = None,
@@ -101,7 +101,7 @@ class MemoryMixer(nn.Module):
         k = F.normalize(F.silu(k).view(heads), dim=-1)
         v = F.silu(v).view(heads)
         coefficients = self.feature_coefficients()
-        state = cache.get("memory")
+        state = cache.get("state")
         if state is None:
             state = dict(self.initial_weights.items())
         gates = self.gates(x)
@@ -120,7 +120,7 @@ class MemoryMixer(nn.Module):
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
                 coefficients=exact(coefficients), impl="auto", **{g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
-        return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "memory": state}
+        return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "state": state}
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
         """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches."""

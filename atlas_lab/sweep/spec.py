@@ -10,11 +10,11 @@ trials: null                    # grid: every point; tpe/random: a count
 repeats: 1                      # seeds per point (repeat r: r added to both seeds, see below)
 pruner: {type: median, warmup_epochs: 2}   # or none / hyperband; warmup in validations
 grid:                           # dotted config paths -> a list of values, or {label: value}
-  model.mixer: [titans, omeganet, atlas]
+  model.preset: [titans, omeganet, atlas]
 search:                         # tpe/random: {low, high, log, int} or {choices: [...]}
   model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
 fixed: {trainer.max_epochs: 4}
-baseline: {model.mixer: atlas}  # grid: the point every other point is compared with, seed by seed
+baseline: {model.preset: atlas}  # grid: the point every other point is compared with, seed by seed
 ```
 
 Repeat r adds r to the resolved ``seed_everything`` and to the data module's ``seed``: repeat r of every point
@@ -188,7 +188,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     grid = {}
     for key, values in grid_raw.items():
         if not _is_dotted(key):
-            _fail(path, f"grid.{key}", "expected a dotted config path such as model.mixer")
+            _fail(path, f"grid.{key}", "expected a dotted config path such as model.preset")
         if isinstance(values, list):
             if not values:
                 _fail(path, f"grid.{key}", "empty list of values")

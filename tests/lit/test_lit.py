@@ -147,7 +147,7 @@ def test_under_autocast_the_memory_rule_runs_in_float32(mixer, dtype, monkeypatc
         out, cache = layer(torch.randn(2, 24, 32))
         assert layer.q_proj(torch.randn(2, 32)).dtype == dtype  # the projections are lowered
     assert seen == [({torch.float32}, False)]
-    assert all(w.dtype == torch.float32 for w in cache["memory"].weights.values()) and torch.isfinite(out).all()
+    assert all(w.dtype == torch.float32 for w in cache["state"].weights.values()) and torch.isfinite(out).all()
 
 
 def test_the_model_summary_shows_the_flops_per_token_at_the_training_length(workdir, capsys):

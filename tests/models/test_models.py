@@ -382,8 +382,8 @@ def test_mac_is_memory_as_context():
             w = torch.softmax(torch.einsum("bhd,bhsd->bhs", q[:, i], keys) / d ** 0.5, -1)
             y[:, i] = torch.einsum("bhs,bhsd->bhd", w, vals)
         ys.append(a.o_proj(y.reshape(B, n, H * d)))
-        _, state = mem(torch.cat(ys, 1))  # the memory after reading every y so far, from the start
-        weights = state["memory"].weights
+        _, cache = mem(torch.cat(ys, 1))  # the memory after reading every y so far, from the start
+        weights = cache["state"].weights
     y = torch.cat(ys, 1)
     z, _ = mem(y)
     direct = mac.o_proj(mac.y_norm(y) * torch.sigmoid(mac.z_norm(z)))

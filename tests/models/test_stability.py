@@ -95,5 +95,5 @@ def test_a_nan_memory_weight_is_not_finite():
     with torch.no_grad():
         _, cache = model(torch.zeros(1, 8, dtype=torch.long))
     assert math.isfinite(max_abs_weight(cache))
-    cache[1]["memory"].weights["W1"][0, 0, 0, 0] = float("nan")
+    cache[1]["state"].weights["W1"][0, 0, 0, 0] = float("nan")
     assert math.isnan(max_abs_weight(cache))

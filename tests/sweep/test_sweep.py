@@ -168,5 +168,5 @@ def test_repeat_r_adds_r_to_the_configured_seeds():
 
 def test_report_columns_use_the_shortest_unique_key_suffix():
     from atlas_lab.sweep.spec import short_names
-    keys = ["model.memory.memory", "model.memory.optimizer", "model.lr", "data.init_args.lr"]
-    assert short_names(keys) == ["memory", "optimizer", "model.lr", "init_args.lr"]
+    keys = ["model.memory.architecture", "model.memory.optimizer", "model.lr", "data.init_args.lr"]
+    assert short_names(keys) == ["architecture", "optimizer", "model.lr", "init_args.lr"]
