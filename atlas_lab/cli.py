@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from rich.console import Console
@@ -87,6 +88,17 @@ def _int_in(low: int, high: int | None = None):
 POSITIVE, PORT = _int_in(1), _int_in(1, 65535)
 
 
+def _positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from .noise import quiet
 
@@ -125,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")
     p.add_argument("study")
     p.add_argument("--storage", default=None)
+    p.add_argument("--power", type=_positive_number, default=None, metavar="DELTA",
+                   help="add the seeds each comparison needs to resolve a difference of DELTA in the metric (a "
+                        "paired t test at 0.05 with power 0.8, at the comparison's observed spread)")
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
     p.add_argument("--port", type=PORT, default=5000)
     p.add_argument("--tracking-uri", default=None)
@@ -155,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         from .sweep.report import summarize
         from .sweep.study import default_storage, load_existing
 
-        summarize(load_existing(args.storage or default_storage(args.study), args.study))
+        summarize(load_existing(args.storage or default_storage(args.study), args.study), power=args.power)
         return 0
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,8 +4,11 @@ A grid point's repeats (seeds) give n values v_1..v_n: the row shows n, their me
 s and the 95 % confidence interval of the mean, mean ± t_{0.975, n-1} · s / √n (Student's t; none for n = 1).
 Repeat r of every point sees the same data and initialisation seed, so a point is compared with the sweep's
 ``baseline`` point seed by seed: d_r = v_r(point) − v_r(baseline) over the repeats both completed, with the same
-interval on the d_r; "*" marks an interval that excludes 0. Failed, pruned and unfinished trials are counted in
-their own columns and never averaged in.
+interval on the d_r, beside the percentile bootstrap interval, the paired t test's p, the exact sign-flip
+permutation test's p (statistics.py) and the t p adjusted by Holm's method across the study's comparisons; a
+comparison is resolved ("*") where that adjusted p is below 0.05. ``power`` adds, per comparison, the seeds a paired
+t test needs to detect a difference of that size with power 0.8 at its observed spread. Failed, pruned and
+unfinished trials are counted in their own columns and never averaged in.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..tables import print_table
+from . import statistics as stats_
 from .spec import short_names
 from .study import is_superseded
 from .tracking import browse_hint
@@ -90,10 +94,12 @@ def baseline_row(rows: list[dict], columns: list[str], baseline: dict | None) ->
     return next((r for r in rows if baseline and all(r[k] == baseline.get(k) for k in columns)), None)
 
 
-def differences(study: optuna.Study, columns: list[str], rows: list[dict]) -> list[dict]:
+def differences(study: optuna.Study, columns: list[str], rows: list[dict], power: float | None = None) -> list[dict]:
     """Every other grid point against the study's ``baseline`` point, paired by repeat: the axes it changes, the
-    number of pairs, the mean paired difference (point − baseline) and its 95 % interval; ``excludes_0`` where the
-    interval lies on one side of 0, ``better`` when the difference goes the metric's way. [] without a baseline."""
+    number of pairs, the mean paired difference (point − baseline), its 95 % t interval (``excludes_0`` where it lies
+    on one side of 0) and bootstrap interval, the t and sign-flip p, the Holm-adjusted t p across the comparisons
+    (``resolved`` below 0.05), ``better`` when the difference goes the metric's way, and with ``power`` the seeds
+    that resolve a difference of that size (``seeds``). [] without a baseline."""
     base = baseline_row(rows, columns, study.user_attrs.get("baseline"))
     if base is None:
         return []
@@ -103,14 +109,20 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict]) -> li
         if r is base:
             continue
         pairs = sorted(set(r["values"]) & set(base["values"]))
-        stats = interval([r["values"][p] - base["values"][p] for p in pairs])
+        d = [r["values"][p] - base["values"][p] for p in pairs]
+        stats = interval(d)
         excludes = stats["low"] is not None and (stats["low"] > 0 or stats["high"] < 0)
+        boot = stats_.bootstrap_interval(d) or (None, None)
         out.append({k: r[k] for k in columns} | {
             "changes": ", ".join(f"{name}={r[k]}" for k, name in zip(columns, short_names(columns))
                                  if r[k] != base[k]),
             "pairs": stats["n"], "diff": stats["mean"], "std": stats["std"], "low": stats["low"],
-            "high": stats["high"], "excludes_0": excludes,
+            "high": stats["high"], "excludes_0": excludes, "boot_low": boot[0], "boot_high": boot[1],
+            "p": stats_.paired_t_p(d), "p_flip": stats_.sign_flip_p(d),
+            "seeds": stats_.seeds_for_power(power, stats["std"]) if power else None,
             "better": None if stats["mean"] is None else (stats["mean"] > 0) == maximize and stats["mean"] != 0})
+    for d, adjusted in zip(out, stats_.holm([d["p"] for d in out])):
+        d["p_holm"], d["resolved"] = adjusted, adjusted is not None and adjusted < stats_.ALPHA
     out.sort(key=lambda d: (d["changes"].count(",") if d["changes"] else -1, d["diff"] is None,
                             -(d["diff"] or 0) if maximize else (d["diff"] or 0)))
     return out
@@ -127,13 +139,20 @@ def _ci(r) -> str:
 
 
 def _verdict(d) -> str:
-    if d["low"] is None:
+    if d["p_holm"] is None:
         return "—"
-    return ("* better" if d["better"] else "* worse") if d["excludes_0"] else "not resolved"
+    return ("* better" if d["better"] else "* worse") if d["resolved"] else "not resolved"
+
+
+def _boot(d) -> str:
+    return "—" if d["boot_low"] is None else f"[{_fmt(d['boot_low'])}, {_fmt(d['boot_high'])}]"
 
 
 POINT_HEADER = ["n", "mean", "std", "95% CI", "failed", "pruned", "unfinished", "trials", "reason"]
-DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "verdict"]
+DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "bootstrap 95%", "p (t)", "p (sign flip)", "Holm p",
+               "verdict"]
+DIFF_COLUMNS = ["changes", "pairs", "diff", "std", "low", "high", "boot_low", "boot_high", "p", "p_flip", "p_holm",
+                "resolved", "excludes_0", "better", "seeds"]
 
 
 def _point_cells(r) -> list:
@@ -141,8 +160,14 @@ def _point_cells(r) -> list:
             r["reason"]]
 
 
-def _diff_cells(d) -> list:
-    return [d["changes"], d["pairs"], _fmt(d["diff"]), _fmt(d["std"]), _ci(d), _verdict(d)]
+def _diff_cells(d, power: float | None = None) -> list:
+    cells = [d["changes"], d["pairs"], _fmt(d["diff"]), _fmt(d["std"]), _ci(d), _boot(d), _fmt(d["p"]),
+             _fmt(d["p_flip"]), _fmt(d["p_holm"]), _verdict(d)]
+    return cells + ([d["seeds"] or "—"] if power else [])
+
+
+def _diff_header(power: float | None) -> list[str]:
+    return DIFF_HEADER + ([f"seeds for ±{power:g}"] if power else [])
 
 
 def _markdown(header: list[str], cells: list[list]) -> list[str]:
@@ -151,7 +176,7 @@ def _markdown(header: list[str], cells: list[list]) -> list[str]:
 
 
 def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric: str, baseline: dict | None,
-                 out: Path) -> list[Path]:
+                 out: Path, power: float | None = None) -> list[Path]:
     """results.csv, results.md (the points, then the differences to the baseline) and differences.csv."""
     files = [out / "results.csv", out / "results.md"]
     with files[0].open("w", newline="") as f:
@@ -167,14 +192,16 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
         files.append(out / "differences.csv")
         with files[-1].open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(columns + ["changes", "pairs", "diff", "std", "ci_low", "ci_high", "excludes_0", "better"])
+            w.writerow(columns + [{"low": "ci_low", "high": "ci_high"}.get(k, k) for k in DIFF_COLUMNS])
             for d in diffs:
-                w.writerow([d[k] for k in columns] + [d[k] for k in ("changes", "pairs", "diff", "std", "low", "high",
-                                                                     "excludes_0", "better")])
+                w.writerow([d[k] for k in columns] + [d[k] for k in DIFF_COLUMNS])
         where = ", ".join(f"{k}={v}" for k, v in baseline.items())
-        lines += ["", f"paired differences to the baseline ({where}), point − baseline, seed by seed; "
-                      "* where the 95 % interval excludes 0", ""]
-        lines += _markdown(DIFF_HEADER, [_diff_cells(d) for d in diffs])
+        lines += ["", f"paired differences to the baseline ({where}), point − baseline, seed by seed: the 95 % t "
+                      f"and bootstrap intervals, the paired t and sign-flip p; * (resolved) where the t p adjusted by "
+                      f"Holm's method across these {len(diffs)} comparisons is below {stats_.ALPHA:g}"
+                  + (f"; the seeds a paired t test needs for power {stats_.POWER:g} against a difference of "
+                     f"±{power:g} at the observed std" if power else ""), ""]
+        lines += _markdown(_diff_header(power), [_diff_cells(d, power) for d in diffs])
     files[1].write_text("\n".join(lines) + "\n")
     return files
 
@@ -238,7 +265,8 @@ def point_name(labels: dict, columns: list[str]) -> str:
 def log_summary(client, parent: str, study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict]
                 ) -> None:
     """The parent run's summary, shown in the runs table: params (metric, direction, sampler, the grid axes and
-    their labels, repeats), metrics (the best mean; per point its mean, n and paired difference to the baseline),
+    their labels, repeats), metrics (the best mean; per point its mean, n, paired difference to the baseline and
+    its Holm-adjusted p),
     the baseline as a tag. Metrics take the count of complete repeats as their step, so the latest is the newest;
     their values are rounded to the ``DIGITS`` the tables show (a mean of 3 seeds is 0.8533, not 0.85333335)."""
     from mlflow.entities import Metric, Param, RunTag
@@ -263,6 +291,8 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
         for d in diffs:
             if d["diff"] is not None:
                 metrics.append(Metric(f"diff/{point_name(d, columns)}", round(d["diff"], DIGITS), now, step))
+            if d["p_holm"] is not None:
+                metrics.append(Metric(f"holm_p/{point_name(d, columns)}", round(d["p_holm"], DIGITS), now, step))
     tags = [RunTag("atlas_lab.summary", f"{len(done)} point(s) with results, {step} complete repeat(s)")]
     if attrs.get("baseline"):
         tags.append(RunTag("atlas_lab.baseline", point_name(attrs["baseline"], columns)))
@@ -272,18 +302,19 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
 
 
 def summarize(study: optuna.Study, client=None, parent: str | None = None, console: Console | None = None,
-              out_dir: str | Path | None = None, tracking_uri: str | None = None) -> Path:
+              out_dir: str | Path | None = None, tracking_uri: str | None = None, power: float | None = None) -> Path:
     """Print the tables, write results.{csv,md} (and differences.csv), ablation.png (and importances.csv), and
     attach them and the summary metrics to the parent run; the last line says where its runs are seen (on
-    ``tracking_uri``, default the project's store). Returns the folder."""
+    ``tracking_uri``, default the project's store). ``power``: add the seeds each comparison needs to resolve a
+    difference of that size. Returns the folder."""
     console = console or Console()
     metric = study.user_attrs.get("metric", "value")
     baseline = study.user_attrs.get("baseline")
     columns, rows = result_rows(study)
-    diffs = differences(study, columns, rows)
+    diffs = differences(study, columns, rows, power)
     out = Path(out_dir or Path("runs") / "sweeps" / study.study_name)
     out.mkdir(parents=True, exist_ok=True)
-    files = write_tables(columns, rows, diffs, metric, baseline, out)
+    files = write_tables(columns, rows, diffs, metric, baseline, out, power)
     plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline) \
         if study.user_attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
@@ -301,9 +332,11 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
                                            else None for r in rows])
     if diffs:
         where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))
-        print_table(console, f"{metric}: point − baseline ({where}), paired by seed", DIFF_HEADER,
-                    [_diff_cells(d) for d in diffs], styles=["green" if d["excludes_0"] and d["better"] else
-                                                             "red" if d["excludes_0"] else None for d in diffs])
+        print_table(console, f"{metric}: point − baseline ({where}), paired by seed; * resolved: Holm-adjusted p < "
+                             f"{stats_.ALPHA:g} over {len(diffs)} comparisons", _diff_header(power),
+                    [_diff_cells(d, power) for d in diffs],
+                    styles=["green" if d["resolved"] and d["better"] else "red" if d["resolved"] else None
+                            for d in diffs])
     for r in rows:
         if r["reason"]:
             console.print(Text(f"trials {r['trials']}: {r['reason']}", style="red"))

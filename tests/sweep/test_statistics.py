@@ -1,0 +1,94 @@
+"""The comparison statistics (atlas_lab/sweep/statistics.py) against answers known by hand and by simulation."""
+import math
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from atlas_lab.sweep import statistics as st
+from atlas_lab.sweep.report import differences, result_rows, summarize
+from test_report import synthetic_study
+
+SIMULATIONS = 4000  # simulated studies: a rate's standard error is at most √(0.25 / 4000) ≈ 0.008
+
+
+def test_sign_flip_p_is_the_share_of_sign_patterns_as_extreme():
+    assert st.sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)  # all + or all −
+    assert st.sign_flip_p([1, -1]) == 1.0
+    assert st.sign_flip_p([3, 1, -1]) == pytest.approx(6 / 8)  # |±3 ± 1 ± 1| ≥ 3 but for ±(3 − 1 − 1)
+    assert st.sign_flip_p([0.5]) is None
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    adjusted = st.holm([0.01, 0.04, 0.03, None])  # sorted 0.01, 0.03, 0.04: ×3, ×2, ×1, then running maxima
+    assert adjusted[:3] == pytest.approx([0.03, 0.06, 0.06]) and adjusted[3] is None
+    assert st.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+
+
+def test_paired_t_p_matches_the_t_distribution():
+    # d = [0.10, 0.12, 0.08]: t = 0.1 / (0.02 / √3) = 8.66 at 2 degrees of freedom
+    from scipy.stats import t
+    assert st.paired_t_p([0.10, 0.12, 0.08]) == pytest.approx(2 * t.sf(0.1 / (0.02 / math.sqrt(3)), 2))
+
+
+def test_bootstrap_interval_holds_the_mean_and_narrows_with_pairs():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(0.1, 0.2, 8), rng.normal(0.1, 0.2, 128)
+    for d in (small, large):
+        low, high = st.bootstrap_interval(list(d))
+        assert low < d.mean() < high
+    width = {n: np.subtract(*st.bootstrap_interval(list(d))[::-1]) for n, d in (("small", small), ("large", large))}
+    assert width["large"] < width["small"]
+
+
+@pytest.mark.parametrize("delta,sd", [(0.2, 0.2), (0.1, 0.2), (0.05, 0.03)])
+def test_a_known_effect_resolves_at_the_predicted_number_of_seeds(delta, sd):
+    """Simulated paired studies at the predicted n reach power 0.8 (within 3 standard errors); one seed fewer
+    falls short of it by the formula."""
+    n = st.seeds_for_power(delta, sd)
+    assert st.paired_power(n, delta, sd) >= st.POWER > st.paired_power(n - 1, delta, sd)
+    rng = np.random.default_rng(1)
+    d = rng.normal(delta, sd, size=(SIMULATIONS, n))
+    from scipy.stats import ttest_1samp
+    rate = np.mean(ttest_1samp(d, 0.0, axis=1).pvalue < st.ALPHA)
+    assert abs(rate - st.paired_power(n, delta, sd)) < 3 * math.sqrt(0.25 / SIMULATIONS)
+
+
+def test_a_null_effect_is_called_resolved_at_most_at_the_nominal_rate():
+    """Over simulated studies of 3 comparisons with no effect (skewed, bounded values: accuracies), the chance that
+    any comparison is called resolved after Holm's correction stays at or below 0.05 (within 3 standard errors);
+    the sign-flip test's rate alone stays below 0.05 too."""
+    rng = np.random.default_rng(2)
+    family, flips = 0, 0
+    for _ in range(SIMULATIONS // 4):
+        base = rng.beta(8, 2, size=6)
+        points = [np.clip(base + rng.beta(8, 2, size=6) - rng.beta(8, 2, size=6), 0, 1) for _ in range(3)]
+        d = [list(p - base) for p in points]
+        p = st.holm([st.paired_t_p(x) for x in d])
+        family += any(v < st.ALPHA for v in p)
+        flips += st.sign_flip_p(d[0]) < st.ALPHA
+    n = SIMULATIONS // 4
+    assert family / n <= st.ALPHA + 3 * math.sqrt(st.ALPHA * (1 - st.ALPHA) / n)
+    assert flips / n <= st.ALPHA + 3 * math.sqrt(st.ALPHA * (1 - st.ALPHA) / n)
+
+
+def test_the_report_states_holm_and_the_seeds_each_comparison_needs(tmp_path):
+    # d(linear) = [0.10, 0.12, 0.08] (sd 0.02), d(gd) = [0.1, 0.2, 0.0] (sd 0.1): Holm over 2 comparisons
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78],
+                             ("atlas", "gd"): [0.6, 0.8, 0.7]},
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"})
+    columns, rows = result_rows(study)
+    diffs = {d["changes"]: d for d in differences(study, columns, rows, power=0.1)}
+    linear, gd = diffs["memory=linear"], diffs["memory=gd"]
+    assert linear["p_holm"] == pytest.approx(min(1, 2 * min(linear["p"], gd["p"]))) and linear["resolved"]
+    assert gd["p_holm"] == pytest.approx(max(linear["p_holm"], gd["p"])) and not gd["resolved"]
+    assert (linear["seeds"], gd["seeds"]) == (st.seeds_for_power(0.1, 0.02), st.seeds_for_power(0.1, 0.1))
+    out = summarize(study, console=Console(width=250, record=True), out_dir=tmp_path, power=0.1)
+    md = (out / "results.md").read_text()
+    assert "Holm's method across these 2 comparisons" in md and "seeds for ±0.1" in md
+
+
+def test_report_power_is_a_positive_number(capsys):
+    from atlas_lab.cli import main
+    assert main(["report", "nothing", "--power", "0"]) == 2
+    assert "--power: expected a number > 0, got '0'" in capsys.readouterr().err
