@@ -44,8 +44,7 @@ def _construct(cls, options: dict, label: str, where: str):
     """cls(**options); an option cls does not take is an error naming the key, the component and what it takes."""
     if not isinstance(options, dict):
         raise ValueError(f"{where}: the options of {label} must be a mapping; got {options!r}")
-    takes = cls.options() if issubclass(cls, Component) else tuple(
-        n for n in list(inspect.signature(cls.__init__).parameters)[1:] if n not in ("args", "kwargs"))
+    takes = cls.options()
     for key in options:
         if key not in takes:
             raise ValueError(f"{where}.{key}: {label} does not take {key!r}; it takes "
