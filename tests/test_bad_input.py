@@ -291,6 +291,8 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "ns_steps flat": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.ns_steps=3"],
                       "model.memory.ns_steps: an option of the optimizer now; write optimizer.ns_steps: 3"),
     "mixer": (["fit", *TINY_RUN, "--model.mixer=atlas"], "model.mixer: renamed; write model.preset: atlas"),
+    "mixer in a file": (["fit", *TINY_RUN, "-c", "old.yaml"], "model.mixer: renamed; write model.preset: ... (in "
+                                                             "old.yaml)"),
     "degree 0": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.feature_map.degree=0"],
                  "model.memory.feature_map: polynomial degree must be an int >= 1, got 0"),
     "window 0": (["fit", *TINY_RUN, "--model.memory.window=0"], "model.memory.window: expected an int >= 1 or null"),
@@ -343,6 +345,7 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
 def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
     args, message = BAD_RUNS[case]
     Path("broken.yaml").write_text("model: [1, 2\n")
+    Path("old.yaml").write_text("model:\n  mixer: atlas\n")
     Path("empty.txt").write_text("")
     Path("binary.bin").write_bytes(bytes(range(256)) * 40)
     Path("x.ckpt").write_bytes(b"")

@@ -68,8 +68,10 @@ def one_line(message: str) -> str:
     return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
 
 
-def check_config_files(args: list[str]) -> None:
-    """Each ``-c``/``--config`` file exists and is valid YAML; the error names the file, line and column."""
+def check_config_files(args: list[str]) -> dict:
+    """Each ``-c``/``--config`` file exists and is valid YAML (the error names the file, line and column);
+    returns {path: its YAML}."""
+    trees = {}
     for i, arg in enumerate(args):
         path = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else \
             arg.split("=", 1)[1] if arg.startswith("--config=") else None
@@ -78,11 +80,12 @@ def check_config_files(args: list[str]) -> None:
         if not Path(path).is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
-            yaml.safe_load(Path(path).read_text())
+            trees[path] = yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    return trees
 
 
 # model.memory is a mapping of MemoryConfig fields: a component's {class_path, init_args} in it stays a mapping for
@@ -102,19 +105,16 @@ def _keys(tree: dict, prefix: str = ""):
             yield from _keys(value, f"{prefix}{key}.")
 
 
-def check_renamed(args: list[str]) -> None:
-    """A key renamed since an earlier version, on the command line or in a config file: one line saying how to
-    write it now."""
+def check_renamed(args: list[str], trees: dict) -> None:
+    """A key renamed since an earlier version, on the command line or in a config file (``trees``: {path: its
+    YAML}, as check_config_files read them): one line saying how to write it now."""
     given = []
     for i, arg in enumerate(args):
         if arg.startswith("--"):
             key, _, value = arg[2:].partition("=")
             given.append((key, value or (args[i + 1] if i + 1 < len(args) else ""), "the command line"))
-        path = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else \
-            arg.split("=", 1)[1] if arg.startswith("--config=") else None
-        if path is not None:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-            given += [(key, "...", path) for key in _keys(tree)] if isinstance(tree, dict) else []
+    for path, tree in trees.items():
+        given += [(key, "...", path) for key in _keys(tree)] if isinstance(tree, dict) else []
     for key, value, where in given:
         if key in RENAMED:
             raise ConfigError(f"{key}: renamed; write {RENAMED[key]}: {value}" + ("" if where == "the command line"
@@ -282,8 +282,7 @@ class AtlasCLI(LightningCLI):
         options = {}
         if isinstance(args, list) or args is None:
             args = sys.argv[1:] if args is None else args
-            check_config_files(args)
-            check_renamed(args)
+            check_renamed(args, check_config_files(args))
             args, options = component_options(args)
         try:
             super().parse_arguments(parser, args)

@@ -36,19 +36,18 @@ def _chunks(T: int, chunk_size: int, window):
     return out
 
 
-def _token_reads(c, mem, bias, opt, shapes, D, d_v, T):
-    """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks)."""
+def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
+    """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks). ``gradient``: the FLOPs
+    of the window gradients per window token."""
     if c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, bias, opt):
         total = 0
         for first in range(0, T, BLOCK):
             n = min(BLOCK, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
         return total
-    sizes = [o * i for o, i in shapes.values()]
-    inner = sum(o * i for o, i in shapes.values() if i != D)  # matrices whose input is not φ(k)
     total = 0
     for n, L in _chunks(T, c.chunk_size, c.window):
-        total += 2 * L * (sum(sizes) + inner)
+        total += gradient * L
         if isinstance(opt, TransformedMomentum):
             total += 2 * n * n * L  # Cs Γ
             for o, i in shapes.values():
@@ -64,13 +63,12 @@ def _token_reads(c, mem, bias, opt, shapes, D, d_v, T):
     return total
 
 
-def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T):
+def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
     """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per completed chunk."""
-    sizes = [o * i for o, i in shapes.values()]
-    inner = sum(o * i for o, i in shapes.values() if i != D)
+    size = sum(o * i for o, i in shapes.values())
     total = 0
     for n, L in _chunks(T, c.chunk_size, c.window):
-        total += 2 * L * (sum(sizes) + inner) + (2 * n + 2 * L) * sum(sizes)
+        total += gradient * L + (2 * n + 2 * L) * size
         if isinstance(opt, TransformedMomentum) and n == c.chunk_size:  # a partial last chunk is pending
             total += sum(opt.direction_flops(o, i) for o, i in shapes.values())
     return total
@@ -88,7 +86,10 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
         return None
     D = fmap.dim(head_dim)
     d_v = head_dim + int(config.normalize)
-    return READ_FLOPS[config.read](config, mem, bias, opt, mem.shapes(D, head_dim, d_v), D, d_v, T) / T
+    shapes = mem.shapes(D, head_dim, d_v)
+    # forward at W̃, then ∂ℓ/∂ of the inner layers (the matrices whose input is not φ(k)), per window token
+    gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for o, i in shapes.values() if i != D)
+    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, T, gradient) / T
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:
