@@ -5,7 +5,7 @@
     huber:  ℓ = ½‖r‖² if ‖r‖ ≤ δ, else δ‖r‖ − ½δ²   (r = y − v)  ∂ℓ/∂y = r · min(1, δ/‖r‖)      (Miras' Yaad)
     lp:     ℓ = ‖r‖_p^p = Σ_j |r_j|^p                           ∂ℓ/∂y = p |r|^{p−1} sign(r)   (Miras' Moneta)
 
-An bias that gives ``grad`` (∂ℓ/∂y) keeps the built-in memories' analytic gradients, rank-1 factors
+An attentional bias that gives ``grad`` (∂ℓ/∂y) keeps the built-in memories' analytic gradients, rank-1 factors
 δ uᵀ per weight matrix; one with only ``loss`` takes torch.func's gradients (docs/components.md).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ evaluated at fixed weights, at per-token weights materialised by the optimiser, 
 "dual form" where W_t = a_t W_0 + Σ_i C[t, i] δ_i u_iᵀ is never built.
 
 Built-in memories also give their per-token loss gradients analytically as rank-1 factors,
-∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``, for an bias that gives ∂ℓ/∂y). Any
+∇_{W_n} ℓ_i = δ_{n,i} u_{n,i}ᵀ (``gradient_factors``, for an attentional bias that gives ∂ℓ/∂y). Any
 ``torch.nn.Module`` mapping φ(k) [D] to [d_v] is a custom memory (``ModuleMemory``); its gradients come from
 torch.func. A new architecture subclasses ``Memory`` (docs/components.md).
 
