@@ -141,10 +141,12 @@ class MAC(nn.Module):
         return a.o_proj(o.transpose(1, 2).reshape(B, n, -1)), k, v, both
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
-        """The memory layer's state, the segment's start weights, and up to 2·(segment − 1) cached keys/values."""
+        """The memory layer's state, the segment's start weights, and 2·(segment − 1) cached key/value slots with
+        their positions (int64, shared by the batch)."""
         weights = sum(p.numel() for p in self.memory.initial_weights.values())
-        kv = 2 * 2 * (self.segment - 1) * self.n_heads * self.head_dim
-        return self.memory.state_bytes(batch_size, dtype_bytes) + batch_size * dtype_bytes * (weights + kv)
+        slots = 2 * (self.segment - 1)
+        kv = 2 * slots * self.n_heads * self.head_dim
+        return self.memory.state_bytes(batch_size, dtype_bytes) + batch_size * dtype_bytes * (weights + kv) + 8 * slots
 
     def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         return self.memory.cache_bytes_per_token(dtype_bytes)

@@ -126,8 +126,8 @@ class MemoryMixer(nn.Module):
         """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches."""
         c = self.config
         weights = sum(p.numel() for p in self.initial_weights.values())
-        momentum = sum(math.prod(self.optimizer.state_shape(tuple(p.shape[1:])) or (0,))
-                       for p in self.initial_weights.values())
+        momentum = sum(p.shape[0] * math.prod(self.optimizer.state_shape(tuple(p.shape[1:])) or (0,))
+                       for p in self.initial_weights.values())  # per head
         inner = self.n_heads * self.head_dim
         window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
         evaluation_point = weights if c.chunk_size > 1 else 0
