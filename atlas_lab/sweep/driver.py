@@ -60,6 +60,10 @@ def validate_configs(spec: SweepSpec) -> None:
     for key, s in spec.search.items():
         for value in s.get("choices", [s.get("low"), s.get("high")]):
             points.append(({}, f"search.{key} = {value}", {**spec.fixed, key: value}))
+    for key, candidates in spec.tune.items():  # each candidate beside the first grid point
+        first = spec.grid_points()[0]
+        points += [(first, f"tune.grid.{key} = {value}", spec.overrides(first, {}) | {key: value})
+                   for value in candidates]
     batches = {}  # data configuration -> the training batches of an epoch, once set up
     for labels, where, overrides in points:
         try:

@@ -6,13 +6,17 @@ Repeat r of every point sees the same data and initialisation seed, so a point i
 ``baseline`` point seed by seed: d_r = v_r(point) − v_r(baseline) over the repeats both completed, with the same
 interval on the d_r, beside the percentile bootstrap interval, the paired t test's p, the exact sign-flip
 permutation test's p (statistics.py) and the t p adjusted by Holm's method across the study's comparisons; a
-comparison is resolved ("*") where that adjusted p is below 0.05. ``power`` adds, per comparison, the seeds a paired
-t test needs to detect a difference of that size with power 0.8 at its observed spread. Failed, pruned and
-unfinished trials are counted in their own columns and never averaged in.
+comparison is resolved ("*") where that adjusted p is below 0.05. A study of steps to a threshold (``summary:
+{steps_to: x}``) counts each point's escapes (seeds that reached x) and compares them with Fisher's exact test, and
+its steps, censored where x was never reached, with Gehan's rank test, whose p is the one Holm adjusts. A tuned
+study's chosen settings and every candidate's pilot mean are a table of their own. ``power`` adds, per comparison,
+the seeds a paired t test needs to detect a difference of that size with power 0.8 at its observed spread.
+Failed, pruned and unfinished trials are counted in their own columns and never averaged in.
 """
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import statistics
@@ -27,7 +31,7 @@ from rich.text import Text
 from ..tables import print_table
 from . import statistics as stats_
 from .spec import short_names
-from .study import is_superseded
+from .study import is_superseded, is_tune, tuned_setting
 from .tracking import browse_hint
 
 LEVEL = 0.95
@@ -47,13 +51,15 @@ def interval(values: list[float]) -> dict:
     return out
 
 
-def _repeat_values(t) -> dict[int, float]:
-    """{repeat: value} of a complete trial: a grid trial is one repeat; a search trial keeps each repeat's value."""
+def _repeat_values(t) -> dict[int, tuple[float, bool]]:
+    """{repeat: (value, censored)} of a complete trial: a grid trial is one repeat; a search trial keeps each
+    repeat's value. Censored: a steps_to value whose threshold was never reached."""
     if t.state != TrialState.COMPLETE:
         return {}
-    if "repeat_values" in t.user_attrs:
-        return dict(enumerate(t.user_attrs["repeat_values"]))
-    return {t.user_attrs.get("repeat", 0): t.value}
+    values = t.user_attrs.get("repeat_values", [t.value])
+    censored = t.user_attrs.get("censored", [False] * len(values))
+    repeats = range(len(values)) if "repeat_values" in t.user_attrs else [t.user_attrs.get("repeat", 0)]
+    return {r: (v, c) for r, v, c in zip(repeats, values, censored)}
 
 
 def _counts(ts) -> dict:
@@ -68,7 +74,7 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
     ``values`` ({repeat: value}), the ``interval`` statistics and the failed / pruned / unfinished counts."""
     attrs = study.user_attrs
     maximize = attrs.get("direction", study.direction.name.lower()) == "maximize"
-    trials = [t for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)]
+    trials = [t for t in study.get_trials(deepcopy=False) if not is_superseded(study, t) and not is_tune(t)]
     if attrs.get("sampler", "grid") == "grid":
         columns = list(attrs.get("grid_keys", []))
         groups: dict[tuple, list] = {}
@@ -80,13 +86,33 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
         groups = {(t.number,): [t] for t in trials}
     rows = []
     for key, ts in groups.items():
-        values = {r: v for t in ts for r, v in _repeat_values(t).items()}
+        found = {r: vc for t in ts for r, vc in _repeat_values(t).items()}
+        values = {r: v for r, (v, _) in found.items()}
         labels = dict(zip(columns, key)) if attrs.get("sampler", "grid") == "grid" else \
             {k: ts[0].params.get(k) for k in columns}
-        rows.append(labels | {"values": values} | interval(list(values.values())) | _counts(ts) |
-                    {"trials": " ".join(str(t.number) for t in ts)})
+        rows.append(labels | {"values": values, "censored": {r: c for r, (_, c) in found.items()},
+                              "escaped": sum(not c for _, c in found.values())} |
+                    interval(list(values.values())) | _counts(ts) | {"trials": " ".join(str(t.number) for t in ts)})
     rows.sort(key=lambda r: (r["mean"] is None, -(r["mean"] or 0) if maximize else (r["mean"] or 0)))
     return columns, rows
+
+
+def tuned_rows(study: optuna.Study, columns: list[str], rows: list[dict]) -> list[dict]:
+    """Per grid point of a tuned study: its labels, the chosen setting ("chosen", None before any candidate
+    completed) and every candidate's pilot mean ("candidates": "lr=0.001: 0.5123 · lr=0.003: 0.9012")."""
+    if not study.user_attrs.get("tune_keys"):
+        return []
+    out = []
+    for r in rows:
+        chosen, candidates = tuned_setting(study, {k: r[k] for k in columns})
+        shown = " · ".join(" ".join(f"{k.split('.')[-1]}={v}" for k, v in c["tune"].items()) + f": {_fmt(c['mean'])}"
+                           for c in candidates)
+        out.append({k: r[k] for k in columns} | {"chosen": chosen, "candidates": shown})
+    return out
+
+
+def _setting(chosen: dict | None) -> str:
+    return "—" if chosen is None else " ".join(f"{k}={v}" for k, v in chosen.items())
 
 
 def baseline_row(rows: list[dict], columns: list[str], baseline: dict | None) -> dict | None:
@@ -104,12 +130,14 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
     if base is None:
         return []
     maximize = study.user_attrs.get("direction", "maximize") == "maximize"
+    steps_to = study.user_attrs.get("summary") == "steps_to"
     out = []
     for r in rows:
         if r is base:
             continue
         pairs = sorted(set(r["values"]) & set(base["values"]))
         d = [r["values"][p] - base["values"][p] for p in pairs]
+        runs = [[(x["values"][p], x["censored"][p]) for p in pairs] for x in (r, base)]
         stats = interval(d)
         excludes = stats["low"] is not None and (stats["low"] > 0 or stats["high"] < 0)
         boot = stats_.bootstrap_interval(d) or (None, None)
@@ -121,7 +149,14 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
             "p": stats_.paired_t_p(d), "p_flip": stats_.sign_flip_p(d),
             "seeds": stats_.seeds_for_power(power, stats["std"]) if power else None,
             "better": None if stats["mean"] is None else (stats["mean"] > 0) == maximize and stats["mean"] != 0})
-    for d, adjusted in zip(out, stats_.holm([d["p"] for d in out])):
+        if steps_to:  # escapes and censored steps: the rank test decides, and says which way
+            escaped = [sum(not c for _, c in x) for x in runs]
+            p_rank = stats_.gehan_p(*runs)
+            u = stats_.gehan_u(*runs) if runs[0] else 0
+            out[-1] |= {"escaped": f"{escaped[0]}/{len(pairs)} vs {escaped[1]}/{len(pairs)}",
+                        "p_fisher": stats_.fisher_p(escaped[0], len(pairs), escaped[1], len(pairs)),
+                        "p_rank": p_rank, "better": u > 0 if u else None}
+    for d, adjusted in zip(out, stats_.holm([d["p_rank" if steps_to else "p"] for d in out])):
         d["p_holm"], d["resolved"] = adjusted, adjusted is not None and adjusted < stats_.ALPHA
     out.sort(key=lambda d: (d["changes"].count(",") if d["changes"] else -1, d["diff"] is None,
                             -(d["diff"] or 0) if maximize else (d["diff"] or 0)))
@@ -152,7 +187,9 @@ POINT_HEADER = ["n", "mean", "std", "95% CI", "failed", "pruned", "unfinished", 
 DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "bootstrap 95%", "p (t)", "p (sign flip)", "Holm p",
                "verdict"]
 DIFF_COLUMNS = ["changes", "pairs", "diff", "std", "low", "high", "boot_low", "boot_high", "p", "p_flip", "p_holm",
-                "resolved", "excludes_0", "better", "seeds"]
+                "resolved", "excludes_0", "better", "seeds", "escaped", "p_fisher", "p_rank"]
+TUNED_HEADER = ["chosen", "candidates (pilot mean)"]
+STEPS_HEADER = ["escaped", "p (Fisher)", "p (Gehan)"]  # a steps_to study's columns, before "Holm p"
 
 
 def _point_cells(r) -> list:
@@ -162,12 +199,20 @@ def _point_cells(r) -> list:
 
 def _diff_cells(d, power: float | None = None) -> list:
     cells = [d["changes"], d["pairs"], _fmt(d["diff"]), _fmt(d["std"]), _ci(d), _boot(d), _fmt(d["p"]),
-             _fmt(d["p_flip"]), _fmt(d["p_holm"]), _verdict(d)]
-    return cells + ([d["seeds"] or "—"] if power else [])
+             _fmt(d["p_flip"])]
+    if "p_rank" in d:
+        cells += [d["escaped"], _fmt(d["p_fisher"]), _fmt(d["p_rank"])]
+    return cells + [_fmt(d["p_holm"]), _verdict(d)] + ([d["seeds"] or "—"] if power else [])
 
 
-def _diff_header(power: float | None) -> list[str]:
-    return DIFF_HEADER + ([f"seeds for ±{power:g}"] if power else [])
+def _diff_header(power: float | None, steps_to: bool = False) -> list[str]:
+    return DIFF_HEADER[:-2] + STEPS_HEADER * steps_to + DIFF_HEADER[-2:] + ([f"seeds for ±{power:g}"] if power else [])
+
+
+def _test_words(diffs: list[dict]) -> str:
+    """Which test's p Holm adjusts: the paired t, or for steps to a threshold Gehan's rank test."""
+    return "Gehan rank test's p (steps to the threshold, censored where never reached)" if "p_rank" in diffs[0] \
+        else "t p"
 
 
 def _markdown(header: list[str], cells: list[list]) -> list[str]:
@@ -176,8 +221,9 @@ def _markdown(header: list[str], cells: list[list]) -> list[str]:
 
 
 def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric: str, baseline: dict | None,
-                 out: Path, power: float | None = None) -> list[Path]:
-    """results.csv, results.md (the points, then the differences to the baseline) and differences.csv."""
+                 out: Path, power: float | None = None, tuned: list[dict] = ()) -> list[Path]:
+    """results.csv, results.md (the points, the differences to the baseline, the tuned settings), differences.csv
+    and tuned.csv."""
     files = [out / "results.csv", out / "results.md"]
     with files[0].open("w", newline="") as f:
         w = csv.writer(f)
@@ -194,14 +240,28 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
             w = csv.writer(f)
             w.writerow(columns + [{"low": "ci_low", "high": "ci_high"}.get(k, k) for k in DIFF_COLUMNS])
             for d in diffs:
-                w.writerow([d[k] for k in columns] + [d[k] for k in DIFF_COLUMNS])
+                w.writerow([d[k] for k in columns] + [d.get(k) for k in DIFF_COLUMNS])
         where = ", ".join(f"{k}={v}" for k, v in baseline.items())
         lines += ["", f"paired differences to the baseline ({where}), point − baseline, seed by seed: the 95 % t "
-                      f"and bootstrap intervals, the paired t and sign-flip p; * (resolved) where the t p adjusted by "
+                      f"and bootstrap intervals, the paired t and sign-flip p"
+                  + ("; the seeds that reached the threshold (point vs baseline) and Fisher's exact p"
+                     * ("p_rank" in diffs[0]))
+                  + f"; * (resolved) where the {_test_words(diffs)} adjusted by "
                       f"Holm's method across these {len(diffs)} comparisons is below {stats_.ALPHA:g}"
                   + (f"; the seeds a paired t test needs for power {stats_.POWER:g} against a difference of "
                      f"±{power:g} at the observed std" if power else ""), ""]
-        lines += _markdown(_diff_header(power), [_diff_cells(d, power) for d in diffs])
+        lines += _markdown(_diff_header(power, "p_rank" in diffs[0]), [_diff_cells(d, power) for d in diffs])
+    if tuned:
+        files.append(out / "tuned.csv")
+        with files[-1].open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(columns + ["chosen", "candidates"])
+            for t in tuned:
+                w.writerow([t[k] for k in columns] + [json.dumps(t["chosen"]), t["candidates"]])
+        lines += ["", "tuned settings: per point, the candidate with the best mean over its pilot seeds (never a "
+                      "reported seed), and every candidate's pilot mean", ""]
+        lines += _markdown(columns + TUNED_HEADER, [[t[k] for k in columns] + [_setting(t["chosen"]), t["candidates"]]
+                                                    for t in tuned])
     files[1].write_text("\n".join(lines) + "\n")
     return files
 
@@ -262,8 +322,8 @@ def point_name(labels: dict, columns: list[str]) -> str:
     return re.sub(r"[^\w.\- :]", "_", " ".join(str(labels[k]) for k in columns))[:200]
 
 
-def log_summary(client, parent: str, study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict]
-                ) -> None:
+def log_summary(client, parent: str, study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict],
+                tuned: list[dict] = ()) -> None:
     """The parent run's summary, shown in the runs table: params (metric, direction, sampler, the grid axes and
     their labels, repeats), metrics (the best mean; per point its mean, n, paired difference to the baseline and
     its Holm-adjusted p),
@@ -293,7 +353,12 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
                 metrics.append(Metric(f"diff/{point_name(d, columns)}", round(d["diff"], DIGITS), now, step))
             if d["p_holm"] is not None:
                 metrics.append(Metric(f"holm_p/{point_name(d, columns)}", round(d["p_holm"], DIGITS), now, step))
+    for t in tuned:
+        for key, value in (t["chosen"] or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics.append(Metric(f"tuned/{point_name(t, columns)}/{key}", value, now, step))
     tags = [RunTag("atlas_lab.summary", f"{len(done)} point(s) with results, {step} complete repeat(s)")]
+    tags += [RunTag(f"atlas_lab.tuned.{point_name(t, columns)}"[:250], _setting(t["chosen"])) for t in tuned]
     if attrs.get("baseline"):
         tags.append(RunTag("atlas_lab.baseline", point_name(attrs["baseline"], columns)))
     for i in range(0, max(len(metrics), 1), 500):
@@ -312,9 +377,10 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     baseline = study.user_attrs.get("baseline")
     columns, rows = result_rows(study)
     diffs = differences(study, columns, rows, power)
+    tuned = tuned_rows(study, columns, rows)
     out = Path(out_dir or Path("runs") / "sweeps" / study.study_name)
     out.mkdir(parents=True, exist_ok=True)
-    files = write_tables(columns, rows, diffs, metric, baseline, out, power)
+    files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned)
     plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline) \
         if study.user_attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
@@ -332,18 +398,23 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
                                            else None for r in rows])
     if diffs:
         where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))
-        print_table(console, f"{metric}: point − baseline ({where}), paired by seed; * resolved: Holm-adjusted p < "
-                             f"{stats_.ALPHA:g} over {len(diffs)} comparisons", _diff_header(power),
+        print_table(console, f"{metric}: point − baseline ({where}), paired by seed; * resolved: Holm-adjusted "
+                             f"{_test_words(diffs)} < {stats_.ALPHA:g} over {len(diffs)} comparisons",
+                    _diff_header(power, "p_rank" in diffs[0]),
                     [_diff_cells(d, power) for d in diffs],
                     styles=["green" if d["resolved"] and d["better"] else "red" if d["resolved"] else None
                             for d in diffs])
+    if tuned:
+        print_table(console, "tuned settings: the best candidate on the pilot seeds (never a reported seed)",
+                    keys + TUNED_HEADER, [[str(t[c]) for c in columns] + [_setting(t["chosen"]), t["candidates"]]
+                                          for t in tuned], keys=len(columns))
     for r in rows:
         if r["reason"]:
             console.print(Text(f"trials {r['trials']}: {r['reason']}", style="red"))
     if client is not None and parent is not None:
         for f in files:
             client.log_artifact(parent, str(f), "summary")
-        log_summary(client, parent, study, columns, rows, diffs)
+        log_summary(client, parent, study, columns, rows, diffs, tuned)
     console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
     console.print(Text(f"browse its runs: {browse_hint(study.study_name, tracking_uri)}"))
     return out

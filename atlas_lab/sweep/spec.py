@@ -4,7 +4,8 @@
 study: mqar-ablation            # Optuna study name = MLflow parent run name
 base: [experiments/mqar.yaml]   # configs the trials start from (after lightning_config.yaml)
 metric: val/acc                 # what is optimised
-direction: maximize
+direction: maximize             # the way the metric improves
+summary: final                  # its learning curve as one number: final | best | mean | {steps_to: 0.9}
 sampler: grid                   # grid | tpe | random
 trials: null                    # grid: every point; tpe/random: a count
 repeats: 1                      # seeds per point (repeat r: r added to both seeds, see below)
@@ -15,7 +16,16 @@ search:                         # tpe/random: {low, high, log, int} or {choices:
   model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
 fixed: {trainer.max_epochs: 4}
 baseline: {model.preset: atlas}  # grid: the point every other point is compared with, seed by seed
+tune:                           # grid: per point, the candidate with the best pilot-seed summary is reported
+  grid: {model.lr: [1.0e-3, 3.0e-3], model.memory.eta_max: [0.01, 0.1]}   # every combination is a candidate
+  seeds: 1                      # pilot seeds per candidate (repeats 1000, 1001, …: never a reported seed)
 ```
+
+A trial logs every summary of the metric's validations: ``<metric>.final`` (the last), ``.best`` (the highest, or
+the lowest for direction minimize), ``.mean`` (over the validations) and, with ``summary: {steps_to: x}``,
+``.steps_to_<x>`` (the global step of the first validation at or above x, or at or below for minimize; censored
+where never reached: then the steps trained, and ``.censored_<x>`` is 1). The study optimises the summary named
+(fewer steps are better for steps_to).
 
 Repeat r adds r to the resolved ``seed_everything`` and to the data module's ``seed``: repeat r of every point
 sees the same data and initial draw, so points are compared in pairs.
@@ -31,8 +41,11 @@ from typing import Any
 
 import yaml
 
-TOP_KEYS = ("study", "base", "metric", "direction", "sampler", "trials", "repeats", "pruner", "grid", "search",
-            "fixed", "baseline")
+TOP_KEYS = ("study", "base", "metric", "direction", "summary", "sampler", "trials", "repeats", "pruner", "grid",
+            "search", "fixed", "baseline", "tune")
+SUMMARIES = ("final", "best", "mean", "steps_to")
+TUNE_KEYS = ("grid", "seeds")
+TUNE_REPEAT = 1000  # pilot seed s of a tune candidate runs as repeat TUNE_REPEAT + s
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
@@ -58,6 +71,27 @@ class SweepSpec:
     search: dict[str, dict] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] | None = None  # grid key -> label: the point the report compares every point with
+    summary: str = "final"  # one of SUMMARIES
+    threshold: float | None = None  # summary steps_to: the value to reach
+    tune: dict[str, list] = field(default_factory=dict)  # key -> candidate values, every combination a candidate
+    tune_seeds: int = 1
+
+    @property
+    def objective(self) -> str:
+        """The name of the value a trial reports: the metric for ``final``, else ``<metric>.<summary>``."""
+        if self.summary == "final":
+            return self.metric
+        return f"{self.metric}.{curve_key(self.summary, self.threshold)}"
+
+    @property
+    def objective_direction(self) -> str:
+        """The way the objective improves: the metric's, but fewer steps for steps_to."""
+        return "minimize" if self.summary == "steps_to" else self.direction
+
+    def tune_candidates(self) -> list[dict[str, Any]]:
+        """Every combination of the tune values, in file order: [{key: value}] ([] without a tune block)."""
+        keys = list(self.tune)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.tune[k] for k in keys))] if keys else []
 
     def grid_points(self) -> list[dict[str, str]]:
         """Every combination of grid labels, in file order: [{key: label}]."""
@@ -71,14 +105,23 @@ class SweepSpec:
         out.update(sampled)
         return out
 
-    def run_name(self, labels: dict[str, str], sampled: dict[str, Any], seed: int, trial_number: int) -> str:
+    def run_name(self, labels: dict[str, str], sampled: dict[str, Any], seed: int, trial_number: int,
+                 tune: dict[str, Any] | None = None, pilot: bool = False) -> str:
         """A trial's MLflow run name: its grid labels (``preset=atlas architecture=gated_mlp seed=1``), or for a
-        search its number and sampled values (``trial-3 lr=0.0012 seed=0``)."""
+        search its number and sampled values (``trial-3 lr=0.0012 seed=0``); a tuned setting follows the labels,
+        and a tune trial's name starts with ``tune``."""
+        shown = lambda v: f"{v:.3g}" if isinstance(v, float) else v  # noqa: E731
         keys = list(labels) or list(sampled)
-        values = [labels[k] for k in labels] or [f"{v:.3g}" if isinstance(v, float) else v for v in sampled.values()]
-        parts = [] if labels else [f"trial-{trial_number}"]
-        parts += [f"{name}={value}" for name, value in zip(short_names(keys), values)] + [f"seed={seed}"]
-        return " ".join(parts)
+        values = [labels[k] for k in labels] or [shown(v) for v in sampled.values()]
+        parts = ["tune"] if pilot else [] if labels else [f"trial-{trial_number}"]
+        parts += [f"{name}={value}" for name, value in zip(short_names(keys), values)]
+        parts += [f"{name}={shown(value)}" for name, value in zip(short_names(list(tune or {})), (tune or {}).values())]
+        return " ".join(parts + [f"seed={seed}"])
+
+
+def curve_key(summary: str, threshold: float | None = None) -> str:
+    """A summary's metric suffix: final, best, mean or steps_to_<x> (``<metric>.<suffix>``)."""
+    return f"steps_to_{threshold:g}" if summary == "steps_to" else summary
 
 
 def short_names(keys: list[str]) -> list[str]:
@@ -147,6 +190,14 @@ def load_sweep(path: str | Path) -> SweepSpec:
         return value
 
     direction = choice("direction", DIRECTIONS, "maximize")
+    summary, threshold = raw.get("summary", "final"), None
+    if isinstance(summary, dict):
+        if list(summary) != ["steps_to"] or isinstance(summary["steps_to"], bool) \
+                or not isinstance(summary["steps_to"], (int, float)):
+            _fail(path, "summary", f"expected one of final, best, mean or {{steps_to: a number}}, got {summary!r}")
+        summary, threshold = "steps_to", float(summary["steps_to"])
+    elif summary not in SUMMARIES[:3]:
+        _fail(path, "summary", f"unknown value {summary!r}; valid choices: final, best, mean, {{steps_to: x}}")
     sampler = choice("sampler", SAMPLERS, "grid")
 
     base_raw = raw.get("base", [])
@@ -180,6 +231,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     warmup = pruner.get("warmup_epochs", 0)
     if not isinstance(warmup, int) or warmup < 0:
         _fail(path, "pruner.warmup_epochs", f"expected an int >= 0, got {warmup!r}")
+    if summary == "steps_to" and pruner.get("type", "none") != "none":
+        _fail(path, "pruner", "a steps_to study is not pruned (the pruner judges the metric, the study its steps); "
+                              "use pruner: none")
     pruner = {"type": pruner.get("type", "none"), "warmup_epochs": warmup}
 
     grid_raw = raw.get("grid") or {}
@@ -262,6 +316,36 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 _fail(path, f"baseline.{key}", f"unknown label {label!r}; valid choices: "
                                                f"{', '.join(str(v) for v in grid[key])}")
         baseline = {key: baseline[key] for key in grid}
+    tune, tune_seeds = _tune(path, raw.get("tune"), sampler, grid, fixed)
+    if tune and repeats > TUNE_REPEAT:
+        _fail(path, "repeats", f"a tuned study reports at most {TUNE_REPEAT} repeats (its pilot seeds come after)")
     return SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
                      sampler=sampler, trials=trials, repeats=repeats, pruner=pruner, grid=grid, search=search,
-                     fixed=fixed, baseline=baseline)
+                     fixed=fixed, baseline=baseline, summary=summary, threshold=threshold, tune=tune,
+                     tune_seeds=tune_seeds)
+
+
+def _tune(path, raw, sampler, grid, fixed) -> tuple[dict[str, list], int]:
+    """The tune block: ({key: candidate values}, pilot seeds per candidate); ({}, 1) without one."""
+    if raw is None:
+        return {}, 1
+    if sampler != "grid":
+        _fail(path, "tune", f"tuning picks a setting per grid point; sampler {sampler} has none")
+    if not isinstance(raw, dict):
+        _fail(path, "tune", "expected {grid: {dotted.key: [values]}, seeds: N}")
+    _check_keys(path, "tune", raw, TUNE_KEYS)
+    values = raw.get("grid")
+    if not isinstance(values, dict) or not values:
+        _fail(path, "tune.grid", "expected a non-empty mapping of dotted config paths to lists of candidate values")
+    for key, candidates in values.items():
+        if not _is_dotted(key):
+            _fail(path, f"tune.grid.{key}", "expected a dotted config path such as model.lr")
+        if key in grid or key in fixed:
+            _fail(path, f"tune.grid.{key}", f"also a {'grid axis' if key in grid else 'fixed key'}; a key is tuned, "
+                                            f"a grid axis or fixed")
+        if not isinstance(candidates, list) or not candidates:
+            _fail(path, f"tune.grid.{key}", f"expected a non-empty list of candidate values, got {candidates!r}")
+    seeds = raw.get("seeds", 1)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= TUNE_REPEAT:
+        _fail(path, "tune.seeds", f"expected an int from 1 to {TUNE_REPEAT}, got {seeds!r}")
+    return dict(values), seeds

@@ -8,12 +8,20 @@ A point is compared with the baseline seed by seed: d_r = v_r(point) − v_r(bas
     bootstrap       the percentile interval of mean(d) over DRAWS resamples of the pairs (fixed seed)
     Holm            across a study's m comparisons: p_(i) sorted, adjusted p_(i) = max_{j≤i} min(1, (m − j + 1) p_(j));
                     a comparison is resolved where its adjusted p < α, the family-wise error rate held at α
+    Fisher          escape counts (seeds that reached a threshold) of two points, k_a of n_a and k_b of n_b: the
+                    two-sided exact test of equal rates, summing the hypergeometric probabilities of the 2×2 tables
+                    with the same margins that are no more likely than the observed one
+    Gehan           steps to a threshold, right-censored where never reached (the steps trained): the generalised
+                    Wilcoxon statistic U = Σ_{i∈a, j∈b} u_ij, u_ij = +1 where i surely reached it before j, −1 where
+                    surely after, 0 where censoring leaves it open; two-sided p from the exact permutation
+                    distribution of U over every split of the pooled runs (SPLITS random splits beyond EXACT_SPLITS)
     power           the seeds a paired t test needs to detect a mean difference δ at α with power 1 − β, for the
                     observed sd of the d_r: the smallest n with P(|T_{n−1}(δ√n/sd)| > t_{1−α/2, n−1}) ≥ 1 − β
                     (T noncentral t)
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -24,6 +32,8 @@ POWER = 0.8
 DRAWS = 10_000  # bootstrap resamples
 FLIPS = 20_000  # random sign patterns beyond EXACT pairs
 EXACT = 16
+EXACT_SPLITS = 200_000  # Gehan: every split up to this many
+SPLITS = 20_000
 
 
 def paired_t_p(d: list[float]) -> float | None:
@@ -102,3 +112,58 @@ def seeds_for_power(delta: float, sd: float, alpha: float = ALPHA, power: float 
         mid = (low + high) // 2
         low, high = (low, mid) if paired_power(mid, delta, sd, alpha) >= power else (mid, high)
     return high if high <= most else None
+
+
+def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float | None:
+    """Two-sided p of Fisher's exact test that k_a of n_a and k_b of n_b come from one rate; None without runs."""
+    if n_a < 1 or n_b < 1:
+        return None
+    k, n = k_a + k_b, n_a + n_b
+    probability = lambda x: math.comb(k, x) * math.comb(n - k, n_a - x) / math.comb(n, n_a)  # noqa: E731
+    observed = probability(k_a)
+    return min(1.0, sum(p for x in range(max(0, k - n_b), min(k, n_a) + 1)
+                        if (p := probability(x)) <= observed * (1 + 1e-9)))
+
+
+def gehan_p(a: list[tuple[float, bool]], b: list[tuple[float, bool]], seed: int = 0) -> float | None:
+    """Two-sided p of Gehan's test that two sets of (steps, censored) runs reach a threshold alike; None below one
+    run on either side. A run censored at c has not reached it by c; two runs compare where one reached it at t and
+    the other either reached it later or was censored at or after t."""
+    if not a or not b:
+        return None
+    u = _gehan_scores(a + b)
+    n, m = len(a) + len(b), len(a)
+    if math.comb(n, m) <= EXACT_SPLITS:
+        splits = _every_split(n, m)
+    else:
+        rng = np.random.default_rng(seed)
+        splits = np.zeros((SPLITS, n))
+        for row in range(SPLITS):
+            splits[row, rng.permutation(n)[:m]] = 1.0
+    statistic = ((splits @ u) * (1 - splits)).sum(1)  # U of each split: Σ_{i in, j out} u_ij
+    observed = float(u[:m, m:].sum())
+    return float(np.mean(np.abs(statistic) >= abs(observed) - 1e-9))
+
+
+def gehan_u(a: list[tuple[float, bool]], b: list[tuple[float, bool]]) -> float:
+    """Gehan's U of a against b: the pairs where a run of a surely reached the threshold first, minus those where a
+    run of b did (> 0: a is faster)."""
+    return float(_gehan_scores(a + b)[:len(a), len(a):].sum())
+
+
+def _gehan_scores(runs: list[tuple[float, bool]]) -> np.ndarray:
+    """u_ij of (steps, censored) runs: +1 where i surely reached the threshold before j, −1 where surely after."""
+    t = np.array([r[0] for r in runs], dtype=float)
+    event = np.array([not r[1] for r in runs])
+    earlier = event[:, None] & (t[:, None] < t[None, :])  # i reached it before j reached it or was censored
+    earlier |= event[:, None] & ~event[None, :] & (t[:, None] <= t[None, :])
+    return earlier.astype(float) - earlier.T.astype(float)
+
+
+@functools.lru_cache(maxsize=8)
+def _every_split(n: int, m: int) -> np.ndarray:
+    """Every way to pick m of n runs, as rows of 0/1 [C(n, m), n]."""
+    splits = np.zeros((math.comb(n, m), n))
+    for row, members in enumerate(itertools.combinations(range(n), m)):
+        splits[row, list(members)] = 1.0
+    return splits

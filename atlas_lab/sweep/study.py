@@ -24,7 +24,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from .locks import JournalFlock, StorageLock, is_postgres, store_file
-from .spec import SweepError, SweepSpec
+from .spec import TUNE_REPEAT, SweepError, SweepSpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -131,18 +131,23 @@ def load_study(spec: SweepSpec, storage_url: str, create: bool = False) -> optun
     storage = open_storage(storage_url)
     kwargs = dict(study_name=spec.study, storage=storage, sampler=make_sampler(spec), pruner=make_pruner(spec))
     if create:
-        return optuna.create_study(direction=spec.direction, load_if_exists=True, **kwargs)
+        return optuna.create_study(direction=spec.objective_direction, load_if_exists=True, **kwargs)
     return optuna.load_study(**kwargs)
 
 
-DEFINITION_KEYS = ("metric", "direction", "sampler", "grid", "search", "fixed", "base")
+DEFINITION_KEYS = ("metric", "direction", "sampler", "grid", "search", "fixed", "base", "summary", "tune")
 
 
 def definition(spec: SweepSpec) -> dict:
-    """What makes a study the study it is; repeats, trials and the pruner may change (more seeds, more trials)."""
-    return json.loads(json.dumps({"metric": spec.metric, "direction": spec.direction, "sampler": spec.sampler,
-                                  "grid": spec.grid, "search": spec.search, "fixed": spec.fixed,
-                                  "base": [str(b) for b in spec.base]}, sort_keys=True, default=str))
+    """What makes a study the study it is; repeats, trials and the pruner may change (more seeds, more trials).
+    The summary and the tune block are part of it where the file has them."""
+    out = {"metric": spec.metric, "direction": spec.direction, "sampler": spec.sampler, "grid": spec.grid,
+           "search": spec.search, "fixed": spec.fixed, "base": [str(b) for b in spec.base]}
+    if spec.summary != "final":
+        out["summary"] = spec.objective
+    if spec.tune:
+        out["tune"] = {"grid": spec.tune, "seeds": spec.tune_seeds}
+    return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 
 def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
@@ -156,16 +161,17 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
         raise SweepError(f"{spec.path}: study: {spec.study!r} already exists in {shown(storage_url)} with another "
                          f"definition ({', '.join(differ)} differ); give this sweep a new study name, or delete the "
                          f"old study ({where})")
-    for key, value in (("definition", new), ("metric", spec.metric), ("direction", spec.direction),
-                       ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
+    for key, value in (("definition", new), ("metric", spec.objective), ("direction", spec.objective_direction),
+                       ("summary", spec.summary), ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
                        ("grid_labels", {k: list(labels) for k, labels in spec.grid.items()}),
-                       ("baseline", spec.baseline)):
+                       ("baseline", spec.baseline), ("tune_keys", list(spec.tune))):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 
 
 def trial_key(trial) -> tuple:
-    """What makes two trials the same piece of work: grid labels and the repeat (or the queue slot)."""
+    """What makes two trials the same piece of work: grid labels and the repeat (or the queue slot, or for a tune
+    trial its candidate)."""
     return (tuple(sorted(trial.user_attrs.get("labels", {}).items())), trial.user_attrs.get("repeat", 0),
             trial.user_attrs.get("slot", 0))
 
@@ -175,24 +181,60 @@ def enqueue_missing(study: optuna.Study, spec: SweepSpec) -> int:
     Reads, then writes: call it under ``study_lock``."""
     present = {trial_key(t) for t in study.get_trials(deepcopy=False) if not is_superseded(study, t)}
     added = 0
-    if spec.sampler == "grid":
-        work = [(labels, r, 0) for labels in spec.grid_points() for r in range(spec.repeats)]
+    if spec.sampler == "grid":  # a point's tune trials (slot: the candidate) first, then its reported repeats
+        candidates = spec.tune_candidates()
+        work = [(labels, TUNE_REPEAT + s, c, tune) for labels in spec.grid_points()
+                for s in range(spec.tune_seeds) for c, tune in enumerate(candidates)]
+        work += [(labels, r, 0, None) for labels in spec.grid_points() for r in range(spec.repeats)]
     else:
-        work = [({}, 0, slot) for slot in range(spec.trials)]
-    for labels, repeat, slot in work:
+        work = [({}, 0, slot, None) for slot in range(spec.trials)]
+    for labels, repeat, slot, tune in work:
         key = (tuple(sorted(labels.items())), repeat, slot)
         if key in present:
             continue
-        study.enqueue_trial(labels, user_attrs={"labels": labels, "repeat": repeat, "slot": slot},
-                            skip_if_exists=False)
+        attrs = {"labels": labels, "repeat": repeat, "slot": slot} | ({"tune": tune} if tune is not None else {})
+        study.enqueue_trial(labels, user_attrs=attrs, skip_if_exists=False)
         added += 1
     return added
 
 
+def is_tune(trial) -> bool:
+    """A tune trial: one candidate setting of a grid point on one pilot seed."""
+    return "tune" in trial.user_attrs
+
+
+def tuned_setting(study: optuna.Study, labels: dict) -> tuple[dict | None, list[dict]]:
+    """(the chosen setting, every candidate as {"tune", "values", "mean"}) of a grid point: the candidate whose mean
+    over its complete pilot seeds is best in the study's direction (the first in file order on a tie); None where
+    no candidate completed."""
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    candidates: dict[int, dict] = {}
+    for t in study.get_trials(deepcopy=False):
+        if is_tune(t) and t.user_attrs["labels"] == labels and not is_superseded(study, t):
+            c = candidates.setdefault(t.user_attrs["slot"], {"tune": t.user_attrs["tune"], "values": []})
+            if t.state == TrialState.COMPLETE:
+                c["values"].append(t.value)
+    rows = [c | {"mean": sum(c["values"]) / len(c["values"]) if c["values"] else None}
+            for _, c in sorted(candidates.items())]
+    done = [c for c in rows if c["mean"] is not None]
+    if not done:
+        return None, rows
+    best = max(done, key=lambda c: c["mean"]) if maximize else min(done, key=lambda c: c["mean"])
+    return best["tune"], rows
+
+
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
-    """Atomically take one WAITING trial (WAITING -> RUNNING); None when the queue is empty."""
+    """Atomically take one WAITING trial that is ready (WAITING -> RUNNING); None when none is. A reported trial of a
+    tuned point is ready once every tune trial of its point has finished."""
     storage = study._storage
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    trials = study.get_trials(deepcopy=False)
+    tuning = {json.dumps(t.user_attrs["labels"], sort_keys=True) for t in trials
+              if is_tune(t) and t.state in (TrialState.WAITING, TrialState.RUNNING)}
+    for frozen in trials:
+        if frozen.state != TrialState.WAITING:
+            continue
+        if not is_tune(frozen) and json.dumps(frozen.user_attrs.get("labels", {}), sort_keys=True) in tuning:
+            continue
         if storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
             return optuna.Trial(study, frozen._trial_id)
     return None
@@ -245,7 +287,7 @@ def fail_lost(study: optuna.Study, frozen) -> bool:
 def _enqueue_again(study: optuna.Study, frozen) -> None:
     """Enqueue the same work as a superseded trial (its labels, repeat and slot)."""
     attrs = frozen.user_attrs
-    study.enqueue_trial(attrs.get("labels", {}), user_attrs={k: attrs[k] for k in ("labels", "repeat", "slot")
+    study.enqueue_trial(attrs.get("labels", {}), user_attrs={k: attrs[k] for k in ("labels", "repeat", "slot", "tune")
                                                              if k in attrs})
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import lightning as L
 import optuna
 from lightning.pytorch.callbacks import Callback
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from optuna.exceptions import UpdateFinishedTrialError
@@ -35,6 +36,7 @@ from ..noise import quiet
 from ..lit.cli import AtlasCLI, SaveConfigToTracking, check_config
 from ..lit.module import SequenceModel
 from . import study as studies
+from .curve import LearningCurve
 from .spec import SweepSpec, cli_args, load_sweep
 from .tracking import child_run, finish_run
 
@@ -118,9 +120,11 @@ def _log_slices(client: MlflowClient, run_id: str, metrics: dict) -> None:
 
 def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str, tracking_uri: str,
              prune: bool) -> dict[str, float]:
-    """One Lightning fit logged to MLflow run ``run_id``; returns the trainer's final metrics. Under DDP every rank
-    runs it (metrics are reduced across ranks); rank 0 alone logs to MLflow."""
-    callbacks = [OptunaPruning(trial, spec.metric)] if prune else []
+    """One Lightning fit logged to MLflow run ``run_id``; returns the trainer's final metrics and the summaries of
+    the metric's learning curve (curve.py). Under DDP every rank runs it (metrics are reduced across ranks); rank 0
+    alone logs to MLflow."""
+    curve = LearningCurve(spec.metric, spec.direction == "maximize", spec.threshold)
+    callbacks = [curve] + ([OptunaPruning(trial, spec.metric)] if prune else [])
     cli = TrialCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True, run=False,
                    args=cli_args(spec.base, overrides), save_config_callback=SaveConfigToTracking,
                    save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": callbacks},
@@ -129,7 +133,7 @@ def fit_once(spec: SweepSpec, trial: optuna.Trial, overrides: dict, run_id: str,
     if cli.trainer.is_global_zero:
         MlflowClient(tracking_uri).set_tag(run_id, "trainer.world_size", str(cli.trainer.world_size))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    return {k: float(v) for k, v in cli.trainer.callback_metrics.items()} | curve.summaries()
 
 
 def is_one_process(config) -> bool:
@@ -189,15 +193,19 @@ class TrialJobError(RuntimeError):
     """A trial's job failed; the message is the job's own ``Type: message``."""
 
 
-def finish_fit(client: MlflowClient, run_id: str, metric: str, metrics: dict[str, float]) -> float:
-    """The per-slice table and learning curves of a finished fit; returns the sweep metric's value."""
+def finish_fit(client: MlflowClient, run_id: str, spec: SweepSpec, metrics: dict[str, float]) -> float:
+    """The per-slice table, the curve's summaries and the learning curves of a finished fit; returns the study's
+    objective (the metric's summary)."""
     _log_slices(client, run_id, metrics)
-    if metric not in metrics:
-        raise KeyError(f"metric {metric!r} was not logged; logged metrics: {sorted(metrics)}")
-    value = float(metrics[metric])
+    summaries = {k: v for k, v in metrics.items() if k.startswith(spec.metric + ".")}
+    if spec.metric not in metrics or spec.objective not in metrics:
+        raise KeyError(f"metric {spec.metric!r} was not logged; logged metrics: {sorted(metrics)}")
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in summaries.items()])
+    value = float(metrics[spec.objective])
     if not math.isfinite(value):
-        raise FloatingPointError(f"{metric} is {value}")
-    _log_learning_curves(client, run_id, metric)
+        raise FloatingPointError(f"{spec.objective} is {value}")
+    _log_learning_curves(client, run_id, spec.metric)
     return value
 
 
@@ -209,25 +217,38 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
     sampled = {k: _suggest(trial, k, s) for k, s in spec.search.items()}
     repeat = trial.user_attrs.get("repeat", 0)
     repeats = [repeat] if spec.sampler == "grid" else list(range(spec.repeats))
-    values, run_ids, run_id = [], [], None
+    tune = trial.user_attrs.get("tune")  # a tune trial: its candidate, on a pilot seed
+    values, censored, run_ids, run_id = [], [], [], None
     try:
-        config = check_config(cli_args(spec.base, spec.overrides(labels, sampled))).config  # the same for each repeat
+        if tune is None and spec.tune:  # a reported trial of a tuned point: the pilot seeds' choice
+            tune, _ = studies.tuned_setting(study, labels)
+            if tune is None:
+                raise RuntimeError(f"no tune candidate of this point completed (tune.grid: {list(spec.tune)})")
+            trial.set_user_attr("tuned", tune)
+        fixed = spec.overrides(labels, sampled) | (tune or {})
+        config = check_config(cli_args(spec.base, fixed)).config  # the same for each repeat
         for r in repeats:
-            overrides = {**spec.overrides(labels, sampled), **repeat_seeds(config, r)}
-            name = spec.run_name(labels, sampled, overrides["seed_everything"], trial.number)
+            overrides = {**fixed, **repeat_seeds(config, r)}
+            name = spec.run_name(labels, sampled, overrides["seed_everything"], trial.number, tune,
+                                 "tune" in trial.user_attrs)
             run_id = child_run(client, parent, spec.study, trial.number, name,
-                               {"sweep.labels": json.dumps(labels), "sweep.repeat": str(r)})
+                               {"sweep.labels": json.dumps(labels), "sweep.repeat": str(r)}
+                               | ({"sweep.tune": json.dumps(tune)} if tune else {}))
             run_ids.append(run_id)
             trial.set_user_attr("mlflow_run_ids", run_ids)
-            prune = r == repeats[0]
+            prune = r == repeats[0] and "tune" not in trial.user_attrs
             if is_one_process(config):
                 metrics = fit_once(spec, trial, overrides, run_id, tracking_uri, prune)
             else:
                 metrics = fit_in_job(spec, storage, trial, overrides, run_id, tracking_uri, prune, watchdog)
-            values.append(finish_fit(client, run_id, spec.metric, metrics))
+            values.append(finish_fit(client, run_id, spec, metrics))
+            if spec.threshold is not None:
+                censored.append(bool(metrics[f"{spec.metric}.censored_{spec.threshold:g}"]))
             finish_run(client, run_id, "COMPLETE")
         if len(repeats) > 1:
             trial.set_user_attr("repeat_values", values)
+        if censored:
+            trial.set_user_attr("censored", censored)
         outcome = dict(values=[sum(values) / len(values)])
     except optuna.TrialPruned as e:
         finish_run(client, run_id, "PRUNED", str(e))
@@ -287,7 +308,13 @@ def work(spec: SweepSpec, storage: str, tracking_uri: str, parent: str, worker_i
     watchdog = Watchdog(study, driver_pid)
     watchdog.start()
     done = 0
-    while (trial := studies.claim_waiting_trial(study)) is not None:
+    while True:
+        trial = studies.claim_waiting_trial(study)
+        if trial is None:
+            if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+                break
+            time.sleep(1.0)  # the waiting trials wait for their point's tuning, run by other workers
+            continue
         for key, value in studies.owner_attrs(worker_id).items():
             trial.set_user_attr(key, value)
         watchdog.trial_id = trial._trial_id

@@ -13,10 +13,12 @@ from atlas_lab.sweep.report import axis_labels, differences, interval, result_ro
 T_975 = {2: 4.302652729749464, 4: 2.7764451051977934}  # Student's t quantile 0.975 at 2 and 4 degrees of freedom
 
 
-def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=None, states=None):
-    """A grid study over axes (preset, memory) whose point labels -> per-repeat values; None is a failed repeat."""
+def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=None, states=None, metric="val/acc",
+                    summary="final"):
+    """A grid study over axes (preset, memory) whose point labels -> per-repeat values; None is a failed repeat.
+    A value (steps, censored) is a steps_to repeat."""
     study = optuna.create_study(direction=direction)
-    for key, value in (("metric", "val/acc"), ("direction", direction), ("sampler", "grid"),
+    for key, value in (("metric", metric), ("direction", direction), ("sampler", "grid"), ("summary", summary),
                        ("grid_keys", ["model.preset", "model.memory"]), ("baseline", baseline)):
         study.set_user_attr(key, value)
     dists = {"model.preset": CategoricalDistribution(["atlas", "atlas_mag"]),
@@ -26,6 +28,8 @@ def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=No
             state = (states or {}).get((preset, memory, repeat), TrialState.COMPLETE if v is not None else
                                        TrialState.FAIL)
             attrs = {"labels": {"model.preset": preset, "model.memory": memory}, "repeat": repeat}
+            if isinstance(v, tuple):
+                v, attrs["censored"] = v[0], [v[1]]
             if state == TrialState.FAIL:
                 attrs["fail_reason"] = "FloatingPointError: val/acc is nan"
             study.add_trial(create_trial(state=state, value=v if state == TrialState.COMPLETE else None,
@@ -126,3 +130,57 @@ def test_the_parent_run_shows_values_to_the_digits_of_the_tables(tmp_path, monke
     metrics = client.get_run(parent).data.metrics
     assert metrics["best/val/acc"] == 0.8533 and metrics["mean/atlas atlas"] == 0.8533
     assert metrics["mean/atlas linear"] == 0.5667 and metrics["diff/atlas atlas"] == 0.2867
+
+
+def add_tune_trial(study, preset, memory, candidate, slot, value, seed=0):
+    """A tune trial of point (preset, memory): candidate {key: value} on pilot seed ``seed``, its summary ``value``."""
+    dists = {"model.preset": CategoricalDistribution(["atlas", "atlas_mag"]),
+             "model.memory": CategoricalDistribution(["atlas", "linear", "gd"])}
+    labels = {"model.preset": preset, "model.memory": memory}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, params=labels, distributions=dists,
+                                 user_attrs={"labels": labels, "repeat": 1000 + seed, "slot": slot,
+                                             "tune": candidate}))
+
+
+def test_steps_to_a_threshold_counts_escapes_and_ranks_censored_steps(tmp_path):
+    """Steps to val/acc 0.9, censored at 800 where never reached: the linear point escapes in 1 of 5 seeds, the
+    baseline in all 5. Fisher's p, by hand: 6 of 10 escaped; P(x of the linear 5) = C(6, x) C(4, 5 − x) / 252 =
+    6, 60, 120, 60, 6 (/252) for x = 1..5, and the tables no likelier than x = 1 are x = 1 and 5: 12/252. Gehan's p is
+    that of the baseline ahead in every decided pair (2/252), and the verdict is the rank test's."""
+    base = [(200, False), (300, False), (250, False), (400, False), (350, False)]
+    linear = [(800, True), (800, True), (700, False), (800, True), (800, True)]
+    study = synthetic_study({("atlas", "atlas"): base, ("atlas", "linear"): linear}, direction="minimize",
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"},
+                            metric="val/acc.steps_to_0.9", summary="steps_to")
+    columns, rows = result_rows(study)
+    assert {r["model.memory"]: r["escaped"] for r in rows} == {"atlas": 5, "linear": 1}
+    (d,) = differences(study, columns, rows)
+    assert d["escaped"] == "1/5 vs 5/5"
+    assert d["p_fisher"] == pytest.approx(12 / 252)
+    assert d["p_rank"] == pytest.approx(2 / 252) and d["resolved"] and d["better"] is False
+    md = (summarize(study, console=Console(width=250, record=True), out_dir=tmp_path) / "results.md").read_text()
+    assert "Gehan rank test's p" in md and "1/5 vs 5/5" in md and "* worse" in md
+
+
+def test_a_tuned_study_reports_the_pilot_choice_apart_from_its_points(tmp_path):
+    """Tune trials (repeats 1000+) are never a point's value; per point the candidate with the best pilot mean is
+    chosen (the first on a tie) and shown with every candidate's mean."""
+    from atlas_lab.sweep.study import tuned_setting
+
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6], ("atlas", "linear"): [0.7, 0.8]},
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"})
+    study.set_user_attr("tune_keys", ["model.lr"])
+    for slot, (lr, values) in enumerate(((1e-3, (0.9, 0.7)), (3e-3, (0.95, 0.75)), (1e-2, (0.1, 0.2)))):
+        for seed, v in enumerate(values):
+            add_tune_trial(study, "atlas", "atlas", {"model.lr": lr}, slot, v, seed)
+    add_tune_trial(study, "atlas", "linear", {"model.lr": 1e-3}, 0, 0.5)
+    add_tune_trial(study, "atlas", "linear", {"model.lr": 3e-3}, 1, 0.5)
+    columns, rows = result_rows(study)
+    assert {r["model.memory"]: r["n"] for r in rows} == {"atlas": 2, "linear": 2}  # the pilots are not points
+    assert tuned_setting(study, {"model.preset": "atlas", "model.memory": "atlas"})[0] == {"model.lr": 3e-3}
+    assert tuned_setting(study, {"model.preset": "atlas", "model.memory": "linear"})[0] == {"model.lr": 1e-3}
+    out = summarize(study, console=Console(width=250, record=True), out_dir=tmp_path)
+    tuned = {r["model.memory"]: r for r in csv.DictReader((out / "tuned.csv").open())}
+    assert tuned["atlas"]["chosen"] == '{"model.lr": 0.003}'
+    assert "lr=0.003: 0.8500" in tuned["atlas"]["candidates"] and "lr=0.01: 0.1500" in tuned["atlas"]["candidates"]
+    assert "tuned settings" in (out / "results.md").read_text()

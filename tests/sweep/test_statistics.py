@@ -92,3 +92,46 @@ def test_report_power_is_a_positive_number(capsys):
     from atlas_lab.cli import main
     assert main(["report", "nothing", "--power", "0"]) == 2
     assert "--power: expected a number > 0, got '0'" in capsys.readouterr().err
+
+
+def test_fisher_p_sums_the_tables_no_more_likely_than_the_observed_one():
+    # margins 5 of 10 escaped, 5 runs a side: P(x) = C(5, x) C(5, 5 − x) / 252 = 1, 25, 100, 100, 25, 1 (/252)
+    assert st.fisher_p(5, 5, 0, 5) == pytest.approx(2 / 252)
+    assert st.fisher_p(4, 5, 1, 5) == pytest.approx(52 / 252)
+    assert st.fisher_p(3, 6, 3, 6) == 1.0 and st.fisher_p(0, 5, 0, 5) == 1.0
+    assert st.fisher_p(1, 0, 0, 5) is None
+
+
+def test_gehan_counts_the_pairs_censoring_leaves_decided():
+    a = [(100, False), (200, False)]  # reached the threshold at steps 100 and 200
+    b = [(150, True), (300, False)]  # never reached it in 150 steps; reached it at 300
+    # a1 before b1 (100 ≤ 150) and b2; a2 after b1's censoring: open; a2 before b2: U = 3
+    assert st.gehan_u(a, b) == 3 and st.gehan_u(b, a) == -3
+    fast = [(float(t), False) for t in (100, 110, 120, 130, 140)]
+    slow = [(float(t), False) for t in (300, 310)] + [(400.0, True)] * 3
+    assert st.gehan_p(fast, slow) == pytest.approx(2 / 252)  # the two splits as extreme: fast first, fast last
+    assert st.gehan_p([(400.0, True)] * 5, [(400.0, True)] * 5) == 1.0  # nobody escaped: nothing to compare
+
+
+def test_gehan_without_censoring_is_the_exact_wilcoxon_rank_sum_test():
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(2)
+    for n_a, n_b in ((5, 5), (6, 4), (7, 7)):
+        a, b = rng.exponential(300, n_a) + 50, rng.exponential(600, n_b)
+        expected = mannwhitneyu(a, b, method="exact").pvalue
+        assert st.gehan_p([(x, False) for x in a], [(x, False) for x in b]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_gehan_calls_a_null_effect_resolved_at_most_at_the_nominal_rate():
+    """Censored steps-to-threshold of two alike points, 6 seeds each, about a third never escaping: the rank test
+    rejects at most at 0.05 + 3 standard errors."""
+    rng = np.random.default_rng(5)
+    budget, n, runs = 2000.0, 6, 600
+
+    def draw(scale):
+        t = rng.exponential(scale, n)
+        return [(min(x, budget), bool(x > budget)) for x in t]
+
+    null = np.mean([st.gehan_p(draw(1800.0), draw(1800.0)) < st.ALPHA for _ in range(runs)])
+    assert null <= st.ALPHA + 3 * math.sqrt(st.ALPHA * (1 - st.ALPHA) / runs), null

@@ -170,3 +170,38 @@ def test_report_columns_use_the_shortest_unique_key_suffix():
     from atlas_lab.sweep.spec import short_names
     keys = ["model.memory.architecture", "model.memory.optimizer", "model.lr", "data.init_args.lr"]
     assert short_names(keys) == ["architecture", "optimizer", "model.lr", "init_args.lr"]
+
+
+def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
+    """`tune:` on model.lr (1e-6: the model hardly learns; 0.03: it does) with 1 pilot seed, steps to val/loss ≤ 4.0
+    as the summary, two workers. Each point's pilot trials (seed 1000, never reported) run first; its reported
+    repeats then run at the candidate with the fewest steps (0.03), and every trial logs every summary of its
+    curve. The lr-0 pilot never reaches the threshold: censored at the steps it trained."""
+    sweep = write_sweep("tuned.yaml", metric="val/loss", direction="minimize", summary={"steps_to": 4.0},
+                        repeats=2, grid={"model.preset": ["gla", "deltanet"]},
+                        tune={"grid": {"model.lr": [1.0e-6, 0.03]}, "seeds": 1},
+                        fixed={"trainer.max_epochs": 2, "model.warmup_steps": 0},
+                        baseline={"model.preset": "gla"})
+    done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep, "--workers", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = load().get_trials()
+    assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials), done.stdout
+    pilots = [t for t in trials if "tune" in t.user_attrs]
+    reported = [t for t in trials if "tune" not in t.user_attrs]
+    assert sorted(t.user_attrs["repeat"] for t in pilots) == [1000] * 4
+    for t in pilots:
+        lr = t.user_attrs["tune"]["model.lr"]
+        assert t.user_attrs["censored"] == [lr == 1e-6], (lr, t.value)
+    assert all(t.user_attrs["tuned"] == {"model.lr": 0.03} for t in reported)
+    assert max(t.datetime_start for t in reported) > max(t.datetime_complete for t in pilots)
+    client, _, children = runs_of()
+    by_number = {t.number: t for t in trials}
+    for child in children:
+        trial = by_number[int(child.data.tags["optuna.trial_number"])]
+        metrics, params = child.data.metrics, child.data.params
+        assert {"val/loss.final", "val/loss.best", "val/loss.mean", "val/loss.steps_to_4"} <= set(metrics)
+        assert metrics["val/loss.steps_to_4"] == trial.value
+        assert float(params["model.lr"]) == trial.user_attrs.get("tune", {"model.lr": 0.03})["model.lr"]
+        assert int(params["seed_everything"]) == trial.user_attrs["repeat"]
+    assert "tuned settings" in done.stdout and "p (Gehan)" in done.stdout
