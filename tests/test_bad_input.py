@@ -411,6 +411,21 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
     "baseline search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
                              baseline={"model.lr": 1e-3}),
                         "baseline: a baseline is a grid point; sampler tpe has none"),
+    "summary": (dict(summary="median"), "summary: unknown value 'median'; valid choices: final, best, mean"),
+    "steps_to value": (dict(summary={"steps_to": "high"}), "summary: expected one of final, best, mean or"),
+    "steps_to pruned": (dict(summary={"steps_to": 0.9}, pruner={"type": "median"}),
+                        "pruner: a steps_to study is not pruned"),
+    "tune a grid axis": (dict(tune={"grid": {"model.lr": [1e-3, 3e-3]}}),
+                         "tune.grid.model.lr: also a grid axis"),
+    "tune seeds": (dict(tune={"grid": {"model.memory.eta_max": [0.1]}, "seeds": 0}),
+                   "tune.seeds: expected an int from 1 to 1000, got 0"),
+    "tune key": (dict(tune={"grid": {"model.memory.eta_max": [0.1]}, "pilots": 2}),
+                 "tune: unknown key(s) ['pilots']; valid keys: grid, seeds"),
+    "tune candidate": (dict(tune={"grid": {"model.memory.eta_max": [0.1, -1.0]}}),
+                       "tune.grid.model.memory.eta_max = -1.0: model.memory.eta_max: expected a number > 0"),
+    "tune search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
+                         tune={"grid": {"model.memory.eta_max": [0.1]}}),
+                    "tune: tuning picks a setting per grid point; sampler tpe has none"),
 }
 
 

@@ -204,23 +204,26 @@ def is_tune(trial) -> bool:
 
 
 def tuned_setting(study: optuna.Study, labels: dict) -> tuple[dict | None, list[dict]]:
-    """(the chosen setting, every candidate as {"tune", "values", "mean"}) of a grid point: the candidate whose mean
-    over its complete pilot seeds is best in the study's direction (the first in file order on a tie); None where
-    no candidate completed."""
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    """(the chosen setting, every candidate as {"tune", "values", "mean", "escaped"}) of a grid point: the candidate
+    whose mean over its complete pilot seeds is best in the study's direction (the first in file order on a tie);
+    None where no candidate completed. Steps to a threshold rank first by the share of seeds that reached it
+    ("escaped"), as a censored value is only a lower bound."""
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
     candidates: dict[int, dict] = {}
     for t in study.get_trials(deepcopy=False):
         if is_tune(t) and t.user_attrs["labels"] == labels and not is_superseded(study, t):
-            c = candidates.setdefault(t.user_attrs["slot"], {"tune": t.user_attrs["tune"], "values": []})
+            c = candidates.setdefault(t.user_attrs["slot"], {"tune": t.user_attrs["tune"], "values": [], "out": []})
             if t.state == TrialState.COMPLETE:
                 c["values"].append(t.value)
-    rows = [c | {"mean": sum(c["values"]) / len(c["values"]) if c["values"] else None}
+                c["out"] += t.user_attrs.get("censored", [False])
+    rows = [{"tune": c["tune"], "values": c["values"],
+             "mean": sum(c["values"]) / len(c["values"]) if c["values"] else None,
+             "escaped": c["out"].count(False) / len(c["out"]) if c["out"] else None}
             for _, c in sorted(candidates.items())]
     done = [c for c in rows if c["mean"] is not None]
     if not done:
         return None, rows
-    best = max(done, key=lambda c: c["mean"]) if maximize else min(done, key=lambda c: c["mean"])
-    return best["tune"], rows
+    return max(done, key=lambda c: (c["escaped"], sign * c["mean"]))["tune"], rows
 
 
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:

@@ -173,14 +173,16 @@ def test_report_columns_use_the_shortest_unique_key_suffix():
 
 
 def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
-    """`tune:` on model.lr (1e-6: the model hardly learns; 0.03: it does) with 1 pilot seed, steps to val/loss ≤ 4.0
-    as the summary, two workers. Each point's pilot trials (seed 1000, never reported) run first; its reported
-    repeats then run at the candidate with the fewest steps (0.03), and every trial logs every summary of its
-    curve. The lr-0 pilot never reaches the threshold: censored at the steps it trained."""
+    """`tune:` on model.lr (1e-6: the model does not learn; 0.01: it does) with 1 pilot seed, steps to val/loss ≤ 4.0
+    as the summary (the untrained loss is ln 64 ≈ 4.16; at 0.01 it is 3.94 or below after the 32 steps), two
+    workers. Each point's pilot trials (seed 1000, never reported) run first; its reported repeats then run at the
+    candidate with the fewest steps, and every trial logs every summary of its curve. The lr-1e-6 pilots never reach
+    the threshold: censored at the 32 steps trained."""
     sweep = write_sweep("tuned.yaml", metric="val/loss", direction="minimize", summary={"steps_to": 4.0},
                         repeats=2, grid={"model.preset": ["gla", "deltanet"]},
-                        tune={"grid": {"model.lr": [1.0e-6, 0.03]}, "seeds": 1},
-                        fixed={"trainer.max_epochs": 2, "model.warmup_steps": 0},
+                        tune={"grid": {"model.lr": [1.0e-6, 0.01]}, "seeds": 1},
+                        fixed={"model.warmup_steps": 0, "data.init_args.train_slices": [[16, 2, 512]],
+                               "trainer.val_check_interval": 0.5},
                         baseline={"model.preset": "gla"})
     done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep, "--workers", "2"],
                           capture_output=True, text=True, timeout=600)
@@ -192,9 +194,11 @@ def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
     assert sorted(t.user_attrs["repeat"] for t in pilots) == [1000] * 4
     for t in pilots:
         lr = t.user_attrs["tune"]["model.lr"]
-        assert t.user_attrs["censored"] == [lr == 1e-6], (lr, t.value)
-    assert all(t.user_attrs["tuned"] == {"model.lr": 0.03} for t in reported)
-    assert max(t.datetime_start for t in reported) > max(t.datetime_complete for t in pilots)
+        assert t.user_attrs["censored"] == [lr == 1e-6] and (t.value == 32) >= (lr == 1e-6), (lr, t.value)
+    assert all(t.user_attrs["tuned"] == {"model.lr": 0.01} for t in reported)
+    for point in ("gla", "deltanet"):  # a point's reported trials wait for its pilots
+        assert min(t.datetime_start for t in reported if t.params["model.preset"] == point) > \
+            max(t.datetime_complete for t in pilots if t.params["model.preset"] == point)
     client, _, children = runs_of()
     by_number = {t.number: t for t in trials}
     for child in children:
@@ -202,6 +206,6 @@ def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
         metrics, params = child.data.metrics, child.data.params
         assert {"val/loss.final", "val/loss.best", "val/loss.mean", "val/loss.steps_to_4"} <= set(metrics)
         assert metrics["val/loss.steps_to_4"] == trial.value
-        assert float(params["model.lr"]) == trial.user_attrs.get("tune", {"model.lr": 0.03})["model.lr"]
+        assert float(params["model.lr"]) == trial.user_attrs.get("tune", {"model.lr": 0.01})["model.lr"]
         assert int(params["seed_everything"]) == trial.user_attrs["repeat"]
     assert "tuned settings" in done.stdout and "p (Gehan)" in done.stdout
