@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--power", type=_positive_number, default=None, metavar="DELTA",
                    help="add the seeds each comparison needs to resolve a difference of DELTA in the metric (a "
                         "paired t test at 0.05 with power 0.8, at the comparison's observed spread)")
+    p = sub.add_parser("capacity", help="recall of N pairs by memory component combinations, without training "
+                                        "(accuracy against state size)")
+    p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
     p.add_argument("--port", type=PORT, default=5000)
     p.add_argument("--tracking-uri", default=None)
@@ -167,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
             from .sweep import run_sweep
 
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed)
+        if args.command == "capacity":
+            from .sweep.capacity import capacity_study
+
+            capacity_study(args.file, args.tracking_uri)
+            return 0
         from .sweep.report import summarize
         from .sweep.study import default_storage, load_existing
 

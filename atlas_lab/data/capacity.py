@@ -18,6 +18,13 @@ from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, distinct
 
 
 PROBED = MemoryConfig(architecture="linear", chunk_size=1)  # the memory probed unless told otherwise: delta rule
+GATES = ("eta", "theta", "alpha", "normalize_eta")  # the probe's own write gates (not memory options)
+
+
+def probe_config(where: str = "capacity_probe", config: MemoryConfig | None = None, **changes) -> MemoryConfig:
+    """The probed memory: ``config`` (default PROBED) with ``changes`` in MemoryConfig.replace's form, checked; a
+    bad option is a ValueError starting with ``where``."""
+    return (config or PROBED).replace(where, **changes)
 
 
 def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int = 16, d_v: int = 16,
@@ -28,7 +35,9 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
 
         {"n_pairs", "recall_error" (mean ‖M(k_i) − v_i‖², values have norm 1), "cosine" (mean cos(M(k_i), v_i)),
          "retrieval_acc" (fraction of i whose read-out is closest, by dot product, to v_i among the N values),
-         "feature_dim" (D, the width the memory reads keys at), and the memory's fields}
+         "feature_dim" (D, the width the memory reads keys at), "state_floats" (the memory's state after the call,
+         counted tensor by tensor per head: weights, optimiser state, the Omega window's keys, values and γ), and
+         the memory's fields}
 
     trials: independent draws per N (the batch dimension); the metrics are means over pairs and trials.
     config: the memory (default PROBED: a linear memory, chunk 1), with ``changes`` in MemoryConfig.replace's form
@@ -39,7 +48,7 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
     """
     check(len(n_pairs) > 0 and min(n_pairs) >= 1, "n_pairs", f"expected a non-empty list of ints >= 1, got {n_pairs}")
     check(d_k >= 1 and d_v >= 1 and trials >= 1, "d_k", f"expected d_k, d_v, trials >= 1, got {d_k}, {d_v}, {trials}")
-    config = (config or PROBED).replace("capacity_probe", **changes)
+    config = probe_config("capacity_probe", config, **changes)
     fmap = config.components("capacity_probe")[1]
     g = torch.Generator().manual_seed(seed)
     rows = []
@@ -53,8 +62,10 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             return value * writing + frozen * (1 - writing)
 
         step = eta / (fmap(q) ** 2).sum(-1) if normalize_eta else eta  # [trials, 2N, 1]
-        o, _ = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), config, eta=gate(step, 0.0),
-                        theta=gate(theta, 0.0), alpha=gate(alpha, 1.0), gamma=1.0)
+        o, state = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), config, eta=gate(step, 0.0),
+                            theta=gate(theta, 0.0), alpha=gate(alpha, 1.0), gamma=1.0)
+        carried = [*state.weights.values(), *(state.optimizer_state or {}).values(), state.keys, state.values,
+                   state.gamma]
         read, v = o[:, N:, 0], v[:, :, 0]  # [trials, N, d_v]
         scores = read @ v.transpose(1, 2)  # [trials, N, N]
         rows.append({
@@ -63,6 +74,7 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             "cosine": torch.nn.functional.cosine_similarity(read, v, dim=-1).mean().item(),
             "retrieval_acc": (scores.argmax(-1) == torch.arange(N)).to(dtype).mean().item(),
             "feature_dim": fmap.dim(d_k),
+            "state_floats": sum(t.numel() for t in carried) // trials,  # one head of one sequence
             **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
             "eta": eta, "normalize_eta": normalize_eta, "theta": theta, "alpha": alpha, "d_k": d_k, "d_v": d_v,
         })
