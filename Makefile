@@ -35,6 +35,7 @@ test-all: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 demo: $(VENV)/.installed
+	$(VENV)/bin/atlas-lab capacity sweeps/capacity/demo.yaml
 	$(VENV)/bin/atlas-lab sweep sweeps/demo.yaml --workers 2
 
 ui: $(VENV)/.installed

@@ -221,7 +221,8 @@ def _markdown(header: list[str], cells: list[list]) -> list[str]:
 
 
 def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric: str, baseline: dict | None,
-                 out: Path, power: float | None = None, tuned: list[dict] = ()) -> list[Path]:
+                 out: Path, power: float | None = None, tuned: list[dict] = (), marks: dict | None = None
+                 ) -> list[Path]:
     """results.csv, results.md (the points, the differences to the baseline, the tuned settings), differences.csv
     and tuned.csv."""
     files = [out / "results.csv", out / "results.md"]
@@ -232,7 +233,8 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
         for r in rows:
             w.writerow([r[k] for k in columns] + [r[k] for k in ("n", "mean", "std", "low", "high", "failed",
                                                                  "pruned", "unfinished", "trials", "reason")])
-    lines = [f"{metric}: per point, n complete repeats, mean, std and the 95 % t interval of the mean", ""]
+    lines = [f"{metric}: per point, n complete repeats, mean, std and the 95 % t interval of the mean"
+             + "".join(f"; {label}: {value:.4g}" for label, value in (marks or {}).items()), ""]
     lines += _markdown(columns + POINT_HEADER, [[r[k] for k in columns] + _point_cells(r) for r in rows])
     if diffs:
         files.append(out / "differences.csv")
@@ -275,10 +277,11 @@ def axis_labels(rows: list[dict], col: str) -> list[str]:
     return [str(v) for v in values]
 
 
-def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path, baseline: dict | None = None
-                  ) -> Path | None:
+def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path, baseline: dict | None = None,
+                  marks: dict[str, float] | None = None) -> Path | None:
     """One panel per grid axis: every point's mean and 95 % interval against that axis' label, one labelled series
-    (legend) per combination of the other axes, the value written beside each point, the baseline's mean dashed."""
+    (legend) per combination of the other axes, the value written beside each point, the baseline's mean dashed,
+    each of the study's ``marks`` (chance, a plateau) dotted and labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -307,6 +310,8 @@ def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path,
                 ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         if base is not None:
             ax.axhline(base["mean"], color="grey", linestyle="--", linewidth=1, label="baseline")
+        for (label, value), color in zip((marks or {}).items(), ("tab:red", "tab:purple", "tab:brown", "black")):
+            ax.axhline(value, color=color, linestyle=":", linewidth=1, label=f"{label} ({value:.4g})")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         ax.set_xlabel(names[col])
         ax.set_ylabel(f"{metric} (mean, 95% CI)")
@@ -380,8 +385,9 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     tuned = tuned_rows(study, columns, rows)
     out = Path(out_dir or Path("runs") / "sweeps" / study.study_name)
     out.mkdir(parents=True, exist_ok=True)
-    files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned)
-    plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline) \
+    marks = study.user_attrs.get("marks") or {}
+    files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned, marks)
+    plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline, marks) \
         if study.user_attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
     if study.user_attrs.get("sampler") in ("tpe", "random"):
@@ -392,7 +398,8 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             path.write_text("parameter,importance\n" + "".join(f"{k},{v:.6f}\n" for k, v in importances.items()))
             files.append(path)
     keys = short_names(columns)
-    print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first",
+    print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first"
+                + "".join(f"; {label}: {value:.4g}" for label, value in marks.items()),
                 keys + POINT_HEADER[:7], [[str(r[c]) for c in columns] + _point_cells(r)[:7] for r in rows],
                 keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
                                            else None for r in rows])

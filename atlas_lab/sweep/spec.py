@@ -19,6 +19,7 @@ baseline: {model.preset: atlas}  # grid: the point every other point is compared
 tune:                           # grid: per point, the candidate with the best pilot-seed summary is reported
   grid: {model.lr: [1.0e-3, 3.0e-3], model.memory.eta_max: [0.01, 0.1]}   # every combination is a candidate
   seeds: 1                      # pilot seeds per candidate (repeats 1000, 1001, …: never a reported seed)
+marks: {chance: 0.03125, 1/N plateau: 0.25}   # reference values of the metric, drawn in the report's plot
 ```
 
 A trial logs every summary of the metric's validations: ``<metric>.final`` (the last), ``.best`` (the highest, or
@@ -42,7 +43,7 @@ from typing import Any
 import yaml
 
 TOP_KEYS = ("study", "base", "metric", "direction", "summary", "sampler", "trials", "repeats", "pruner", "grid",
-            "search", "fixed", "baseline", "tune")
+            "search", "fixed", "baseline", "tune", "marks")
 SUMMARIES = ("final", "best", "mean", "steps_to")
 TUNE_KEYS = ("grid", "seeds")
 TUNE_REPEAT = 1000  # pilot seed s of a tune candidate runs as repeat TUNE_REPEAT + s
@@ -75,6 +76,7 @@ class SweepSpec:
     threshold: float | None = None  # summary steps_to: the value to reach
     tune: dict[str, list] = field(default_factory=dict)  # key -> candidate values, every combination a candidate
     tune_seeds: int = 1
+    marks: dict[str, float] = field(default_factory=dict)  # label -> a reference value of the metric (chance, ...)
 
     @property
     def objective(self) -> str:
@@ -319,10 +321,14 @@ def load_sweep(path: str | Path) -> SweepSpec:
     tune, tune_seeds = _tune(path, raw.get("tune"), sampler, grid, fixed)
     if tune and repeats > TUNE_REPEAT:
         _fail(path, "repeats", f"a tuned study reports at most {TUNE_REPEAT} repeats (its pilot seeds come after)")
+    marks = raw.get("marks") or {}
+    if not isinstance(marks, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              for v in marks.values()):
+        _fail(path, "marks", f"expected a mapping of labels to numbers (e.g. {{chance: 0.03}}), got {marks!r}")
     return SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
                      sampler=sampler, trials=trials, repeats=repeats, pruner=pruner, grid=grid, search=search,
                      fixed=fixed, baseline=baseline, summary=summary, threshold=threshold, tune=tune,
-                     tune_seeds=tune_seeds)
+                     tune_seeds=tune_seeds, marks={str(k): float(v) for k, v in marks.items()})
 
 
 def _tune(path, raw, sampler, grid, fixed) -> tuple[dict[str, list], int]:

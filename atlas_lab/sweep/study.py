@@ -164,7 +164,7 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
     for key, value in (("definition", new), ("metric", spec.objective), ("direction", spec.objective_direction),
                        ("summary", spec.summary), ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
                        ("grid_labels", {k: list(labels) for k, labels in spec.grid.items()}),
-                       ("baseline", spec.baseline), ("tune_keys", list(spec.tune))):
+                       ("baseline", spec.baseline), ("tune_keys", list(spec.tune)), ("marks", spec.marks)):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 
