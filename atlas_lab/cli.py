@@ -9,17 +9,20 @@ from rich.console import Console
 
 from .tables import print_table
 
-GATE_SYMBOLS = {"alpha": "α", "eta": "η", "theta": "θ", "gamma": "γ"}
+GATE_SYMBOLS = {"alpha": "α", "eta": "η", "theta": "θ", "gamma": "γ", "erase": "e", "write": "w"}
 
 
 def gates_text(config) -> str:
-    """Learned gates by symbol, constants as symbol=value (θ only where the optimiser uses it)."""
+    """Learned gates by symbol (``_t,c``: one per channel), constants as symbol=value (θ only where the optimiser
+    uses it; the erase and write gates only where they are not 1)."""
     parts = []
     for g, sym in GATE_SYMBOLS.items():
-        if g == "theta" and not config.components()[3].uses_theta:
-            continue
         value = getattr(config, g)
-        parts.append(f"{sym}_t" if value == "learned" else f"{sym}_h" if value == "head_decay" else f"{sym}={value:g}")
+        if g == "theta" and not config.components()[3].uses_theta or g in ("erase", "write") and value == 1.0:
+            continue
+        per = ",c" if g in config.channel_gates else ""
+        parts.append(f"{sym}_t{per}" if value == "learned" else f"{sym}_h" if value == "head_decay" else
+                     f"{sym}={value:g}")
     return " ".join(parts)
 
 

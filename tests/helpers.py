@@ -1,7 +1,10 @@
-"""Shared test utilities: random memorize problems and relative-error comparisons.
+"""Shared test utilities: random memorize problems, relative-error comparisons, fla's naive references in float64.
 
 DEVICE: where the memory and kernel tests put their tensors — pytest's ``--device`` option (conftest.py; default
 cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
+import contextlib
+
+import pytest
 import torch
 
 from atlas_lab.memory import LinearMemory, build_feature_map, build_memory, memorize
@@ -169,3 +172,25 @@ def compare_float32(fast, reference, problem, oracle, what):
     bad = {n: e for n, e in checked.items() if not e[0] <= e[1]}
     assert not bad, f"{what}: (error, bound = {SPREAD:g} × the float32 reference's spread) exceeded: {bad}"
     return checked
+
+
+# ---------------------------------------------------------------- flash-linear-attention's naive references
+@contextlib.contextmanager
+def fla_float64():
+    """fla's naive references compute in float32 (``x.to(torch.float)``, ``x.float()``, ``dtype=torch.float32``);
+    inside this context those names mean float64, so they evaluate their definition in float64 (a test checks their
+    outputs' dtype; a float32 evaluation could not pass a float64 tolerance anyway)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "float", torch.float64)
+        m.setattr(torch, "float32", torch.float64)
+        m.setattr(torch.Tensor, "float", torch.Tensor.double)
+        yield
+
+
+def with_gradients(x: dict, o, W) -> dict:
+    """{output, W, grad.<input>}: a recurrence's output o, its final state W and the gradients of a loss on both
+    with respect to every tensor of x (the inputs, leaves; None for one the rule does not read)."""
+    weight = torch.linspace(-1, 1, o.shape[-1], dtype=o.dtype, device=o.device)
+    loss = (o * weight).sum() + 0.1 * W.square().sum()
+    grads = torch.autograd.grad(loss, list(x.values()), allow_unused=True)
+    return {"output": o, "W": W, **{f"grad.{n}": gr for n, gr in zip(x, grads)}}

@@ -1,7 +1,8 @@
 """The memory mixer: a token mixer whose state is a memory trained while it reads (docs/memory.md §2, §8).
 
 x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per head
-  -> data-dependent gates α, η, θ, γ (one scalar per head per token) -> memorize(...)
+  -> data-dependent gates α, η, θ, γ, erase, write (one scalar per head per token; per head and channel for the
+     config's channel_gates) -> memorize(...)
   -> per-head RMSNorm -> ⊙ SiLU(W_g x) -> output projection.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import GATE_INIT, GATES, MemoryConfig, memorize
+from ..memory import CHANNEL_GATES, GATE_INIT, GATES, MemoryConfig, memorize
 from .conv import ShortConv
 
 
@@ -41,16 +42,18 @@ class MemoryMixer(nn.Module):
         # the config memorize reads: the same one, with its components built once
         self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
                                         attentional_bias=self.bias, optimizer=self.optimizer)
-        self.learned_gates = [g for g in GATES if getattr(config, g) == "learned"
-                              and (g != "theta" or self.optimizer.uses_theta)]
-        self.gate_proj = nn.Linear(d_model, n_heads * len(self.learned_gates)) if self.learned_gates else None
+        D = self.feature_map.dim(d)
+        # the learned gates and their outputs per head: 1, or one per channel of the gate's axis (D keys, d values)
+        self.learned_gates = {g: ({"key": D, "value": d}[CHANNEL_GATES[g]] if g in config.channel_gates else 1)
+                              for g in GATES
+                              if getattr(config, g) == "learned" and (g != "theta" or self.optimizer.uses_theta)}
+        self.gate_sizes = [n_heads * width for width in self.learned_gates.values()]  # one block of outputs per gate
+        self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes)) if self.learned_gates else None
         if self.gate_proj is not None:
             nn.init.normal_(self.gate_proj.weight, std=0.02)
             with torch.no_grad():
-                bias = self.gate_proj.bias.view(len(self.learned_gates), n_heads)
-                for i, g in enumerate(self.learned_gates):
-                    bias[i] = _logit(GATE_INIT[g])
-        D = self.feature_map.dim(d)
+                for bias, g in zip(self.gate_proj.bias.split(self.gate_sizes), self.learned_gates):
+                    bias.fill_(_logit(GATE_INIT[g]))
         d_out = d + int(config.normalize)
         self.initial_weights = nn.ParameterDict(
             {n: nn.Parameter(w) for n, w in self.mem.init_weights(n_heads, D, d, d_out).items()})
@@ -77,9 +80,10 @@ class MemoryMixer(nn.Module):
             out["alpha"] = (1 - 2.0 ** (-5 - h)).to(torch.promote_types(x.dtype, torch.float32)).expand(
                 *x.shape[:2], self.n_heads)
         if self.gate_proj is not None:
-            z = self.gate_proj(x).sigmoid().unflatten(-1, (len(self.learned_gates), self.n_heads))
-            for i, g in enumerate(self.learned_gates):
-                out[g] = z[..., i, :] * (c.eta_max if g == "eta" else 1.0)
+            z = self.gate_proj(x).sigmoid()
+            for (g, width), value in zip(self.learned_gates.items(), z.split(self.gate_sizes, -1)):
+                value = value.unflatten(-1, (self.n_heads, width)) if width > 1 else value  # [B, T, H(, D)]
+                out[g] = value * (c.eta_max if g == "eta" else 1.0)
         return out
 
     def forward(self, x: torch.Tensor, cache: dict | None = None):

@@ -33,7 +33,7 @@ from torch.func import grad, vmap
 from .causal import causal_matmul, causal_operands
 from .delta_rule import delta_rule, delta_rule_applies
 from .memories import fixed_apply
-from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum, accumulate, commit
+from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum, accumulate, commit, scaled
 
 
 @functools.lru_cache(maxsize=256)
@@ -172,8 +172,11 @@ def _chunk_linear(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
 
-def chunk_route(opt):
-    """The in-chunk evaluation an optimiser's form allows (module docstring)."""
+def chunk_route(opt, channel_gates: bool = False):
+    """The in-chunk evaluation an optimiser's form allows (module docstring); the closed forms take one gate per head,
+    so gates per channel run ``update`` token by token."""
+    if channel_gates:
+        return _chunk_stepwise
     if isinstance(opt, LinearRule):
         return _chunk_linear
     if isinstance(opt, TransformedMomentum):
@@ -216,7 +219,7 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, pending=None, checkpoint=False):
+                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False):
     """read="token": the same arguments and results as ``reference.memorize_reference``. checkpoint: keep only each
     chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
     N, T = q.shape[:2]
@@ -224,14 +227,14 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
     if chunk_size == 1 and window == 1 and m0 == 0 and delta_rule_applies(mem, bias, optimizer):
-        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"])  # a block of tokens at a time
+        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"], scale)  # a block at a time
         return y, {"W": W_last}, None, None, 0, None
-    route = chunk_route(optimizer)
+    route = chunk_route(optimizer, alpha.dim() == 3)
     ys = []
-    for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
-            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
+    for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
+            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
         if offset == 0:
-            W_eval = W
+            W_eval = W if scale is None else scaled(W, scale[:, t])  # chunk 1: the chunk is token t
 
         def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
                  n=n, shift=shift):
@@ -250,7 +253,8 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
 
 
 def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
-                                 optimizer, chunk_size, W, S, W_eval, offset, pending=None, checkpoint=False):
+                                 optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
+                                 checkpoint=False):
     """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
     reads W̃ = W (the weights committed at the last boundary) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to
     ``pending``; a chunk that reaches its end commits one optimiser step. (checkpoint: not used; the chunk-start
@@ -258,9 +262,9 @@ def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, 
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
     ys = []
-    for n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c) in chunks(
-            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window):
-        G = grads(W, phi_k_c, k_c, v_c)
+    for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
+            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
+        G = grads(W if scale is None else scaled(W, scale[:, t]), phi_k_c, k_c, v_c)  # chunk 1: the chunk is token t
         ys.append(read_at(mem, W, phi_q_c, q_c))
         weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
         pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),

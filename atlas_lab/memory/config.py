@@ -19,12 +19,17 @@ from .attentional_biases import Dot, build_attentional_bias
 from .optimizers import LinearRule, build_optimizer
 
 Gate = Union[float, Literal["learned", "head_decay"]]
-GATES = ("alpha", "eta", "theta", "gamma")
+GATES = ("alpha", "eta", "theta", "gamma", "erase", "write")
+# the gates that may be learned per channel (``channel_gates``: one σ per head and channel instead of one per head),
+# with their axis: a key-axis gate scales the columns of the linear memory's W (α: W Diag(α_t), KDA's decay; the
+# erase gate: the weights W Diag(e_t) a gradient is taken at), a value-axis gate the value (write: w_t ⊙ v_t)
+CHANNEL_GATES = {"alpha": "key", "erase": "key", "write": "value"}
 # initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
-GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9}
+GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9, "erase": 0.5, "write": 0.5}
 # the values a constant gate may take: retention and momentum decay are fractions (θ = 1 never forgets a step)
 GATE_RANGES = {"alpha": (lambda x: 0 <= x <= 1, "in [0, 1]"), "eta": (lambda x: x >= 0, ">= 0"),
-               "theta": (lambda x: 0 <= x < 1, "in [0, 1)"), "gamma": (lambda x: x >= 0, ">= 0")}
+               "theta": (lambda x: 0 <= x < 1, "in [0, 1)"), "gamma": (lambda x: x >= 0, ">= 0"),
+               "erase": (lambda x: x >= 0, ">= 0"), "write": (lambda x: x >= 0, ">= 0")}
 # the four components: field -> its builder (registry, short-hands and options live with each kind)
 COMPONENTS = {"architecture": build_memory, "feature_map": build_feature_map,
               "attentional_bias": build_attentional_bias, "optimizer": build_optimizer}
@@ -67,8 +72,17 @@ class MemoryConfig:
         takes ({name: muon, ns_steps: 3}), a class_path or an object (docs/components.md lists the built-ins)
     window: Omega window c ≥ 1 (1: online), or None (every past token: global)
     alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight: "learned" (σ(w·x + b),
-        η scaled by eta_max) or a constant; alpha also "head_decay": RetNet's fixed α_h = 1 − 2^(−5−h)
+        one per head, η scaled by eta_max) or a constant; alpha also "head_decay": RetNet's fixed α_h = 1 − 2^(−5−h)
+    erase, write: Gated DeltaNet-2's gates, 1 (none) by default: the gradient of token t is taken at the weights
+        W̃ Diag(e_t) (chunk_size 1), and its value is w_t ⊙ v_t
+    channel_gates: the learned gates learned per channel instead of per head: ["alpha"] is one α per head and key
+        channel (D of them; W_t = W_{t−1} Diag(α_t) − …: KDA), "erase" per key channel, "write" per value channel;
+        for the linear architecture; the closed in-chunk forms take one gate per head, so chunks > 1 then run the
+        rule token by token
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
+    gradient_at: state (g_t at W̃, the state before the chunk: the Titans form) | retained (chunk_size 1: g_t at the
+        retained weights α_t ⊙ W_{t−1}, so W_t = α_t ⊙ W_{t−1} − η_t g_t is decay first, then the step: the form of
+        the gated delta rules of KDA, Gated DeltaNet's paper and fla; docs/memory.md §3)
     read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
         started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
     normalize: normalised read-out (linear architecture + dot bias + gd or momentum)
@@ -84,8 +98,12 @@ class MemoryConfig:
     eta: Gate = 1.0
     theta: Gate = "learned"
     gamma: Gate = 1.0
+    erase: Gate = 1.0
+    write: Gate = 1.0
     eta_max: float = 1.0
+    channel_gates: tuple[str, ...] = ()
     chunk_size: int = 16
+    gradient_at: Literal["state", "retained"] = "state"
     read: Literal["token", "chunk"] = "token"
     normalize: bool = False
     checkpoint: bool = False
@@ -115,7 +133,22 @@ class MemoryConfig:
         for key in ("normalize", "checkpoint"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}.{key}: expected true or false, got {getattr(self, key)!r}")
+        if self.gradient_at not in ("state", "retained"):
+            raise ValueError(f"{where}.gradient_at: unknown value {self.gradient_at!r}; valid choices: state, retained")
+        if self.gradient_at == "retained" and self.chunk_size != 1:
+            raise ValueError(f"{where}.gradient_at: 'retained' takes each token's gradient at its own retained "
+                             f"weights: it needs chunk_size 1 (got {self.chunk_size})")
+        if self.erase != 1.0 and self.chunk_size != 1:
+            raise ValueError(f"{where}.erase: an erase gate takes each token's gradient at its own weights "
+                             f"W̃ Diag(e_t): it needs chunk_size 1 (got {self.chunk_size})")
+        if not isinstance(self.channel_gates, (list, tuple)) or any(
+                g not in CHANNEL_GATES or getattr(self, g) != "learned" for g in self.channel_gates):
+            raise ValueError(f"{where}.channel_gates: expected a list of learned gates among "
+                             f"{', '.join(CHANNEL_GATES)} (got {self.channel_gates!r})")
         mem, _, bias, optimizer = self.components(where)
+        if self.channel_gates and not isinstance(mem, LinearMemory):
+            raise ValueError(f"{where}.channel_gates: a gate per channel scales the columns of a linear memory's W; "
+                             f"needs architecture linear (got {mem!r})")
         if self.normalize and not normalize_applies(mem, bias, optimizer):
             raise ValueError(f"{where}.normalize: needs architecture linear, attentional_bias dot and optimizer gd "
                              f"or momentum (got {mem!r}, {bias!r}, {optimizer!r}); set it to false")

@@ -14,13 +14,15 @@ weight matrix (out × in) of the memory:
     read=chunk         read: 2n·out·in;  Σ_t g_t: 2L·out·in;  muon: one NS per completed chunk, k·(4m²M + 2m³)
     coefficients       2n²L (Cw Γ) and 2n²L more for momentum (Cs Γ) and 2n³ + 2n² (its decay products)
 
-The exact delta rule (chunk 1, window 1, gd, l2, linear) runs in blocks of 64 tokens (WY form): per block of n
-tokens 2n²D (KKᵀ) + 2nD·d_v (KW₀ᵀ) + 2nD·d_v (QW₀ᵀ) + 2n²D (QKᵀ) + 2n²d_v (·U) + 2nD·d_v (the new W), and the
-triangular solve (n²·d_v, which FlopCounterMode does not count and neither does this formula).
+The exact delta rule (chunk 1, window 1, gd, l2, linear) runs in blocks of 64 tokens (WY form; 16 with a retention
+per key channel): per block of n tokens 2n²D (KKᵀ) + 2nD·d_v (KW₀ᵀ) + 2nD·d_v (QW₀ᵀ) + 2n²D (QKᵀ) + 2n²d_v (·U) +
+2nD·d_v (the new W), and the triangular solve (n²·d_v, which FlopCounterMode does not count and neither does this
+formula). Per channel, KKᵀ and QKᵀ are contractions over the channels of the decayed keys (the same 2n²D each; the
+decays themselves, n²D exponentials, are element-wise). A gate per channel at chunk > 1 runs token by token: n/a.
 """
 from __future__ import annotations
 
-from .delta_rule import BLOCK, delta_rule_applies
+from .delta_rule import delta_rule_applies, delta_rule_block
 from .memories import ModuleMemory
 from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum
 
@@ -40,9 +42,9 @@ def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
     """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks). ``gradient``: the FLOPs
     of the window gradients per window token."""
     if c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, bias, opt):
-        total = 0
-        for first in range(0, T, BLOCK):
-            n = min(BLOCK, T - first)
+        total, block = 0, delta_rule_block("alpha" in c.channel_gates)
+        for first in range(0, T, block):
+            n = min(block, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
         return total
     total = 0
@@ -80,9 +82,13 @@ READ_FLOPS = {"token": _token_reads, "chunk": _chunk_start_reads}  # by MemoryCo
 def memory_flops(config, head_dim: int, T: int) -> float | None:
     """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
     sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
-    memory, or an optimiser without a closed in-chunk form (it runs token by token: adam)."""
+    memory, or an optimiser without a closed in-chunk form or gates per channel outside the exact delta rule (they
+    run token by token: adam)."""
     mem, fmap, bias, opt = config.components()
     if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
+        return None
+    if config.channel_gates and config.read == "token" and not (config.chunk_size == 1 and config.window == 1
+                                                                 and delta_rule_applies(mem, bias, opt)):
         return None
     D = fmap.dim(head_dim)
     d_v = head_dim + int(config.normalize)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
-from .config import GATES, MemoryConfig
+from .config import CHANNEL_GATES, GATES, MemoryConfig
 from .optimizers import start as optimizer_start
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
@@ -30,27 +30,45 @@ def _choice(key, value, choices):
         raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
-def _gate(name, value, config, used, B, T, H, like):
+def _gate(name, value, config, used, B, T, H, like, channels=None):
     """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the config's constant). A gate the rule
-    does not read (θ of a rule without momentum) may stay unset: it is 0."""
+    does not read (θ of a rule without momentum) may stay unset: it is 0. A gate learned per channel (``channels``
+    of them: the config's channel_gates) is [B·H, T, C], from a [B, T, H, C] tensor or a number."""
+    shape, per = ((B, T, H), ()) if channels is None else ((B, T, H, channels), (channels,))
+    dims = "B, T, H" if channels is None else "B, T, H, C"
     if value is None:
         value = getattr(config, name)
         if not isinstance(value, (int, float)):
             if used:
-                raise ValueError(f"memorize: gate {name} is {value!r} in the config; pass its values (a [B, T, H] "
+                raise ValueError(f"memorize: gate {name} is {value!r} in the config; pass its values (a [{dims}] "
                                  f"tensor or a number)")
             value = 0.0
     if isinstance(value, (int, float)):
         if name in ("alpha", "theta") and value < 0:  # decay factors: the chunked closed forms take their logarithm
             raise ValueError(f"memorize: gate {name} must be >= 0 (a decay factor); got {value!r}")
-        return torch.full((B * H, T), float(value), dtype=like.dtype, device=like.device)
-    if not isinstance(value, torch.Tensor) or value.shape != (B, T, H):
+        return torch.full((B * H, T, *per), float(value), dtype=like.dtype, device=like.device)
+    if not isinstance(value, torch.Tensor) or value.shape != shape:
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"memorize: gate {name} must be a [B, T, H] = [{B}, {T}, {H}] tensor, a number or None; "
+        raise ValueError(f"memorize: gate {name} must be a [{dims}] = {list(shape)} tensor, a number or None; "
                          f"got {got}")
     if value.device != like.device:
         raise ValueError(f"memorize: gate {name} must be on q's device {like.device}; got {value.device}")
-    return value.to(like.dtype).permute(0, 2, 1).reshape(B * H, T)
+    return value.to(like.dtype).transpose(1, 2).reshape(B * H, T, *per)
+
+
+def _set(value, configured) -> bool:
+    """Whether a gate that is 1 by default (erase, write) acts: a tensor, or a number other than 1."""
+    value = configured if value is None else value
+    return not (isinstance(value, (int, float)) and value == 1.0)
+
+
+def _times(a, b):
+    """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
+    if a.dim() < b.dim():
+        a = a.unsqueeze(-1)
+    elif b.dim() < a.dim():
+        b = b.unsqueeze(-1)
+    return a * b
 
 
 def _check_qkv(q, k, v):
@@ -98,16 +116,19 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W):
+def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W, per_token_rule):
     """The function that computes ``read`` with ``impl`` (PATHS); the Triton kernels are imported only when asked
-    for, or on CUDA for "auto"."""
+    for, or on CUDA for "auto". per_token_rule: a gate per channel or gradients at scaled weights (gradient_at=
+    "retained", an erase gate), which the kernels do not compute (their gates are one per head, their gradients at
+    the chunk's start)."""
     paths = PATHS[read]
-    if impl == "triton" and "triton" not in paths:
+    if impl == "triton" and ("triton" not in paths or per_token_rule):
         from .ops import COVERAGE
-        raise NotImplementedError(f"memorize: impl='triton' does not cover read={read!r} (the kernels compute "
-                                  f"per-token reads). {COVERAGE}")
+        what = f"read={read!r}" if "triton" not in paths else "gates per channel, gradient_at='retained' or erase"
+        raise NotImplementedError(f"memorize: impl='triton' does not cover {what} (the kernels compute per-token "
+                                  f"reads with one gate per head, gradients at the chunk's start). {COVERAGE}")
     if impl == "auto":
-        from_kernels = q.is_cuda and "triton" in paths
+        from_kernels = q.is_cuda and "triton" in paths and not per_token_rule
         if from_kernels:
             from .ops import unsupported
             from_kernels = unsupported(q, mem, bias, optimizer, chunk_size, W) is None
@@ -116,7 +137,7 @@ def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W):
 
 
 def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=None, theta=None, gamma=None,
-             coefficients=None, initial_state=None, impl="chunked", **changes):
+             erase=None, write=None, coefficients=None, initial_state=None, impl="chunked", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
@@ -126,7 +147,10 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
                   form: memorize(q, k, v, architecture="linear", optimizer={"name": "muon", "ns_steps": 3}).
     alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a [B, T, H]
                   tensor, a number, or None: the config's constant (a gate "learned" in the config must be given;
-                  θ only where the optimizer reads it).
+                  θ only where the optimizer reads it). A gate of the config's channel_gates is a [B, T, H, D]
+                  tensor (D = dim φ(k): α, erase per key channel) or [B, T, H, d_v] (write), or a number.
+    erase, write: Gated DeltaNet-2's gates (config.erase, config.write; 1 by default): token t's gradient is taken
+                  at W_{t−1} Diag(e_t) (times α_t with gradient_at="retained"), and its value is w_t ⊙ v_t.
     coefficients: the polynomial feature map's a_i ≥ 0, shape [p+1] (None: 1/i!).
     initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
@@ -169,10 +193,23 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
         return fmap(x, coefficients)
 
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
+    channels = {g: {"key": D, "value": d_v}[CHANNEL_GATES[g]] for g in config.channel_gates}
+    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T, H, q, channels.get(g))
+             for g, val in zip(GATES, (alpha, eta, theta, gamma, erase, write))}
+    if _set(write, config.write):  # the value each token writes: w_t ⊙ v_t
+        v_ = v_ * (gates["write"] if "write" in channels else gates["write"].unsqueeze(-1))
+    # the weights W_{t−1} Diag(f_t) token t's gradient is taken at (None: at the state W̃)
+    erased, scale = _set(erase, config.erase), None
+    if erased and chunk_size != 1:
+        raise ValueError(f"memorize: an erase gate takes each token's gradient at its own weights W̃ Diag(e_t): it "
+                         f"needs chunk_size 1 (got {chunk_size})")
+    if config.gradient_at == "retained":
+        scale = _times(gates["alpha"], gates["erase"]) if erased else gates["alpha"]
+    elif erased:
+        scale = gates["erase"]
+
     if normalize:  # z_t is one more row of W, learnt on the constant value 1
         v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
-    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T, H, q) for g, val in
-             zip(GATES, (alpha, eta, theta, gamma))}
 
     offset, W_eval, S, pending = 0, None, None, None
     cache_k = q_.new_zeros(B * H, 0, d_k)
@@ -226,12 +263,15 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = _implementation(impl, read, q_, mem, bias, optimizer, chunk_size, W)
+        implementation = _implementation(impl, read, q_, mem, bias, optimizer, chunk_size, W,
+                                         bool(channels) or scale is not None)
+        options = {} if scale is None else {"scale": scale}  # the paths that read it (not the kernels)
+        if implementation is memorize_chunked:
+            options["checkpoint"] = config.checkpoint
         y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
             bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-            offset=offset, pending=pending,
-            **({"checkpoint": config.checkpoint} if implementation is memorize_chunked else {}))
+            offset=offset, pending=pending, **options)
 
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]

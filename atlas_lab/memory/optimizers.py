@@ -131,8 +131,16 @@ def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=
 
 
 def _bc(x, like):
-    """Gates [N] against a weight [N, *shape]."""
+    """Gates [N] against a weight [N, *shape]; a channel gate [N, C] scales the weight's last (input) axis."""
+    if x.dim() == 2:
+        return x.reshape(x.shape[:1] + (1,) * (like.dim() - 2) + x.shape[1:])
     return x.reshape(x.shape + (1,) * (like.dim() - 1))
+
+
+def scaled(W, f):
+    """f ⊙ W for every weight {name: [N, *shape]}: the weights a token's gradient is taken at with gradient_at=
+    "retained" (f = α_t) or an erase gate (f = e_t, or α_t ⊙ e_t). f: [N] or, per channel, [N, C] (W Diag(f))."""
+    return {n: _bc(f, w) * w for n, w in W.items()}
 
 
 class MemoryOptimizer(Component):

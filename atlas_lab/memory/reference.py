@@ -4,6 +4,8 @@ For t = 1..T (chunks of b tokens; W̃ = the weights at the end of the previous c
     g_t = Σ_{i = t−c+1..t} γ_i ∇ℓ_i(W̃)        ℓ_i(W) = loss(M_W(φ(k_i)), v_i)
     (W_t, S_t) = optimizer step(W_{t−1}, S_{t−1}, g_t; α_t, η_t, θ_t)
     y_t = M_{W_t}(φ(q_t))
+With gradient_at="retained" or an erase gate (chunk 1) the gradient of token t is taken at W̃ = W_{t−1} Diag(f_t),
+f_t = α_t (retained) ⊙ e_t (erase).
 With chunk-start reads (read="chunk", §4.1) every token of a chunk reads W̃, y_t = M_{W̃}(φ(q_t)), and the
 optimizer steps once, at the chunk's last token, with the chunk's mean gradient (optimizers.commit).
 Slow and obviously right; every fast path is tested against it.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
-from .optimizers import accumulate, commit, step
+from .optimizers import accumulate, commit, scaled, step
 
 
 def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
@@ -42,16 +44,17 @@ def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
 
 
 def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, pending=None):
+                       chunk_size, W, S, W_eval, offset, pending=None, scale=None):
     """read="token". Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T
-    new tokens ([N, m0+T, ·]); gates [N, T]. mem, bias, optimizer: component objects (any Memory, AttentionalBias,
+    new tokens ([N, m0+T, ·]); gates [N, T] (α per channel: [N, T, C]); scale: f [N, T(, C)], gradients at
+    W_{t−1} Diag(f_t) (chunk_size 1), None: at W̃. mem, bias, optimizer: component objects (any Memory, AttentionalBias,
     MemoryOptimizer: only ``token_forward``, ``loss`` and ``update`` are used); phi: the feature map as a function.
     Returns (y [N, T, d_v], W, S, W̃ or None, offset, None)."""
     g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
     ys = []
     for t in range(q.shape[1]):
         if offset == 0:
-            W_eval = W
+            W_eval = W if scale is None else scaled(W, scale[:, t])
         W, S = step(optimizer, W, S, g(W_eval, t), alpha[:, t], eta[:, t], theta[:, t])
         ys.append(read_out(W, t))
         offset = (offset + 1) % chunk_size
@@ -59,7 +62,7 @@ def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, ph
 
 
 def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
-                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None):
+                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None):
     """read="chunk", arguments as ``memorize_reference``: every token of a chunk reads W̃ = W; ``pending`` (the
     chunk in progress, optimizers.accumulate; None at a chunk boundary) commits one step at the chunk's end.
     Returns (y, W, S, None, offset, pending)."""
@@ -67,7 +70,8 @@ def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta
     ys = []
     for t in range(q.shape[1]):
         ys.append(read_out(W, t))
-        pending = accumulate(pending, g(W, t), alpha[:, t], eta[:, t], theta[:, t])
+        pending = accumulate(pending, g(W if scale is None else scaled(W, scale[:, t]), t), alpha[:, t], eta[:, t],
+                             theta[:, t])
         if offset + 1 == chunk_size:
             W, S = commit(optimizer, W, S, pending, chunk_size)
             pending = None

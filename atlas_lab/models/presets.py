@@ -57,6 +57,22 @@ PRESETS: dict[str, dict] = {
     # eigenvalues far below −1); `--model.memory.chunk_size=16` still asks for it.
     "deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=1.0, eta=_L, chunk_size=1)),
     "gated_deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, chunk_size=1)),
+    # Kimi Delta Attention (KDA: Kimi Team, "Kimi Linear", arXiv 2510.26692): the gated delta rule with a retention
+    # per key channel, S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t−1} + β_t k_t v_tᵀ, i.e. W_t = W_{t−1} Diag(α_t) −
+    # β_t ∇ℓ(W_{t−1} Diag(α_t)) for ℓ = ½‖W k − v‖²: gd with α per key channel and the gradient at the retained
+    # weights, chunk 1 (the exact rule, in WY blocks). Departs from Kimi Linear's layer: α = σ(w·x + b) per channel
+    # (its α = exp(−exp(A) softplus(·)) comes through a low-rank projection), β = σ(·), no 1/√d_k on q; the short
+    # conv, L2-normalised q, k and the output gate and norm are the mixer's.
+    "kda": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, channel_gates=("alpha",),
+                                                  chunk_size=1, gradient_at="retained")),
+    # Gated DeltaNet-2 (GDN-2; defined by flash-linear-attention 0.6, fla/ops/gdn2: no paper is cited there): KDA with
+    # separate erase and write gates, S_t = (I − k_t (b_t ⊙ k_t)ᵀ) Diag(α_t) S_{t−1} + k_t (w_t ⊙ v_t)ᵀ, i.e. W_t =
+    # P_t − ∇ℓ(P_t Diag(b_t); k_t, w_t ⊙ v_t) with P_t = W_{t−1} Diag(α_t): the gradient (η = 1) at the retained
+    # weights times the erase gate b per key channel, of the value times the write gate w per value channel; chunk 1.
+    # b = w = β·1 is KDA. Gates σ(w·x + b) as every learned gate here.
+    "gated_deltanet2": dict(layers=["memory"], memory=_memory(
+        "linear", "l2", alpha=_L, eta=1.0, erase=_L, write=_L, channel_gates=("alpha", "erase", "write"),
+        chunk_size=1, gradient_at="retained")),
     "swla": dict(layers=["memory"], memory=_memory("linear", "dot", feature_map="polynomial", window=_WINDOW,
                                                    alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
