@@ -112,13 +112,18 @@ class SweepSpec:
         """A trial's MLflow run name: its grid labels (``preset=atlas architecture=gated_mlp seed=1``), or for a
         search its number and sampled values (``trial-3 lr=0.0012 seed=0``); a tuned setting follows the labels,
         and a tune trial's name starts with ``tune``."""
-        shown = lambda v: f"{v:.3g}" if isinstance(v, float) else v  # noqa: E731
         keys = list(labels) or list(sampled)
-        values = [labels[k] for k in labels] or [shown(v) for v in sampled.values()]
+        values = [labels[k] for k in labels] or [_shown(v) for v in sampled.values()]
         parts = ["tune"] if pilot else [] if labels else [f"trial-{trial_number}"]
         parts += [f"{name}={value}" for name, value in zip(short_names(keys), values)]
-        parts += [f"{name}={shown(value)}" for name, value in zip(short_names(list(tune or {})), (tune or {}).values())]
+        tune = tune or {}
+        parts += [f"{name}={_shown(value)}" for name, value in zip(short_names(list(tune)), tune.values())]
         return " ".join(parts + [f"seed={seed}"])
+
+
+def _shown(value):
+    """A sampled or tuned value in a run name: floats to 3 significant digits."""
+    return f"{value:.3g}" if isinstance(value, float) else value
 
 
 def curve_key(summary: str, threshold: float | None = None) -> str:

@@ -119,10 +119,9 @@ def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float | None:
     if n_a < 1 or n_b < 1:
         return None
     k, n = k_a + k_b, n_a + n_b
-    probability = lambda x: math.comb(k, x) * math.comb(n - k, n_a - x) / math.comb(n, n_a)  # noqa: E731
-    observed = probability(k_a)
-    return min(1.0, sum(p for x in range(max(0, k - n_b), min(k, n_a) + 1)
-                        if (p := probability(x)) <= observed * (1 + 1e-9)))
+    tables = {x: math.comb(k, x) * math.comb(n - k, n_a - x) / math.comb(n, n_a)  # P(x of a's runs escaped)
+              for x in range(max(0, k - n_b), min(k, n_a) + 1)}
+    return min(1.0, sum(p for p in tables.values() if p <= tables[k_a] * (1 + 1e-9)))
 
 
 def gehan_p(a: list[tuple[float, bool]], b: list[tuple[float, bool]], seed: int = 0) -> float | None:
