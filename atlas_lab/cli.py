@@ -14,7 +14,7 @@ GATE_SYMBOLS = {"alpha": "α", "eta": "η", "theta": "θ", "gamma": "γ", "erase
 
 def gates_text(config) -> str:
     """Learned gates by symbol (``_t,c``: one per channel), constants as symbol=value (θ only where the optimiser
-    uses it; the erase and write gates only where they are not 1)."""
+    uses it; the erase and write gates only where they are not 1; n_h, the steps per token, where it is not 1)."""
     parts = []
     for g, sym in GATE_SYMBOLS.items():
         value = getattr(config, g)
@@ -23,6 +23,8 @@ def gates_text(config) -> str:
         per = ",c" if g in config.channel_gates else ""
         parts.append(f"{sym}_t{per}" if value == "learned" else f"{sym}_h" if value == "head_decay" else
                      f"{sym}={value:g}")
+    if config.steps_per_token > 1:  # DeltaProduct: η (and the other write gates) per step
+        parts.append(f"n_h={config.steps_per_token}")
     return " ".join(parts)
 
 

@@ -194,3 +194,18 @@ def with_gradients(x: dict, o, W) -> dict:
     loss = (o * weight).sum() + 0.1 * W.square().sum()
     grads = torch.autograd.grad(loss, list(x.values()), allow_unused=True)
     return {"output": o, "W": W, **{f"grad.{n}": gr for n, gr in zip(x, grads)}}
+
+
+def assert_pieces_equal_one_call(call, inputs: dict, state, cuts=((0, 17), (17, 18), (18, 37)), tol=1e-12):
+    """``call(lo, hi, state) -> (o, MemoryState)`` over the pieces ``cuts`` (each from the last one's state) equals one
+    call over [cuts[0][0], cuts[-1][1]): outputs, the final weights W and the gradients of every input (float64)."""
+    o_full, s_full = call(cuts[0][0], cuts[-1][1], state)
+    pieces = []
+    for lo, hi in cuts:
+        o, state = call(lo, hi, state)
+        pieces.append(o)
+    o_split = torch.cat(pieces, 1)
+    assert rel_err(o_split, o_full) < tol and rel_err(state.weights["W"], s_full.weights["W"]) < tol
+    for a, b in zip(torch.autograd.grad(o_split.square().sum(), list(inputs.values())),
+                    torch.autograd.grad(o_full.square().sum(), list(inputs.values()))):
+        assert rel_err(a, b) < tol

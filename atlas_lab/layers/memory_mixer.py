@@ -4,6 +4,8 @@ x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per h
   -> data-dependent gates α, η, θ, γ, erase, write (one scalar per head per token; per head and channel for the
      config's channel_gates) -> memorize(...)
   -> per-head RMSNorm -> ⊙ SiLU(W_g x) -> output projection.
+With n_h = config.steps_per_token > 1 (Gated DeltaProduct, arXiv 2502.10297) the layer projects n_h keys, values
+and write gates (η, γ, erase, write: STEP_GATES) per token, one query, α and θ.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import CHANNEL_GATES, GATE_INIT, GATES, MemoryConfig, memorize
+from ..memory import CHANNEL_GATES, GATE_INIT, GATES, STEP_GATES, MemoryConfig, memorize
+from ..memory.state import PENDING_GATES
 from .conv import ShortConv
 
 
@@ -36,8 +39,10 @@ class MemoryMixer(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d = head_dim or d_model // n_heads
         inner = n_heads * d
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, inner, bias=False) for _ in range(3))
-        self.q_conv, self.k_conv, self.v_conv = (ShortConv(inner, conv_size) for _ in range(3))
+        self.steps = n = config.steps_per_token
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, width, bias=False) for width in (inner, n * inner,
+                                                                                                    n * inner))
+        self.q_conv, self.k_conv, self.v_conv = (ShortConv(width, conv_size) for width in (inner, n * inner, n * inner))
         self.mem, self.feature_map, self.bias, self.optimizer = config.components()
         # the config memorize reads: the same one, with its components built once
         self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
@@ -47,7 +52,8 @@ class MemoryMixer(nn.Module):
         self.learned_gates = {g: ({"key": D, "value": d}[CHANNEL_GATES[g]] if g in config.channel_gates else 1)
                               for g in GATES
                               if getattr(config, g) == "learned" and (g != "theta" or self.optimizer.uses_theta)}
-        self.gate_sizes = [n_heads * width for width in self.learned_gates.values()]  # one block of outputs per gate
+        # one block of outputs per gate: per head (and channel), per step for the gates of a write
+        self.gate_sizes = [(n if g in STEP_GATES else 1) * n_heads * width for g, width in self.learned_gates.items()]
         self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes)) if self.learned_gates else None
         if self.gate_proj is not None:
             nn.init.normal_(self.gate_proj.weight, std=0.02)
@@ -72,7 +78,7 @@ class MemoryMixer(nn.Module):
         return F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
 
     def gates(self, x: torch.Tensor) -> dict:
-        """{gate: [B, T, H] tensor or constant}."""
+        """{gate: [B, T, H(, C)] tensor or constant}; [B, T·n_h, H(, C)] for the STEP_GATES with n_h steps per token."""
         c = self.config
         out = {g: (None if g == "theta" and not self.optimizer.uses_theta else getattr(c, g)) for g in GATES}
         if out["alpha"] == "head_decay":  # RetNet: α_h = 1 − 2^(−5−h)
@@ -82,7 +88,9 @@ class MemoryMixer(nn.Module):
         if self.gate_proj is not None:
             z = self.gate_proj(x).sigmoid()
             for (g, width), value in zip(self.learned_gates.items(), z.split(self.gate_sizes, -1)):
-                value = value.unflatten(-1, (self.n_heads, width)) if width > 1 else value  # [B, T, H(, D)]
+                steps = self.steps if g in STEP_GATES else 1
+                value = value.unflatten(-1, (steps, self.n_heads, width)).flatten(1, 2)  # [B, T·steps, H, width]
+                value = value if width > 1 else value.squeeze(-1)
                 out[g] = value * (c.eta_max if g == "eta" else 1.0)
         return out
 
@@ -97,13 +105,13 @@ class MemoryMixer(nn.Module):
         cache = cache or {}
         if "q" in cache and cache["q"].shape[0] != B:
             raise ValueError(f"MemoryMixer: cache holds a batch of {cache['q'].shape[0]} sequences; got x with {B}")
-        heads = (B, T, self.n_heads, self.head_dim)
+        heads, steps = (B, T, self.n_heads, self.head_dim), (B, T * self.steps, self.n_heads, self.head_dim)
         q, cq = self.q_conv(self.q_proj(x), cache.get("q"))
         k, ck = self.k_conv(self.k_proj(x), cache.get("k"))
         v, cv = self.v_conv(self.v_proj(x), cache.get("v"))
         q = F.normalize(F.silu(q).view(heads), dim=-1)
-        k = F.normalize(F.silu(k).view(heads), dim=-1)
-        v = F.silu(v).view(heads)
+        k = F.normalize(F.silu(k).reshape(steps), dim=-1)  # token t's steps at rows t·n_h .. t·n_h + n_h − 1
+        v = F.silu(v).reshape(steps)
         coefficients = self.feature_coefficients()
         state = cache.get("state")
         if state is None:
@@ -134,13 +142,16 @@ class MemoryMixer(nn.Module):
                        for p in self.initial_weights.values())  # per head
         inner = self.n_heads * self.head_dim
         window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
-        evaluation_point = weights if c.chunk_size > 1 else 0
-        conv = 3 * (self.q_conv.kernel_size - 1) * inner
-        return batch_size * dtype_bytes * (weights + momentum + evaluation_point + window + conv)
+        # mid-chunk, read token carries the evaluation point W̃, read chunk the pending Σ g and its gates ∏α, Ση, ∏θ
+        pending_gates = len(PENDING_GATES) * self.n_heads if c.read == "chunk" else 0
+        mid_chunk = 0 if c.chunk_size == 1 else weights + pending_gates
+        conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
+        return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv)
 
-    def _cached_floats_per_token(self) -> int:
+    def _cached_floats_per_token(self) -> int:  # per step of the rule
         return 2 * self.head_dim + 1 + int(self.config.normalize)  # key, value (+ normaliser column), γ
 
     def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Growth of the state per token read: the global window (window=None) keeps every past token."""
-        return 0 if self.config.window is not None else dtype_bytes * self.n_heads * self._cached_floats_per_token()
+        return 0 if self.config.window is not None else (dtype_bytes * self.n_heads * self.steps
+                                                         * self._cached_floats_per_token())

@@ -24,6 +24,9 @@ GATES = ("alpha", "eta", "theta", "gamma", "erase", "write")
 # with their axis: a key-axis gate scales the columns of the linear memory's W (α: W Diag(α_t), KDA's decay; the
 # erase gate: the weights W Diag(e_t) a gradient is taken at), a value-axis gate the value (write: w_t ⊙ v_t)
 CHANNEL_GATES = {"alpha": "key", "erase": "key", "write": "value"}
+# with n_h steps per token (``steps_per_token``, DeltaProduct), the gates of one write, given per step: η, γ, erase
+# and write, like k and v; the decays α and θ are per token, like q, and act at its first step
+STEP_GATES = ("eta", "gamma", "erase", "write")
 # initial value of each learned gate's sigmoid (α ≈ 0.999: almost no forgetting; θ ≈ 0.9: Titans/Muon momentum)
 GATE_INIT = {"alpha": 0.999, "eta": 0.5, "theta": 0.9, "gamma": 0.9, "erase": 0.5, "write": 0.5}
 # the values a constant gate may take: retention and momentum decay are fractions (θ = 1 never forgets a step)
@@ -79,6 +82,9 @@ class MemoryConfig:
         channel (D of them; W_t = W_{t−1} Diag(α_t) − …: KDA), "erase" per key channel, "write" per value channel;
         for the linear architecture; the closed in-chunk forms take one gate per head, so chunks > 1 then run the
         rule token by token
+    steps_per_token: n_h, the rule's steps per token (Gated DeltaProduct, arXiv 2502.10297): k, v and the gates of
+        STEP_GATES have n_h rows per token, q, α and θ one; α and θ act at a token's first step (1 at the others);
+        read token reads after its last step, read chunk before its first; needs chunk_size 1 (a window counts steps)
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
     gradient_at: state (g_t at W̃, the state before the chunk: the Titans form) | retained (chunk_size 1: g_t at the
         retained weights α_t ⊙ W_{t−1}, so W_t = α_t ⊙ W_{t−1} − η_t g_t is decay first, then the step: the form of
@@ -102,6 +108,7 @@ class MemoryConfig:
     write: Gate = 1.0
     eta_max: float = 1.0
     channel_gates: tuple[str, ...] = ()
+    steps_per_token: int = 1
     chunk_size: int = 16
     gradient_at: Literal["state", "retained"] = "state"
     read: Literal["token", "chunk"] = "token"
@@ -130,6 +137,12 @@ class MemoryConfig:
             raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
             raise ValueError(f"{where}.chunk_size: expected an int >= 1, got {self.chunk_size!r}")
+        if (not isinstance(self.steps_per_token, int) or isinstance(self.steps_per_token, bool)
+                or self.steps_per_token < 1):
+            raise ValueError(f"{where}.steps_per_token: expected an int >= 1, got {self.steps_per_token!r}")
+        if self.steps_per_token > 1 and self.chunk_size != 1:
+            raise ValueError(f"{where}.steps_per_token: {self.steps_per_token} steps per token take each step at the "
+                             f"weights the one before left: they need chunk_size 1 (got {self.chunk_size})")
         for key in ("normalize", "checkpoint"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}.{key}: expected true or false, got {getattr(self, key)!r}")

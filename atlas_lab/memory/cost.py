@@ -19,6 +19,8 @@ per key channel): per block of n tokens 2n²D (KKᵀ) + 2nD·d_v (KW₀ᵀ) + 2n
 2nD·d_v (the new W), and the triangular solve (n²·d_v, which FlopCounterMode does not count and neither does this
 formula). Per channel, KKᵀ and QKᵀ are contractions over the channels of the decayed keys (the same 2n²D each; the
 decays themselves, n²D exponentials, are element-wise). A gate per channel at chunk > 1 runs token by token: n/a.
+With n_h steps per token (DeltaProduct) the rule runs T·n_h steps, each read (the reads between a token's steps are
+computed and dropped): the FLOPs of T·n_h steps over T tokens.
 """
 from __future__ import annotations
 
@@ -94,8 +96,11 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
     d_v = head_dim + int(config.normalize)
     shapes = mem.shapes(D, head_dim, d_v)
     # forward at W̃, then ∂ℓ/∂ of the inner layers (the matrices whose input is not φ(k)), per window token
-    gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for o, i in shapes.values() if i != D)
-    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, T, gradient) / T
+    first = mem.phi_weights(D, head_dim, d_v)
+    gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for n, (o, i) in shapes.items()
+                                                                     if n not in first)
+    steps = T * config.steps_per_token  # the rule runs n_h steps per token, each with its read (op.py)
+    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, steps, gradient) / T
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:

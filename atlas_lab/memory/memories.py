@@ -102,6 +102,11 @@ class Memory(Component):
     def init_weights(self, H, D, d_k, d_v, generator=None, dtype=torch.float32, device=None):
         return _normal_init(H, self.shapes(D, d_k, d_v), generator, dtype, device)
 
+    def phi_weights(self, D: int, d_k: int, d_v: int) -> tuple:
+        """The names of the weights whose input is φ(k) (the first layer; memory/cost.py counts the backward
+        through the others). By default those of input size D."""
+        return tuple(n for n, (_, i) in self.shapes(D, d_k, d_v).items() if i == D)
+
     def forward(self, apply, phi, x):
         raise NotImplementedError
 
@@ -162,6 +167,9 @@ class MLPMemory(Memory):
     def __repr__(self):
         return f"mlp(L={self.depth},E={self.expansion}{',LN' if self.output_norm else ''})"
 
+    def phi_weights(self, D, d_k, d_v):
+        return ("W1",)
+
     def _output(self, x, z):
         """y = r(x) + N(z) from the last layer's pre-output z."""
         y = layer_norm(z) if self.output_norm else z
@@ -208,6 +216,9 @@ class GatedMLPMemory(MLPMemory):
 
     def __repr__(self):
         return f"gated_mlp(E={self.expansion}{',LN' if self.output_norm else ''})"
+
+    def phi_weights(self, D, d_k, d_v):
+        return ("W2", "W3")
 
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]

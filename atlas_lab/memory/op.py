@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
-from .config import CHANNEL_GATES, GATES, MemoryConfig
+from .config import CHANNEL_GATES, GATES, STEP_GATES, MemoryConfig
 from .optimizers import start as optimizer_start
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
@@ -62,6 +62,13 @@ def _set(value, configured) -> bool:
     return not (isinstance(value, (int, float)) and value == 1.0)
 
 
+def _at_first_step(gate, steps):
+    """A per-token decay [N, T(, C)] at the first of each token's n_h = ``steps`` steps, 1 at the others:
+    [N, T·n_h(, C)]."""
+    ones = torch.ones_like(gate).unsqueeze(2).expand(-1, -1, steps - 1, *gate.shape[2:])
+    return torch.cat([gate.unsqueeze(2), ones], 2).flatten(1, 2)
+
+
 def _times(a, b):
     """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
     if a.dim() < b.dim():
@@ -71,8 +78,9 @@ def _times(a, b):
     return a * b
 
 
-def _check_qkv(q, k, v):
-    """q, k, v: floating-point torch tensors of one dtype on one device, [B, T, H, d_k] (q, k) and [B, T, H, d_v]."""
+def _check_qkv(q, k, v, steps=1):
+    """q, k, v: floating-point torch tensors of one dtype on one device, q [B, T, H, d_k], k [B, T·n_h, H, d_k] and
+    v [B, T·n_h, H, d_v] (n_h = ``steps`` per token)."""
     given = {"q": q, "k": k, "v": v}
     for name, x in given.items():
         if not isinstance(x, torch.Tensor):
@@ -83,8 +91,10 @@ def _check_qkv(q, k, v):
     if len({(x.dtype, x.device) for x in given.values()}) > 1:
         raise TypeError("memorize: q, k and v must have one dtype and device; got "
                         + ", ".join(f"{name} {x.dtype} on {x.device}" for name, x in given.items()))
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"memorize: expected q, k [B, T, H, d_k] and v [B, T, H, d_v]; "
+    B, T, H, d_k = q.shape if q.dim() == 4 else (None,) * 4
+    if q.dim() != 4 or k.shape != (B, T * steps, H, d_k) or v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        n = "" if steps == 1 else f"·{steps}"
+        raise ValueError(f"memorize: expected q [B, T, H, d_k], k [B, T{n}, H, d_k] and v [B, T{n}, H, d_v]; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
@@ -140,7 +150,10 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
              erase=None, write=None, coefficients=None, initial_state=None, impl="chunked", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
-    q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState).
+    q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState). With config.steps_per_token
+    n_h > 1 (DeltaProduct) k, v and the gates η, γ, erase, write have T·n_h rows ([B, T·n_h, H, ·]: token t's steps
+    at t·n_h .. t·n_h + n_h − 1), q, α and θ T: token t runs n_h steps of the rule, α_t and θ_t at the first, and
+    reads after the last (read="chunk": before the first).
 
     config:       the memory (MemoryConfig: components, window, chunk_size, read, normalize, checkpoint); None:
                   MemoryConfig(). ``changes`` are fields of it changed for this call, in MemoryConfig.replace's
@@ -180,7 +193,8 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
     if not isinstance(config, MemoryConfig):
         raise TypeError(f"memorize: config must be a MemoryConfig or None; got {type(config).__name__}")
     config = config.replace("memorize", **changes) if changes else config.validate("memorize")
-    _check_qkv(q, k, v)
+    steps = config.steps_per_token
+    _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
     mem, fmap, bias, optimizer = config.components("memorize")
@@ -194,8 +208,13 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
 
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
     channels = {g: {"key": D, "value": d_v}[CHANNEL_GATES[g]] for g in config.channel_gates}
-    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T, H, q, channels.get(g))
+    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T * steps if g in STEP_GATES else T,
+                      H, q, channels.get(g))
              for g, val in zip(GATES, (alpha, eta, theta, gamma, erase, write))}
+    if steps > 1:  # the rule runs on the T·n_h steps: q read after a token's last step, α and θ at its first
+        q_ = q_.repeat_interleave(steps, 1)
+        for g in ("alpha", "theta"):
+            gates[g] = _at_first_step(gates[g], steps)
     if _set(write, config.write):  # the value each token writes: w_t ⊙ v_t
         v_ = v_ * (gates["write"] if "write" in channels else gates["write"].unsqueeze(-1))
     # the weights W_{t−1} Diag(f_t) token t's gradient is taken at (None: at the state W̃)
@@ -273,6 +292,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
             bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
             offset=offset, pending=pending, **options)
 
+    y = y[:, (steps - 1 if read == "token" else 0)::steps]  # read token: after a token's last step; chunk: before
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]
     o = y.reshape(B, H, T, d_v).permute(0, 2, 1, 3)

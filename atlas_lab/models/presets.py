@@ -32,6 +32,9 @@ _STABLE_MOMENTUM_ETA_MAX = _STABLE_ETA_MAX / 10
 _STABLE_WINDOW_ETA_MAX = _STABLE_ETA_MAX / _WINDOW
 
 _LN = {"name": "mlp", "output_norm": True}  # the dot bias has no minimum for an MLP: normalise the memory's output
+# LaCT's chunk: one fast-weight update per 2,048 tokens; its muon step has learning rate 1 per chunk (η_c = Σ_t η_t)
+# and its momentum about 0.9 per chunk (θ_c = ∏_t θ_t)
+_LACT_CHUNK = 2048
 
 
 def _memory(architecture, attentional_bias, **fields):
@@ -73,6 +76,13 @@ PRESETS: dict[str, dict] = {
     "gated_deltanet2": dict(layers=["memory"], memory=_memory(
         "linear", "l2", alpha=_L, eta=1.0, erase=_L, write=_L, channel_gates=("alpha", "erase", "write"),
         chunk_size=1, gradient_at="retained")),
+    # Gated DeltaProduct (Siems et al., "DeltaProduct", arXiv 2502.10297): n_h = 2 delta-rule (Householder) steps per
+    # token, S_t = (∏_{j=n_h..1} (I − β_{t,j} k_{t,j} k_{t,j}ᵀ)) α_t S_{t−1} + …, i.e. W_{t,0} = α_t W_{t−1}, W_{t,j} =
+    # W_{t,j−1} − β_{t,j} ∇ℓ(W_{t,j−1}; k_{t,j}, v_{t,j}), W_t = W_{t,n_h}, y_t = W_t q_t: gd at the retained weights,
+    # chunk 1, steps_per_token 2. Departs from the paper's layer: α, β = σ(w·x + b) (no β ∈ [0, 2] negative
+    # eigenvalues, no Mamba-style exp(−exp(A) softplus(·)) decay), no 1/√d_k on q; conv, norms, output gate the mixer's.
+    "gated_deltaproduct": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, steps_per_token=2,
+                                                                 chunk_size=1, gradient_at="retained")),
     "swla": dict(layers=["memory"], memory=_memory("linear", "dot", feature_map="polynomial", window=_WINDOW,
                                                    alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
@@ -118,6 +128,22 @@ PRESETS: dict[str, dict] = {
     "samba": dict(layers=["memory", "swa"], memory="mamba2"),
     # Gated DeltaNet-H2 (Yang, Kautz & Hatamizadeh 2025, §4): Mamba2, Gated DeltaNet and SWA layers in turn.
     "gated_deltanet_h2": dict(layers=["mamba2", "memory", "swa"], memory="gated_deltanet"),
+    # LaCT (Zhang et al., "Test-Time Training Done Right", arXiv 2505.23884): large-chunk test-time training beside
+    # sliding-window attention. Its fast weights are a SwiGLU MLP, f_W(k) = W_1 (SiLU(W_2 k) ⊙ W_3 k) (gated_mlp, SiLU,
+    # E = 1, no residual), trained on the dot-product loss −⟨f_W(k), v⟩ with one update per chunk of 2,048 tokens,
+    # every token of a chunk reading the weights the chunk started from ("apply, then update": read chunk):
+    #     M_c = θ_c M_{c−1} + Σ_{t∈c} γ_t ∇ℓ_t(W_{c−1}) / b,   W_c = W_{c−1} − η_c NS_5(M_c)
+    # (γ_t: LaCT's per-token learning rate; NS removes the scale, so η_c = 1 is its muon step). Departs from the paper:
+    # no L2 normalisation of each fast-weight row back to its initial norm after an update (here α = 1: the weights
+    # grow at most by one bounded muon step per chunk); one learning rate γ_t per token and head, not one per weight
+    # matrix, σ(·) instead of softplus; a constant momentum θ_c = 0.9 per chunk (LaCT: the chunk's mean of a learned
+    # per-token momentum); Muon's fixed quintic Newton–Schulz coefficients (LaCT: a schedule of five); the SWA and TTT
+    # branches combined as MAG's gate (o = RMSNorm(SWA) ⊙ σ(RMSNorm(M))), not summed over shared q, k, v; its SWA
+    # window equals the chunk (2,048): `--model.swa_window=2048` (the model's own default is 64).
+    "lact": dict(layers=["mag"], memory=_memory(
+        {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot", optimizer="muon",
+        alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L, chunk_size=_LACT_CHUNK,
+        read="chunk")),
 }
 
 

@@ -23,7 +23,8 @@ EXTRA = {"gated_mlp muon global": dict(architecture="gated_mlp", optimizer="muon
 
 def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, T, 2, head_dim, generator=g).to(helpers.DEVICE) for _ in range(3))
+    q, k, v = (torch.randn(1, T * n, 2, head_dim, generator=g).to(helpers.DEVICE)
+               for n in (1, config.steps_per_token, config.steps_per_token))  # DeltaProduct: n_h keys, values per token
     with FlopCounterMode(display=False) as counter:
         memorize(q, k, v, config, alpha=0.9, eta=0.1, theta=0.5, gamma=0.7,
                  **{g: 0.8 for g in ("erase", "write") if getattr(config, g) == "learned"})  # Gated DeltaNet-2's

@@ -15,7 +15,8 @@ import helpers
 from atlas_lab import memory as engine
 from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.models import resolve_preset
-from helpers import compare, compare_float32, fla_float64, make_problem, rel_err, run, with_gradients
+from helpers import (assert_pieces_equal_one_call, compare, compare_float32, fla_float64, make_problem, rel_err, run,
+                     with_gradients)
 
 naive = pytest.importorskip("fla.ops.kda.naive")
 IMPLS = ["chunked", "reference"]
@@ -124,18 +125,12 @@ def test_kda_streams_across_blocks():
     gradients included."""
     x = problem(torch.float64)
     config = resolve_preset("kda")[1]
-    o_full, s_full = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], eta=x["beta"],
-                              initial_state={"W": x["W0"]})
-    state, pieces = {"W": x["W0"]}, []
-    for lo, hi in [(0, 17), (17, 18), (18, 37)]:
-        o, state = memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config, alpha=x["alpha"][:, lo:hi],
-                            eta=x["beta"][:, lo:hi], initial_state=state)
-        pieces.append(o)
-    o_split = torch.cat(pieces, 1)
-    assert rel_err(o_split, o_full) < 1e-12 and rel_err(state.weights["W"], s_full.weights["W"]) < 1e-12
-    for a, b in zip(torch.autograd.grad(o_split.square().sum(), list(x.values())),
-                    torch.autograd.grad(o_full.square().sum(), list(x.values()))):
-        assert rel_err(a, b) < 1e-12
+
+    def call(lo, hi, state):
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config, alpha=x["alpha"][:, lo:hi],
+                        eta=x["beta"][:, lo:hi], initial_state=state)
+
+    assert_pieces_equal_one_call(call, x, {"W": x["W0"]})
 
 
 def test_kda_layer_learns_one_retention_per_key_channel():

@@ -1,0 +1,172 @@
+"""LaCT (arXiv 2505.23884, "Test-Time Training Done Right"): the `lact` preset's memory against a direct computation
+of its per-chunk update, written here from the paper's definition without the engine.
+
+Per head, with the SwiGLU fast weights f_W(x) = W_1 (SiLU(W_2 x) ⊙ W_3 x) and the dot-product loss
+ℓ_t(W) = −⟨f_W(k_t), v_t⟩, chunk c of b tokens (starting from W = W_{c−1}, momentum M_{c−1}):
+
+    y_t = f_W(q_t)                                   every token of the chunk reads the weights before its update
+    G_c = (1/b) Σ_{t∈c} γ_t ∇_W ℓ_t(W)               per weight matrix, by the chain rule (no autograd)
+    M_c = θ_c M_{c−1} + G_c,   W_c = α_c W − η_c NS_5(M_c)       α_c = ∏ α_t, η_c = Σ η_t, θ_c = ∏ θ_t over c
+
+and a partial last chunk reads W without updating it. NS_5 is Muon's quintic Newton–Schulz, written out below.
+"""
+import pytest
+import torch
+from torch.nn import functional as F
+
+import helpers
+from atlas_lab.memory import memorize
+from atlas_lab.models import LanguageModel, resolve_preset
+from helpers import compare_float32, rel_err, with_gradients
+
+B, T, H, D, DV = 2, 23, 2, 3, 4  # T = 23, chunks of 5: four updates and a partial chunk of 3; W_2, W_3 are 4 × 3
+CHUNK = 5
+QUINTIC = (3.4445, -4.7750, 2.0315)
+NAMES = ("W1", "W2", "W3")
+
+
+def config(**changes):
+    return resolve_preset("lact")[1].replace(chunk_size=CHUNK, **changes)
+
+
+def problem(dtype, seed=0):
+    """q, k (unit norm), v; per-token gates α ∈ [0.9, 1], η ∈ [0, 0.4], θ ∈ [0.8, 1], γ ∈ [0.2, 1]; W_0."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def uni(lo, hi):
+        return lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+
+    x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, DV),
+             alpha=uni(0.9, 1.0), eta=uni(0.0, 0.4), theta=uni(0.8, 1.0), gamma=uni(0.2, 1.0),
+             W1=rnd(B, H, DV, DV, scale=0.5), W2=rnd(B, H, DV, D, scale=0.5), W3=rnd(B, H, DV, D, scale=0.5))
+    return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
+
+
+def swiglu(W, x):
+    """f_W(x) for x [B, n, H, D] -> [B, n, H, d_v], with the pre-activations."""
+    z2, z3 = (torch.einsum("bhod,bnhd->bnho", W[n], x) for n in ("W2", "W3"))
+    u = F.silu(z2) * z3
+    return torch.einsum("bhvo,bnho->bnhv", W["W1"], u), z2, z3, u
+
+
+def dot_loss_gradients(W, k, v, weight):
+    """Σ_t weight_t ∇_W ℓ_t(W) for ℓ_t = −⟨f_W(k_t), v_t⟩, by the chain rule: {W1, W2, W3}."""
+    _, z2, z3, u = swiglu(W, k)
+    dy = -v * weight[..., None]
+    du = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy)
+    s = torch.sigmoid(z2)
+    dz2 = du * z3 * s * (1 + z2 * (1 - s))  # SiLU'(z) = σ(z)(1 + z(1 − σ(z)))
+    dz3 = du * F.silu(z2)
+    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy, u), "W2": torch.einsum("bnho,bnhd->bhod", dz2, k),
+            "W3": torch.einsum("bnho,bnhd->bhod", dz3, k)}
+
+
+def newton_schulz5(G):
+    """Muon's quintic iteration on each matrix of G [..., m, n] (on Gᵀ when m > n), 5 steps."""
+    a, b, c = QUINTIC
+    X = G.mT if G.shape[-2] > G.shape[-1] else G
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
+    for _ in range(5):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if G.shape[-2] > G.shape[-1] else X
+
+
+def lact_direct(x, momentum=True, token_lr=True, apply_first=True):
+    """The definition above, chunk by chunk; the switches break one part each (for the test that it matters)."""
+    W = {n: x[n] for n in NAMES}
+    M = {n: torch.zeros_like(w) for n, w in W.items()}
+    out = []
+    for s in range(0, T, CHUNK):
+        c = slice(s, min(s + CHUNK, T))
+        if c.stop - c.start < CHUNK:  # a partial chunk reads, its update waits for the chunk's end
+            out.append(swiglu(W, x["q"][:, c])[0])
+            break
+        if apply_first:
+            out.append(swiglu(W, x["q"][:, c])[0])
+        G = dot_loss_gradients(W, x["k"][:, c], x["v"][:, c], x["gamma"][:, c] if token_lr else
+                               torch.ones_like(x["gamma"][:, c]))
+        alpha, eta, theta = (x[n][:, c].prod(1) if n != "eta" else x[n][:, c].sum(1) for n in ("alpha", "eta", "theta"))
+        for n in NAMES:
+            M[n] = (theta[..., None, None] * M[n] if momentum else 0) + G[n] / CHUNK
+            W[n] = alpha[..., None, None] * W[n] - eta[..., None, None] * newton_schulz5(M[n])
+        if not apply_first:
+            out.append(swiglu(W, x["q"][:, c])[0])
+    return with_gradients(x, torch.cat(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
+
+
+def direct(x):
+    """``lact_direct`` in the dtype of x."""
+    return lact_direct(x)
+
+
+def ours(impl, cfg=None):
+    def f(x):
+        o, state = memorize(x["q"], x["k"], x["v"], cfg or config(), alpha=x["alpha"], eta=x["eta"],
+                            theta=x["theta"], gamma=x["gamma"], initial_state={n: x[n] for n in NAMES}, impl=impl)
+        return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
+    return f
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_lact_memory_is_its_chunk_update_float64(impl):
+    """Outputs, committed weights and gradients (q, k, v, every gate, W_0) within 1e-10 of the direct computation."""
+    x = problem(torch.float64)
+    bad = {n: e for n, e in helpers.errors(ours(impl)(x), direct(x), f"lact {impl}").items() if not e < 1e-10}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_lact_memory_is_its_chunk_update_float32(impl):
+    """float32 against the float64 direct computation within the error model of tests/helpers.py."""
+    compare_float32(ours(impl), direct, problem(torch.float32), direct(problem(torch.float64)), f"lact {impl}")
+
+
+@pytest.mark.parametrize("broken", ["no momentum", "no per-token learning rate", "update, then apply"])
+def test_a_broken_part_fails_the_identity(broken):
+    """The identity tells the rule from its neighbours: momentum dropped, γ_t ignored, or the chunk reading its own
+    update (LaCT's "update, then apply", read token's chunk form) are off by far more than rounding."""
+    x = problem(torch.float64)
+    switches = {"no momentum": dict(momentum=False), "no per-token learning rate": dict(token_lr=False),
+                "update, then apply": dict(apply_first=False)}[broken]
+    assert rel_err(ours("chunked")(x)["output"], lact_direct(x, **switches)["output"]) > 1e-3
+
+
+def test_lact_streams_across_chunks():
+    """23 tokens in pieces of 7, 1 and 15 (a chunk in progress at each cut) equal one call, gradients included."""
+    x = problem(torch.float64)
+    gates = ("alpha", "eta", "theta", "gamma")
+
+    def call(lo, hi, state):
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config(),
+                        **{g: x[g][:, lo:hi] for g in gates}, initial_state=state)
+
+    o_full, s_full = call(0, T, {n: x[n] for n in NAMES})
+    state, pieces = {n: x[n] for n in NAMES}, []
+    for lo, hi in [(0, 7), (7, 8), (8, 23)]:
+        o, state = call(lo, hi, state)
+        pieces.append(o)
+    o_split = torch.cat(pieces, 1)
+    assert rel_err(o_split, o_full) < 1e-12
+    assert all(rel_err(state.weights[n], s_full.weights[n]) < 1e-12 for n in NAMES)
+    for a, b in zip(torch.autograd.grad(o_split.square().sum(), list(x.values())),
+                    torch.autograd.grad(o_full.square().sum(), list(x.values()))):
+        assert rel_err(a, b) < 1e-12
+
+
+def test_lact_preset_is_a_swiglu_memory_beside_sliding_window_attention():
+    """The preset: MAG layers (memory and SWA branches); the memory's f_W is SwiGLU without residual; the layer
+    learns γ per head and token; a chunk's η sums to 1 and θ multiplies to 0.9."""
+    model = LanguageModel(64, "lact", d_model=16, n_layers=1, n_heads=2)
+    mag = model.blocks[0].mixer
+    assert type(mag).__name__ == "MAG"
+    c = resolve_preset("lact")[1]
+    assert c.chunk_size * c.eta == pytest.approx(1.0) and c.theta ** c.chunk_size == pytest.approx(0.9)
+    assert set(mag.memory.learned_gates) == {"gamma"}
+    W = {n: torch.randn(1, 1, *w.shape[1:], dtype=torch.float64) for n, w in mag.memory.initial_weights.items()}
+    x = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    o, _ = memorize(x, x, x, c, gamma=1.0, initial_state=W)  # one token: it reads W_0
+    assert rel_err(o, swiglu(W, x)[0]) < 1e-12  # d_k = d_v: a residual r(k) = k would show here
