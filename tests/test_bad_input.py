@@ -51,7 +51,7 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
     "v-dtype": (call_memorize({"v": torch.zeros(B, T, H, D, dtype=torch.float32)}), TypeError,
                 ["memorize", "one dtype and device", "v torch.float32", "q torch.float64"]),
     "q-3d": (call_memorize({"q": torch.zeros(B, T, D, dtype=torch.float64)}), ValueError,
-             ["memorize", "q, k [B, T, H, d_k]", "q (2, 5, 4)"]),
+             ["memorize", "expected q [B, T, H, d_k], k [B, T, H, d_k]", "got q (2, 5, 4)"]),
     "window-bool": (call_memorize(window=True), ValueError, ["memorize.window", "int >= 1 or null", "True"]),
     "window-float": (call_memorize(window=2.0), ValueError, ["memorize", "window", "int >= 1", "2.0"]),
     "window-zero": (call_memorize(window=0), ValueError, ["memorize", "window", "int >= 1", "got 0"]),
