@@ -50,7 +50,7 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
             memory, fmap, bias, opt = map(repr, c.components())
             components = [memory, fmap, bias, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c)]
-        layers = "+".join(dict.fromkeys(model.layer_kinds))
+        layers = "+".join(dict.fromkeys(model.layer_labels))
         flops = model.flops_per_token(T)
         rows.append([name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
                      f"{model.cache_bytes_per_token():,}", flops_text(flops["memory"]), flops_text(flops["attention"])])

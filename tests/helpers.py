@@ -198,14 +198,16 @@ def with_gradients(x: dict, o, W) -> dict:
 
 def assert_pieces_equal_one_call(call, inputs: dict, state, cuts=((0, 17), (17, 18), (18, 37)), tol=1e-12):
     """``call(lo, hi, state) -> (o, MemoryState)`` over the pieces ``cuts`` (each from the last one's state) equals one
-    call over [cuts[0][0], cuts[-1][1]): outputs, the final weights W and the gradients of every input (float64)."""
+    call over [cuts[0][0], cuts[-1][1]): outputs, the final weights (every matrix) and the gradients of every input
+    (float64)."""
     o_full, s_full = call(cuts[0][0], cuts[-1][1], state)
     pieces = []
     for lo, hi in cuts:
         o, state = call(lo, hi, state)
         pieces.append(o)
     o_split = torch.cat(pieces, 1)
-    assert rel_err(o_split, o_full) < tol and rel_err(state.weights["W"], s_full.weights["W"]) < tol
+    assert rel_err(o_split, o_full) < tol
+    assert all(rel_err(state.weights[n], w) < tol for n, w in s_full.weights.items())
     for a, b in zip(torch.autograd.grad(o_split.square().sum(), list(inputs.values())),
                     torch.autograd.grad(o_full.square().sum(), list(inputs.values()))):
         assert rel_err(a, b) < tol

@@ -9,7 +9,7 @@ L tokens by a position embedding + MLP head.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import lightning as L
 import torch
@@ -155,7 +155,8 @@ class SequenceModel(L.LightningModule):
         memory: changes to the preset's memory (MemoryConfig fields, e.g. ``{window: 16, optimizer: gd}``; a
             component's option as ``optimizer.ns_steps`` or ``optimizer: {name: muon, ns_steps: 3}``).
         layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag, mac, or a
-            one-memory-layer preset such as mamba2).
+            one-memory-layer preset such as mamba2; or {kind: memory, memory: {chunk_size: 64}}, a layer whose memory
+            differs from the others').
         d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
         memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
             e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
@@ -176,7 +177,8 @@ class SequenceModel(L.LightningModule):
     """
 
     def __init__(self, vocab_size: int = 256, preset: PresetName = "atlas", memory: Optional[dict[str, Any]] = None,
-                 layers: Optional[list[str]] = None, d_model: int = 128, n_layers: int = 4, n_heads: int = 8,
+                 layers: Optional[list[Union[str, dict[str, Any]]]] = None, d_model: int = 128, n_layers: int = 4,
+                 n_heads: int = 8,
                  swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
                  persistent_tokens: int = 0, lr: float = 1e-3, memory_lr: Optional[float] = None,
                  weight_decay: float = 0.1,

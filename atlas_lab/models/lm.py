@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers import MAC, MAG, Attention, MemoryMixer
-from .presets import LAYER_KINDS, PRESETS, resolve_preset
+from .presets import LAYER_KINDS, MEMORY_KINDS, PRESETS, layer_entry, layer_label, resolve_preset
 
 
 class SwiGLU(nn.Module):
@@ -44,7 +44,8 @@ class LanguageModel(nn.Module):
     """A named model (``preset``) at a given size. input_ids: [B, T] -> logits [B, T, vocab_size].
 
     preset: a name from ``atlas_lab.models.PRESETS``; memory: overrides of its MemoryConfig fields
-    (e.g. {"window": 16, "optimizer": "gd"}); layers: overrides its layer pattern (cycled over n_layers).
+    (e.g. {"window": 16, "optimizer": "gd"}), every memory layer's; layers: overrides its layer pattern (cycled over
+    n_layers; a layer is a kind or {"kind": kind, "memory": changes of that layer's memory}: presets.layer_entry).
     n_heads: heads of attention and, unless memory_heads is given, of the memories (memory layers and the
     memory branch of MAG); head dim = d_model / heads. persistent_tokens: learnable key/value pairs that every
     attention layer's queries (SWA, full, MAG's branch) attend to besides their window (Titans' persistent memory).
@@ -60,35 +61,43 @@ class LanguageModel(nn.Module):
             if heads < 1 or d_model % heads:
                 raise ValueError(f"{key}: d_model={d_model} must be divisible by {key}={heads}")
         pattern, memory_config = resolve_preset(preset, memory)
-        pattern = layers or pattern
+        pattern = [layer_entry(e) for e in (layers or pattern)]  # (kind, the layer's memory changes)
         # a layer may also be named after a single-memory-layer preset: a memory layer with that preset's memory
         layer_presets = [p for p, spec in PRESETS.items() if spec["layers"] == ["memory"]]
-        bad = [k for k in pattern if k not in LAYER_KINDS and k not in layer_presets]
+        bad = [k for k, _ in pattern if k not in LAYER_KINDS and k not in layer_presets]
         if bad:
             raise ValueError(f"layers: unknown layer kind(s) {bad}; valid choices: {', '.join(LAYER_KINDS)}, or a "
                              f"preset of one memory layer ({', '.join(layer_presets)})")
-        own = {k: resolve_preset(k, memory)[1] for k in set(pattern) if k in layer_presets}
-        if memory_config is None and any(k in ("memory", "mag", "mac") for k in pattern):
+        if memory_config is None and any(k in MEMORY_KINDS for k, _ in pattern):
             raise ValueError(f"layers: preset {preset!r} has no memory configuration for memory/mag/mac layers")
-        self.preset, self.memory_config, self.vocab_size = preset, memory_config, vocab_size
-        self.layer_kinds = [pattern[i % len(pattern)] for i in range(n_layers)]
+        for k, changes in pattern:
+            if changes and k not in MEMORY_KINDS and k not in layer_presets:
+                raise ValueError(f"layers: a {k} layer has no memory; its changes {sorted(changes)} do not apply")
 
-        def mixer(kind):
-            if kind in own:
-                return MemoryMixer(d_model, memory_heads, own[kind])
-            if kind == "memory":
-                return MemoryMixer(d_model, memory_heads, memory_config)
-            if kind == "attention":
-                return Attention(d_model, n_heads, persistent=persistent_tokens)
-            if kind == "swa":
-                return Attention(d_model, n_heads, window=swa_window, persistent=persistent_tokens)
+        def config(kind, changes):  # the layer's memory: its preset's (or the model's), its changes, the overrides
+            if kind in layer_presets:
+                return resolve_preset(kind, memory, changes)[1]
+            return resolve_preset(preset, memory, changes)[1] if changes else memory_config
+
+        self.preset, self.memory_config, self.vocab_size = preset, memory_config, vocab_size
+        layer_list = [pattern[i % len(pattern)] for i in range(n_layers)]
+        self.layer_kinds = [k for k, _ in layer_list]
+        self.layer_labels = [layer_label(k, changes) for k, changes in layer_list]
+
+        def mixer(kind, changes):
+            if kind in ("attention", "swa"):
+                return Attention(d_model, n_heads, window=swa_window if kind == "swa" else None,
+                                 persistent=persistent_tokens)
+            c = config(kind, changes)
             if kind == "mac":  # segments of the SWA window's length
-                return MAC(d_model, n_heads, memory_config, swa_window, memory_heads, persistent_tokens)
-            return MAG(d_model, n_heads, memory_config, swa_window, memory_heads, persistent_tokens)
+                return MAC(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
+            if kind == "mag":
+                return MAG(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
+            return MemoryMixer(d_model, memory_heads, c)  # memory, or a one-memory-layer preset
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(mixer(k), d_model, mlp_hidden) for k in self.layer_kinds)
+        self.blocks = nn.ModuleList(Block(mixer(k, changes), d_model, mlp_hidden) for k, changes in layer_list)
         self.norm = nn.RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_embeddings:

@@ -2,8 +2,10 @@
 
 A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, mac, or the
 name of a one-memory-layer preset: a memory layer with that preset's memory) and ``memory`` (fields of MemoryConfig
-that differ from its defaults, or the name of the preset whose memory the memory layers take). Any field can be
-overridden; memory overrides apply to every memory layer.
+that differ from its defaults, or the name of the preset whose memory the memory layers take). A layer of the pattern
+may also be ``{"kind": kind, "memory": changes}``: a layer of that kind whose memory differs from the preset's by
+``changes`` (HOPE's continuum memory: the same memory at different chunk sizes). Any field can be overridden; memory
+overrides apply to every memory layer, after a layer's own changes.
 Gates not listed as "learned" are constants; window presets use c = 8.
 
 Chunk size (docs/memory.md §4, §9): a preset whose published model is the exact online rule uses it — DeltaNet
@@ -18,6 +20,7 @@ from __future__ import annotations
 from ..memory import MemoryConfig
 
 LAYER_KINDS = ("memory", "attention", "swa", "mag", "mac")
+MEMORY_KINDS = ("memory", "mag", "mac")  # the kinds that hold a memory (and a one-memory-layer preset's name)
 _L = "learned"
 _WINDOW = 8
 # η_max of the deep gd/momentum memories. Chunk-start gradients take b = 16 steps at one point: the chunk's update
@@ -35,6 +38,16 @@ _LN = {"name": "mlp", "output_norm": True}  # the dot bias has no minimum for an
 # LaCT's chunk: one fast-weight update per 2,048 tokens; its muon step has learning rate 1 per chunk (η_c = Σ_t η_t)
 # and its momentum about 0.9 per chunk (θ_c = ∏_t θ_t)
 _LACT_CHUNK = 2048
+# HOPE's continuum memory: the chunk C^(ℓ) of each level (update frequency f_ℓ = C^(4)/C^(ℓ) = 64, 16, 4, 1) and the
+# learning rate of one commit, η_c = Σ_{t∈c} η_t = 0.1 at every level (η_t = 0.1/C^(ℓ)): a step on the chunk's mean
+# gradient
+_CMS_CHUNKS = (16, 64, 256, 1024)
+_CMS_ETA = 0.1
+
+
+def _cms_level(chunk_size: int) -> dict:
+    """One CMS level: the hope_cms memory committed once per chunk of ``chunk_size`` tokens."""
+    return dict(kind="memory", memory=dict(chunk_size=chunk_size, eta=_CMS_ETA / chunk_size))
 
 
 def _memory(architecture, attentional_bias, **fields):
@@ -144,12 +157,44 @@ PRESETS: dict[str, dict] = {
         {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot", optimizer="muon",
         alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L, chunk_size=_LACT_CHUNK,
         read="chunk")),
+    # HOPE's continuum memory system (CMS; Behrouz et al., "Nested Learning: The Illusion of Deep Learning
+    # Architectures", NeurIPS 2025, §7.1, eqs. 70–71): a chain of MLP blocks y_t = MLP^(f_k)(… MLP^(f_1)(x_t)), block ℓ
+    # updated only at the end of each chunk of C^(ℓ) tokens with the sum of its tokens' steps taken at the weights the
+    # chunk started from, θ^(ℓ)_{i+1} = θ^(ℓ)_i − Σ_{t=i−C^(ℓ)..i} η^(ℓ)_t ∇ℓ(θ^(ℓ)_i; x_t) when i ≡ 0 (mod C^(ℓ)).
+    # Here: one memory layer per level (the chain is the stack of layers, levels cycling over the depth), each a Titans
+    # MLP memory M(k) = k + W_2 σ(W_1 k) on the l2 loss ½‖M(k_t) − v_t‖² with gd, α = 1 and read chunk (every token of a
+    # chunk reads θ_i), chunk C^(ℓ) = 16, 64, 256, 1024: η^(ℓ)_t = γ_t η/C^(ℓ) (γ_t learned per head and token), so each
+    # commit is a step of η = 0.1 on the chunk's γ-weighted mean gradient. Departs from the paper: its blocks are
+    # the Transformer's MLPs applied to x_t itself, with an unspecified "error component" f; here each is a memory
+    # layer with its own q, k, v projections and its associative-memory loss, and the blocks of our model (residual,
+    # norms, their own fixed SwiGLU) sit between the levels; HOPE's self-modifying Titans layer is not included.
+    "hope_cms": dict(layers=[_cms_level(c) for c in _CMS_CHUNKS], memory=_memory(
+        "mlp", "l2", alpha=1.0, eta=_CMS_ETA / _CMS_CHUNKS[0], gamma=_L, chunk_size=_CMS_CHUNKS[0], read="chunk")),
 }
 
 
-def resolve_preset(name: str, memory_overrides: dict | None = None) -> tuple[list[str], MemoryConfig | None]:
-    """(layer pattern, MemoryConfig or None) of a preset, with fields changed by ``memory_overrides`` (in
-    MemoryConfig.replace's form: {"window": 16, "optimizer.ns_steps": 3})."""
+def layer_entry(entry) -> tuple[str, dict]:
+    """A layer of a pattern -> (kind, its memory changes): "swa" -> ("swa", {}); {"kind": "memory", "memory":
+    {"chunk_size": 64}} -> ("memory", {"chunk_size": 64}). The kind itself is checked by the model."""
+    if isinstance(entry, str):
+        return entry, {}
+    if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str) or set(entry) - {"kind", "memory"} \
+            or not isinstance(entry.get("memory", {}), dict):
+        raise ValueError(f"layers: a layer is a kind or {{kind: <kind>, memory: {{<field>: <value>}}}}; got {entry!r}")
+    return entry["kind"], dict(entry.get("memory", {}))
+
+
+def layer_label(kind: str, changes: dict) -> str:
+    """A layer (``layer_entry``'s pair) as `atlas-lab presets` shows it: swa, memory(chunk_size=64,eta=0.1)."""
+    return kind + (f"({','.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in changes.items())})"
+                   if changes else "")
+
+
+def resolve_preset(name: str, memory_overrides: dict | None = None,
+                   layer_changes: dict | None = None) -> tuple[list, MemoryConfig | None]:
+    """(layer pattern, MemoryConfig or None) of a preset, with fields changed by ``layer_changes`` (one layer's, see
+    ``layer_entry``) and then by ``memory_overrides`` (both in MemoryConfig.replace's form: {"window": 16,
+    "optimizer.ns_steps": 3})."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid choices: {', '.join(PRESETS)}")
     preset = PRESETS[name]
@@ -157,11 +202,13 @@ def resolve_preset(name: str, memory_overrides: dict | None = None) -> tuple[lis
     if isinstance(memory, str):  # a hybrid borrows another preset's memory
         memory = PRESETS[memory]["memory"]
     if memory is None:
-        if memory_overrides:
-            raise ValueError(f"preset {name!r} has no memory layer; memory overrides {sorted(memory_overrides)} "
-                             f"do not apply")
+        if memory_overrides or layer_changes:
+            raise ValueError(f"preset {name!r} has no memory layer; memory overrides "
+                             f"{sorted({**(layer_changes or {}), **(memory_overrides or {})})} do not apply")
         return list(preset["layers"]), None
     config = MemoryConfig().replace(f"preset {name!r}", **memory)
+    if layer_changes:
+        config = config.replace("layers.memory", **layer_changes)
     if memory_overrides:
         config = config.replace("memory", **memory_overrides)
     return list(preset["layers"]), config
