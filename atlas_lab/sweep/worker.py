@@ -27,6 +27,7 @@ from pathlib import Path
 import lightning as L
 import optuna
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -253,6 +254,8 @@ def run_trial(spec: SweepSpec, storage: str, study: optuna.Study, trial: optuna.
     except optuna.TrialPruned as e:
         finish_run(client, run_id, "PRUNED", str(e))
         outcome = dict(state=optuna.trial.TrialState.PRUNED)
+    except SIGTERMException:  # the worker is being stopped, not the trial failing: it stays RUNNING, its heartbeat
+        raise  # stops, and the next sweep command finds it lost and runs it again
     except (Exception, SystemExit) as e:  # the trial fails, the study goes on (a failed trial is not lost: no retry)
         reason = str(e) if isinstance(e, TrialJobError) else f"{type(e).__name__}: {e}"
         trial.set_user_attr("fail_reason", reason[:2000])

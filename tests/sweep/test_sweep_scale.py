@@ -7,6 +7,7 @@ an MLflow tracking server.
 """
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -216,9 +217,12 @@ def test_a_live_trial_in_another_pid_namespace_is_never_lost(workdir, monkeypatc
 
 
 @pytest.mark.slow  # ~2 minutes on 2 cores; the PostgreSQL race and the PID-namespace case stay in the default suite
-def test_a_killed_driver_takes_its_worker_along_and_the_resume_reruns_the_lost_trial(workdir, monkeypatch):
+@pytest.mark.parametrize("stop", ["SIGKILL the command", "SIGTERM the command and its worker"])
+def test_a_killed_driver_takes_its_worker_along_and_the_resume_reruns_the_lost_trial(stop, workdir, monkeypatch):
     """SIGKILL the sweep command alone: its worker (and trial) stops within seconds instead of running on as an
-    orphan; the same command again fails the lost trial (stale heartbeat) and completes every point once."""
+    orphan; the same command again fails the lost trial (stale heartbeat) and completes every point once. SIGTERM to
+    the command and its worker (`pkill -f`, a scheduler ending the job) is the same: the interrupted trial is lost and
+    run again, not failed as a trial of its own (Lightning raises SIGTERMException inside the fit)."""
     fast_heartbeats(monkeypatch)
     sweep = write_sweep("kill.yaml", grid={"model.lr": [1e-3, 2e-3]}, fixed={"trainer.max_epochs": 30})
     proc = subprocess.Popen([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], stdout=subprocess.DEVNULL,
@@ -229,17 +233,21 @@ def test_a_killed_driver_takes_its_worker_along_and_the_resume_reruns_the_lost_t
         running = next((t for t in trials_so_far() if t.state == TrialState.RUNNING
                         and t.user_attrs.get("mlflow_run_ids")), None)
     assert running is not None, "no trial started"
-    proc.kill()
-    proc.wait()
     worker = running.user_attrs["pid"]
+    if stop.startswith("SIGKILL"):
+        proc.kill()
+    else:
+        time.sleep(2)  # well inside the fit
+        proc.terminate()
+        os.kill(worker, signal.SIGTERM)
+    proc.wait()
     deadline = time.time() + 15
     while time.time() < deadline and Path(f"/proc/{worker}").exists() and \
             "zombie" not in Path(f"/proc/{worker}/status").read_text(errors="replace").lower():
         time.sleep(0.2)
     assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text().lower()
     assert len(load().get_trials(states=(TrialState.RUNNING, TrialState.COMPLETE))) == 1  # claimed nothing more
-    Path(sweep).write_text(Path(sweep).read_text().replace("trainer.max_epochs: 30", "trainer.max_epochs: 1"))
-    assert main(["sweep", sweep]) == 0
+    assert main(["sweep", sweep]) == 0  # the same file: a changed one is another study, refused
     trials = load().get_trials()
     lost = next(t for t in trials if t.number == running.number)
     assert lost.state == TrialState.FAIL and lost.number in load().user_attrs["superseded_trials"]
