@@ -135,7 +135,8 @@ class MemoryMixer(nn.Module):
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "state": state}
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
-        """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches."""
+        """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches (+ W_0 with
+        reset_every)."""
         c = self.config
         weights = sum(p.numel() for p in self.initial_weights.values())
         momentum = sum(p.shape[0] * math.prod(self.optimizer.state_shape(tuple(p.shape[1:])) or (0,))
@@ -146,7 +147,8 @@ class MemoryMixer(nn.Module):
         pending_gates = len(PENDING_GATES) * self.n_heads if c.read == "chunk" else 0
         mid_chunk = 0 if c.chunk_size == 1 else weights + pending_gates
         conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
-        return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv)
+        reset = 0 if c.reset_every is None else weights  # the W_0 a reset returns to
+        return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv + reset)
 
     def _cached_floats_per_token(self) -> int:  # per step of the rule
         return 2 * self.head_dim + 1 + int(self.config.normalize)  # key, value (+ normaliser column), γ

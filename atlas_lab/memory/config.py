@@ -86,6 +86,8 @@ class MemoryConfig:
         STEP_GATES have n_h rows per token, q, α and θ one; α and θ act at a token's first step (1 at the others);
         read token reads after its last step, read chunk before its first; needs chunk_size 1 (a window counts steps)
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
+    reset_every: R, a multiple of chunk_size, or None (never): the state returns to its initial weights W_0 (a fresh
+        optimiser state, an empty window) before tokens R, 2R, … of the stream (TNT's local memories, arXiv 2511.07343)
     gradient_at: state (g_t at W̃, the state before the chunk: the Titans form) | retained (chunk_size 1: g_t at the
         retained weights α_t ⊙ W_{t−1}, so W_t = α_t ⊙ W_{t−1} − η_t g_t is decay first, then the step: the form of
         the gated delta rules of KDA, Gated DeltaNet's paper and fla; docs/memory.md §3)
@@ -110,6 +112,7 @@ class MemoryConfig:
     channel_gates: tuple[str, ...] = ()
     steps_per_token: int = 1
     chunk_size: int = 16
+    reset_every: Optional[int] = None
     gradient_at: Literal["state", "retained"] = "state"
     read: Literal["token", "chunk"] = "token"
     normalize: bool = False
@@ -137,6 +140,10 @@ class MemoryConfig:
             raise ValueError(f"{where}.window: expected an int >= 1 or null (global), got {self.window!r}")
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
             raise ValueError(f"{where}.chunk_size: expected an int >= 1, got {self.chunk_size!r}")
+        if self.reset_every is not None and (not isinstance(self.reset_every, int) or isinstance(self.reset_every, bool)
+                                             or self.reset_every < 1 or self.reset_every % self.chunk_size):
+            raise ValueError(f"{where}.reset_every: expected null or a multiple of chunk_size={self.chunk_size} (a "
+                             f"reset falls on a chunk boundary), got {self.reset_every!r}")
         if (not isinstance(self.steps_per_token, int) or isinstance(self.steps_per_token, bool)
                 or self.steps_per_token < 1):
             raise ValueError(f"{where}.steps_per_token: expected an int >= 1, got {self.steps_per_token!r}")

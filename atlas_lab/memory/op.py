@@ -1,6 +1,8 @@
 """``memorize``: the public entry point of the memory engine."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
@@ -98,6 +100,14 @@ def _check_qkv(q, k, v, steps=1):
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
+def _with_normaliser(weights, normalize, d_v, D):
+    """Initial weights with normalize=True's z row (zeros) appended to a linear W of d_v rows."""
+    weights = dict(weights)
+    if normalize and weights.get("W") is not None and weights["W"].shape[-2] == d_v:
+        weights["W"] = torch.cat([weights["W"], weights["W"].new_zeros(*weights["W"].shape[:-2], 1, D)], -2)
+    return weights
+
+
 def _heads_first(x):
     """[B, T, H, d] -> [B·H, T, d]."""
     B, T, H, d = x.shape
@@ -193,6 +203,9 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
     if not isinstance(config, MemoryConfig):
         raise TypeError(f"memorize: config must be a MemoryConfig or None; got {type(config).__name__}")
     config = config.replace("memorize", **changes) if changes else config.validate("memorize")
+    if config.reset_every is not None:
+        return _with_resets(q, k, v, config, dict(zip(GATES, (alpha, eta, theta, gamma, erase, write))),
+                            coefficients, initial_state, impl)
     steps = config.steps_per_token
     _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
@@ -257,10 +270,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
         cache_k, cache_v = st.keys.reshape(B * H, -1, d_k), st.values.reshape(B * H, -1, d_out)
         cache_g = st.gamma.reshape(B * H, -1)
     elif isinstance(initial_state, dict):
-        weights = dict(initial_state)
-        if normalize and weights.get("W") is not None and weights["W"].shape[-2] == d_v:
-            weights["W"] = torch.cat([weights["W"], weights["W"].new_zeros(*weights["W"].shape[:-2], 1, D)], -2)
-        W = _broadcast_weights(weights, shapes, B, H, "initial_state", q)
+        W = _broadcast_weights(_with_normaliser(initial_state, normalize, d_v, D), shapes, B, H, "initial_state", q)
     elif initial_state is None:
         init = mem.init_weights(H, D, d_k, d_out, generator=torch.Generator().manual_seed(0), dtype=q.dtype,
                                 device=q.device)
@@ -309,3 +319,52 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
         pending=None if pending is None else {"grad": unflat(pending["grad"]),
                                               **{g: pending[g].reshape(B, H) for g in PENDING_GATES}})
     return o, state
+
+
+def _with_resets(q, k, v, config, gates, coefficients, initial_state, impl):
+    """``memorize`` with config.reset_every = R: the state returns to W_0 before tokens R, 2R, … of the stream, so
+    each segment of R tokens is read from W_0 by the rule without resets. The state carries W_0 and the tokens read
+    since the last reset. The segments between the first and the last of a call are independent of the rest and
+    are read as one batch of B·n sequences."""
+    R, steps, inner = config.reset_every, config.steps_per_token, dataclasses.replace(config, reset_every=None)
+    _check_qkv(q, k, v, steps)
+    B, T, H, d_k = q.shape
+    mem, fmap = config.components("memorize")[:2]
+    D, d_out = fmap.dim(d_k), v.shape[-1] + int(config.normalize)
+    if isinstance(initial_state, MemoryState):
+        if initial_state.initial is None or not 0 <= initial_state.since_reset < R:
+            raise ValueError(f"memorize: initial_state must carry the initial weights and 0 <= since_reset < "
+                             f"reset_every={R} (a state of reset_every={R}); got since_reset="
+                             f"{initial_state.since_reset}, initial={'set' if initial_state.initial else None}")
+        W0, done, state = initial_state.initial, initial_state.since_reset, initial_state
+    else:
+        if initial_state is None:  # memorize's own draw of W_0
+            initial_state = mem.init_weights(H, D, d_k, d_out, generator=torch.Generator().manual_seed(0),
+                                             dtype=q.dtype, device=q.device)
+        if not isinstance(initial_state, dict):
+            raise ValueError(f"memorize: initial_state must be None, a dict of weights or a MemoryState; "
+                             f"got {type(initial_state).__name__}")
+        W0 = _broadcast_weights(_with_normaliser(initial_state, config.normalize, v.shape[-1], D),
+                                mem.shapes(D, d_k, d_out), B, H, "initial_state", q)
+        W0 = {n: w.reshape(B, H, *w.shape[1:]) for n, w in W0.items()}
+        done, state = 0, W0
+    # (start, end, whole segments read as one batch) of each call: up to the next reset, the whole segments between,
+    # the last segment
+    head = min(T, (R - done) % R)
+    n = max(0, -(-(T - head) // R) - 1)
+    calls = [c for c in ((0, head, 1), (head, head + n * R, n), (head + n * R, T, 1)) if c[1] > c[0]] or [(0, 0, 1)]
+    outputs = []
+    for lo, hi, count in calls:
+        def part(x, rows=1):  # tokens lo..hi of a [B, T·rows, …] input as [B·count, (hi − lo)·rows / count, …]
+            return x[:, lo * rows:hi * rows].reshape(B * count, (hi - lo) * rows // count, *x.shape[2:])
+
+        given = {g: part(x, steps if g in STEP_GATES else 1) if isinstance(x, torch.Tensor) else x
+                 for g, x in gates.items()}
+        start = state if lo == 0 and done else {n_: w.unsqueeze(1).expand(B, count, *w.shape[1:]).flatten(0, 1)
+                                                 for n_, w in W0.items()}
+        o, last = memorize(part(q), part(k, steps), part(v, steps), inner, coefficients=coefficients,
+                           initial_state=start, impl=impl, **given)
+        outputs.append(o.reshape(B, hi - lo, *o.shape[2:]))
+        if count == 1:
+            state = last
+    return torch.cat(outputs, 1), dataclasses.replace(state, initial=W0, since_reset=(done + T) % R)

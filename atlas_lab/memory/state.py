@@ -26,6 +26,8 @@ class MemoryState:
     pending:      read="chunk" only: the chunk in progress, {"grad": {name: [B, H, *shape]} (Σ of its tokens'
                   window gradients), "alpha", "eta", "theta": [B, H] (∏ α, Σ η, ∏ θ)}; None at a chunk boundary
                   and for read="token".
+    initial:      reset_every only: W_0, the weights the state returns to at each reset, {name: [B, H, *shape]}.
+    since_reset:  reset_every only: tokens read since the last reset, 0 ≤ since_reset < reset_every.
 
     With ``normalize=True`` the last row of the linear memory's W (and of S, and the last column of
     ``values``, a constant 1) is the running normaliser z.
@@ -39,6 +41,8 @@ class MemoryState:
     gamma: torch.Tensor
     offset: int = 0
     pending: dict | None = None
+    initial: dict[str, torch.Tensor] | None = None
+    since_reset: int = 0
 
     def detach(self) -> "MemoryState":
         """A copy cut from the autograd graph (for truncated backpropagation through long streams)."""
@@ -48,4 +52,5 @@ class MemoryState:
         pending = None if self.pending is None else {
             "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in PENDING_GATES}}
         return MemoryState(d(self.weights), d(self.optimizer_state), d(self.eval_weights), self.keys.detach(),
-                           self.values.detach(), self.gamma.detach(), self.offset, pending)
+                           self.values.detach(), self.gamma.detach(), self.offset, pending, d(self.initial),
+                           self.since_reset)

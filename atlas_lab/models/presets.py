@@ -45,6 +45,9 @@ _CMS_CHUNKS = (16, 64, 256, 1024)
 _CMS_ETA = 0.1
 
 
+_TNT_GLOBAL, _TNT_LOCAL = 64, 8  # TNT's chunk of the global memory, and the local memories' chunk
+
+
 def _cms_level(chunk_size: int) -> dict:
     """One CMS level: the hope_cms memory committed once per chunk of ``chunk_size`` tokens."""
     return dict(kind="memory", memory=dict(chunk_size=chunk_size, eta=_CMS_ETA / chunk_size))
@@ -170,6 +173,19 @@ PRESETS: dict[str, dict] = {
     # norms, their own fixed SwiGLU) sit between the levels; HOPE's self-modifying Titans layer is not included.
     "hope_cms": dict(layers=[_cms_level(c) for c in _CMS_CHUNKS], memory=_memory(
         "mlp", "l2", alpha=1.0, eta=_CMS_ETA / _CMS_CHUNKS[0], gamma=_L, chunk_size=_CMS_CHUNKS[0], read="chunk")),
+    # TNT (Li et al., "TNT: Improving Chunkwise Training for Test-Time Memorization", arXiv 2511.07343): a global
+    # memory trained on large chunks beside local memories trained on small chunks whose state returns to its
+    # learned initial weights W_0 every S_L tokens, so their segments are independent (read in parallel):
+    #     global: W_t = α_t W_{t−1} − η_t ∇ℓ(W̃_G; k_t, v_t), W̃_G the state before its chunk of C_G tokens
+    #     local:  the same on chunks of C_L ≪ C_G tokens, with W_{t−1} := W_0 when t ≡ 0 (mod S_L)
+    # Here: Titans MLP memories on the l2 loss with gd and learned α, η, read token; C_G = 64 and C_L = 8 with
+    # S_L = 64 (a reset at each global chunk). Departs from the paper: the global and local memories are separate
+    # layers in turn (the paper sums their reads in one layer, with several local memories of different chunks); its
+    # Q-K projection of the local queries onto the span of the chunk's keys, and the stage-2 fine-tuning at smaller
+    # chunks, are not included.
+    "tnt": dict(layers=[dict(kind="memory"), dict(kind="memory", memory=dict(chunk_size=_TNT_LOCAL,
+                                                                             reset_every=_TNT_GLOBAL))],
+                memory=_memory("mlp", "l2", alpha=_L, eta=_L, eta_max=_STABLE_ETA_MAX, chunk_size=_TNT_GLOBAL)),
 }
 
 
