@@ -26,13 +26,12 @@ import csv
 import re
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.text import Text
 
 from ..data.capacity import GATES, capacity_probe, probe_config
 from ..tables import print_table
-from .spec import SweepError
+from .spec import SweepError, read_mapping
 
 KEYS = ("study", "n_pairs", "head_dims", "trials", "seed", "combinations")
 HELD = 0.9  # a combination holds N pairs where its retrieval accuracy is at least this
@@ -46,17 +45,7 @@ def load_capacity(path: str | Path) -> dict:
     def fail(key, message):
         raise SweepError(f"{path}: {key}: {message}")
 
-    if not path.is_file():
-        raise SweepError(f"{path}: no such capacity file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SweepError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise SweepError(f"{path}: expected a mapping with keys {', '.join(KEYS)}")
-    unknown = [k for k in raw if k not in KEYS]
-    if unknown:
-        fail("(top level)", f"unknown key(s) {unknown}; valid keys: {', '.join(KEYS)}")
+    raw = read_mapping(path, "capacity", KEYS)
     if not isinstance(raw.get("study"), str) or not re.fullmatch(r"[\w.\-]+", raw["study"]):
         fail("study", "required: letters, digits, '_', '-' and '.'")
     for key in ("n_pairs", "head_dims"):

@@ -172,18 +172,25 @@ def _is_dotted(key) -> bool:
     return isinstance(key, str) and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key) is not None
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and check a sweep file (structure only; ``validate_configs`` checks values against the config)."""
-    path = Path(path)
+def read_mapping(path: Path, kind: str, keys: tuple[str, ...]) -> dict:
+    """A YAML file of ``kind`` (a sweep file, a capacity file) holding a mapping of some of ``keys``; anything else
+    is a SweepError naming the file."""
     if not path.is_file():
-        raise SweepError(f"{path}: no such sweep file")
+        raise SweepError(f"{path}: no such {kind} file")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise SweepError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise SweepError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}")
-    _check_keys(path, "(top level)", raw, TOP_KEYS)
+        raise SweepError(f"{path}: expected a mapping with keys {', '.join(keys)}")
+    _check_keys(path, "(top level)", raw, keys)
+    return raw
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and check a sweep file (structure only; ``validate_configs`` checks values against the config)."""
+    path = Path(path)
+    raw = read_mapping(path, "sweep", TOP_KEYS)
     for key in ("study", "metric"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             _fail(path, key, "required, a non-empty string")

@@ -66,9 +66,7 @@ def fla(x, q=None):
 def test_gated_deltaproduct_matches_fla_float64(impl, n_h):
     """Values, final state and gradients (q, k, v, α, β, W_0) within 1e-10 of fla's recurrence in float64."""
     x = problem(torch.float64, n_h)
-    bad = {n: e for n, e in helpers.errors(ours(impl, preset(n_h))(x), fla(x), f"{impl} n_h={n_h}").items()
-           if not e < 1e-10}
-    assert not bad, bad
+    helpers.compare(ours(impl, preset(n_h))(x), fla(x), 1e-10, f"{impl} n_h={n_h}")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

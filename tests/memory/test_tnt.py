@@ -92,9 +92,7 @@ CASES = [(2, 6), (3, 3), (1, 5), (4, 8)]
 def test_tnt_local_memory_is_the_rule_float64(impl, C, R):
     """Outputs, final weights and gradients (q, k, v, α, η, θ_0) within 1e-10 of the direct computation."""
     x = problem(torch.float64)
-    bad = {n: e for n, e in helpers.errors(ours(impl, C, R)(x), tnt_direct(x, C, R), f"tnt {impl} C={C} R={R}").items()
-           if not e < 1e-10}
-    assert not bad, bad
+    helpers.compare(ours(impl, C, R)(x), tnt_direct(x, C, R), 1e-10, f"tnt {impl} C={C} R={R}")
 
 
 @pytest.mark.parametrize("C,R", [(2, 6), (4, 8)])
