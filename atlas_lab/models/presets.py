@@ -134,6 +134,10 @@ PRESETS: dict[str, dict] = {
     "memora": dict(layers=["memory"], memory=_memory("mlp", "l2", optimizer="kl_retention", alpha=_L, eta=_L,
                                                      eta_max=_STABLE_ETA_MAX)),
     # hybrids with sliding-window attention
+    # Kimi Linear (Kimi Team, arXiv 2510.26692, §3): three KDA layers to one full global-attention layer. Departs
+    # from the paper: its global layers are multi-head latent attention without positional encoding (NoPE); here
+    # they are the model's multi-head attention with RoPE, and its MoE MLPs are the blocks' dense SwiGLU.
+    "kimi_linear": dict(layers=["memory", "memory", "memory", "attention"], memory="kda"),
     "atlas_mag": dict(layers=["mag"], memory="atlas"),
     "atlas_mal": dict(layers=["memory", "swa"], memory="atlas"),
     # memory as context (Titans §4.1; Atlas uses it for BABILong): segments of swa_window tokens attend to themselves

@@ -332,6 +332,22 @@ def test_hybrid_layer_patterns_take_each_presets_memory():
         tiny("atlas", layers=["atlas_mag"])
 
 
+def test_kimi_linear_is_three_kda_layers_to_one_global_attention_layer():
+    """kimi_linear cycles KDA, KDA, KDA, full attention: its streaming state is the three KDA states (state_bytes)
+    plus the attention's KV cache, which grows by cache_bytes_per_token per token read."""
+    model = tiny("kimi_linear", n_layers=4)
+    assert model.layer_kinds == ["memory", "memory", "memory", "attention"]
+    assert all(b.mixer.config == tiny("kda").blocks[0].mixer.config for b in model.blocks[:3])
+    assert model.blocks[3].mixer.window is None and model.cache_bytes_per_token() > 0
+    g, cache, read = torch.Generator().manual_seed(3), None, 0
+    with torch.no_grad():
+        for n in (17, 5, 11):
+            _, cache = model(torch.randint(0, 64, (1, n), generator=g), cache)
+            read += n
+            size = sum(t.numel() * t.element_size() for t in cache_tensors(cache))
+            assert size == model.state_bytes() + read * model.cache_bytes_per_token(), (n, size)
+
+
 @pytest.mark.parametrize("preset", ["atlas_mag", "atlas_mal", "samba", "gated_deltanet_h2"])
 def test_hybrids_with_persistent_tokens_train_and_stream(preset):
     """persistent_tokens = 4: every attention layer (MAG's branch included) holds 4 learnable key/value pairs, which
