@@ -104,6 +104,14 @@ def _positive_number(text: str) -> float:
     return value
 
 
+def _names(text: str) -> list[str]:
+    """An argparse type: comma-separated names (at least one)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     from .noise import quiet
 
@@ -149,6 +157,21 @@ def main(argv: list[str] | None = None) -> int:
                                         "(accuracy against state size)")
     p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
+    p = sub.add_parser("eval", help="score a checkpoint: lm-evaluation-harness tasks and/or perplexity by position "
+                                    "(docs/evaluation.md)")
+    p.add_argument("--ckpt_path", required=True, help="a checkpoint of atlas-lab fit, e.g. runs/checkpoints/last.ckpt")
+    p.add_argument("--tasks", type=_names, default=None, help="harness tasks, comma-separated")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="a folder of task YAML files: the only tasks indexed (without it, the harness's own)")
+    p.add_argument("--limit", type=POSITIVE, default=None, help="at most N examples per task / N sequences by position")
+    p.add_argument("--batch-size", type=POSITIVE, default=8)
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint's fit "
+                                                        "logged to, else sqlite:///runs/mlflow.db)")
+    p.add_argument("--ppl-by-position", default=None, metavar="FILE",
+                   help="a UTF-8 text file or a .npy array of token ids: mean NLL by position bucket")
+    p.add_argument("--max-length", type=POSITIVE, default=None,
+                   help="with --ppl-by-position: tokens per sequence (e.g. 4 times the training length)")
+    p.add_argument("--buckets", type=POSITIVE, default=None, help="with --ppl-by-position: position buckets (8)")
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
     p.add_argument("--port", type=PORT, default=5000)
     p.add_argument("--tracking-uri", default=None)
@@ -169,6 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ui":
         return ui(args.port, args.tracking_uri, args.study)
+    if args.command == "eval":
+        from .eval import EvalError
+        from .eval.command import evaluate
+
+        try:
+            return evaluate(args.ckpt_path, args.tasks, args.include_path, args.limit, args.batch_size,
+                            args.tracking_uri, args.ppl_by_position, args.max_length, args.buckets)
+        except EvalError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     from .sweep import SweepError
 
     try:

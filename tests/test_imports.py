@@ -1,4 +1,4 @@
-"""The package's layers import one way (docs/platform.md): memory → layers → models → lit / data → sweep → cli.
+"""The package's layers import one way (docs/platform.md): memory → layers → models → lit / data → sweep / eval → cli.
 
 A module may import from its own layer or any layer to its left, never from one to its right. Every module of
 ``atlas_lab`` is parsed (not imported) and each of its imports of ``atlas_lab`` is resolved, relative ones and
@@ -28,6 +28,7 @@ RANKS = {
     "lit": 3,
     "data": 3,
     "sweep": 4,
+    "eval": 4,  # evaluates checkpoints of lit's model on data's tokenizers; logs to MLflow as sweep does
     "cli": 5,  # atlas_lab/cli.py, the command
 }
 

@@ -155,6 +155,9 @@ class TaskDataModule(L.LightningDataModule):
 
     def __init__(self, batch_size: int, seed: int, num_workers: int):
         super().__init__()
+        # every subclass's arguments (and, built by LightningCLI, its class path): checkpoints keep them as
+        # ``datamodule_hyper_parameters``, so an evaluation rebuilds the data's tokenizer from a checkpoint alone
+        self.save_hyperparameters(logger=False)
         check(batch_size >= 1, "batch_size", f"expected an int >= 1, got {batch_size}")
         check(num_workers >= 0, "num_workers", f"expected an int >= 0, got {num_workers}")
         check(seed >= 0, "seed", f"expected an int >= 0, got {seed}")

@@ -14,6 +14,15 @@ def lm_windows(ids: np.ndarray, seq_len: int) -> SequenceDataset:
     return SequenceDataset(input_ids=_Slices(ids, starts, seq_len), labels=_Slices(ids, starts + 1, seq_len))
 
 
+def lm_tokenizer(kind, bpe_vocab_size: int, data_path: str | None, cache_dir: str, holdout_fraction: float,
+                 corpus: dict[str, list[str]] | None = None):
+    """The tokenizer of an LMDataModule with these arguments (kind: a class of ``tokenizers.TOKENIZERS``): bytes, or
+    BPE trained on the training split of ``corpus`` (read from data_path when not given, and only by a kind that
+    trains on it; a BPE tokenizer trained before is read from its cache)."""
+    return kind.build(bpe_vocab_size, lambda: (corpus or load_corpus(data_path, cache_dir, holdout_fraction))["train"],
+                      cache_dir)
+
+
 class _Slices:
     """A lazy list of windows ids[s : s + length]."""
 
@@ -69,8 +78,8 @@ class LMDataModule(TaskDataModule):
         if self.tokens:
             return
         corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: corpus["train"],
-                                         self.cache_dir)
+        self.tokenizer = lm_tokenizer(self.tokenizer_kind, self.bpe_vocab_size, self.data_path, self.cache_dir,
+                                      self.holdout_fraction, corpus)
         self.pad_id = self.tokenizer.pad_id
         for split in SPLITS:
             pieces = document_pieces(corpus[split])

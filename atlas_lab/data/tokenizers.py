@@ -1,10 +1,10 @@
 """Tokenizers: bytes (the default) and a byte-level BPE trained offline on a training split and cached on disk.
 
-Both expose: vocab_size, pad_id, encode(text) -> list[int], encode_batch(texts), encode_documents(pieces)
--> int32 array, decode(ids) -> str; and, per kind, before any data is read: ``trains_on_corpus`` (building one
-reads the training split), ``bytes_per_token`` (1.0 for bytes; None where it depends on the text),
-``planned_vocab_size(bpe_vocab_size)`` and ``build(bpe_vocab_size, train_documents, cache_dir)``. The data
-modules look a kind up in TOKENIZERS and ask it; none compares its name.
+Both expose: vocab_size, pad_id, eos_id (None: the corpora carry no end-of-document token), encode(text) ->
+list[int], encode_batch(texts), encode_documents(pieces) -> int32 array, decode(ids) -> str; and, per kind, before
+any data is read: ``trains_on_corpus`` (building one reads the training split), ``bytes_per_token`` (1.0 for bytes;
+None where it depends on the text), ``planned_vocab_size(bpe_vocab_size)`` and ``build(bpe_vocab_size,
+train_documents, cache_dir)``. The data modules look a kind up in TOKENIZERS and ask it; none compares its name.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class ByteTokenizer:
     specials = ("<pad>",)
     trains_on_corpus = False
     bytes_per_token = 1.0
+    eos_id = None
 
     @classmethod
     def planned_vocab_size(cls, bpe_vocab_size: int) -> int:
@@ -63,6 +64,7 @@ class BPETokenizer:
 
     trains_on_corpus = True
     bytes_per_token = None
+    eos_id = None
 
     @classmethod
     def planned_vocab_size(cls, bpe_vocab_size: int) -> int:

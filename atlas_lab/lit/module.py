@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional, Union
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary
+from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from ..data.base import AnswerMixin
@@ -275,6 +276,15 @@ class SequenceModel(L.LightningModule):
 
     def on_test_epoch_end(self):
         self._log_epoch("test")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Records the fit's MLflow run in the checkpoint, ``checkpoint["mlflow_run"]`` = {tracking_uri,
+        experiment_id, run_id}, so that an evaluation of the checkpoint (``atlas-lab eval``) logs to the run that
+        trained it. Nothing without an MLflow logger."""
+        for logger in self.trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
+                checkpoint["mlflow_run"] = {"tracking_uri": logger.experiment.tracking_uri,
+                                            "experiment_id": logger.experiment_id, "run_id": logger.run_id}
 
     def parameter_groups(self) -> list[dict]:
         """AdamW groups: weight decay on matrices only; memory_lr (if set) on the memory mixers' parameters."""

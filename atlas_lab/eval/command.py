@@ -1,0 +1,152 @@
+"""``atlas-lab eval``: a checkpoint scored on lm-evaluation-harness tasks and by position, printed and logged to MLflow.
+
+Everything is checked first (the checkpoint, the task names, the position file and its length) and computed next;
+only then is anything written: the results go to the MLflow run that trained the checkpoint where the checkpoint
+records it (``mlflow_run``) and the store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment
+``atlas-lab``, tagged ``atlas_lab.checkpoint`` with the checkpoint's path.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from ..tables import print_table
+from .checkpoint import EvalError
+from .harness import AtlasLM
+from .position import PositionCurve, plot_curve, ppl_by_position, read_tokens, sequences
+
+EXPERIMENT = "atlas-lab"  # the experiment of lightning_config.yaml's fits
+DEFAULT_BUCKETS = 8
+
+
+def task_manager(tasks: list[str], include_path: str | None):
+    """The harness's task index: the YAML files under ``include_path`` (alone: nothing is indexed or downloaded from
+    elsewhere), or the harness's own tasks without it. EvalError for a missing folder or an unknown task name."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise EvalError(f"--include-path: no such folder: {include_path}")
+    manager = TaskManager(include_path=include_path, include_defaults=include_path is None)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        where = (f"the tasks under {include_path}: {', '.join(manager.all_tasks) or 'none'}" if include_path else
+                 f"{len(manager.all_tasks)} tasks of lm-evaluation-harness; --include-path DIR reads task YAML files "
+                 "from DIR")
+        raise EvalError(f"--tasks: unknown task {', '.join(map(repr, unknown))}; {where}")
+    return manager
+
+
+def harness_metrics(results: dict) -> list[tuple[str, str, float, float | None, int | None]]:
+    """(task, metric, value, stderr, samples) per metric of lm_eval's results; a metric under a filter other than
+    ``none`` is named metric/filter."""
+    rows = []
+    for task, values in results["results"].items():
+        samples = results.get("n-samples", {}).get(task, {}).get("effective")
+        for key, value in values.items():
+            metric, _, kind = key.partition(",")
+            if not kind or "_stderr" in metric or not isinstance(value, (int, float)):
+                continue
+            stderr = values.get(f"{metric}_stderr,{kind}")
+            name = metric if kind == "none" else f"{metric}/{kind}"
+            rows.append((task, name, float(value), float(stderr) if isinstance(stderr, (int, float)) else None,
+                         samples))
+    return rows
+
+
+def tracking_run(checkpoint, tracking_uri: str | None):
+    """(client, run id, how it was found) of the run the evaluation logs to (module docstring). The store is
+    ``tracking_uri``, else the one the checkpoint records, else the project's default."""
+    from mlflow.tracking import MlflowClient
+
+    from ..store import init_store, resolve_uri
+    from ..sweep.tracking import experiment_id, run_exists
+
+    recorded = checkpoint.run or {}
+    uri = resolve_uri(tracking_uri or recorded.get("tracking_uri"))
+    init_store(uri)
+    client = MlflowClient(uri)
+    if recorded and run_exists(client, recorded["run_id"]):
+        return client, recorded["run_id"], "the run that trained the checkpoint"
+    run = client.create_run(experiment_id(client, EXPERIMENT), run_name=f"eval-{checkpoint.path.stem}",
+                            tags={"atlas_lab.checkpoint": str(checkpoint.path.resolve())})
+    why = "the checkpoint records no run" if not recorded else f"the store holds no run {recorded['run_id']}"
+    return client, run.info.run_id, f"a new run ({why})"
+
+
+def print_curve(console: Console, curve: PositionCurve, checkpoint) -> None:
+    rows = [[f"{a}–{b - 1}", f"{n:,}", f"{nll:.4f}", f"{ppl:.3f}"]
+            for a, b, n, nll, ppl in zip(curve.edges[:-1], curve.edges[1:], curve.tokens, curve.nll, curve.ppl)]
+    print_table(console, f"{checkpoint.path.name}: next-token NLL by position ({curve.sequences} sequences of "
+                         f"{curve.edges[-1]} tokens, read in windows of the training length T = "
+                         f"{curve.train_length})", ("positions", "tokens", "mean NLL (nats)", "perplexity"), rows,
+                right=("tokens", "mean NLL (nats)", "perplexity"))
+
+
+def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str | None = None,
+             limit: int | None = None, batch_size: int = 8, tracking_uri: str | None = None,
+             position_file: str | None = None, max_length: int | None = None, buckets: int | None = None,
+             console: Console | None = None) -> int:
+    """``atlas-lab eval``: the harness's scores of ``tasks`` and/or the NLL by position of ``position_file`` up to
+    ``max_length`` tokens, as tables and in MLflow. Raises EvalError (one line) before writing anything."""
+    console = console or Console()
+    if not tasks and position_file is None:
+        raise EvalError("eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, or both")
+    for name, value in (("--max-length", max_length), ("--buckets", buckets)):
+        if position_file is None and value is not None:
+            raise EvalError(f"{name}: used by --ppl-by-position FILE only")
+    if position_file is not None and max_length is None:
+        raise EvalError("--max-length: required with --ppl-by-position FILE: the tokens each sequence reads (e.g. 4 "
+                        "times the training length)")
+    buckets = buckets or DEFAULT_BUCKETS
+    manager = task_manager(tasks, include_path) if tasks else None
+    lm = AtlasLM(ckpt_path, batch_size=batch_size)
+    checkpoint = lm.checkpoint
+    if position_file is not None:
+        tokens = read_tokens(position_file, checkpoint.tokenizer)
+        sequences(tokens, max_length, buckets, limit)  # checked before any score is computed
+
+    metrics, steps, artifacts = {}, {}, {}
+    if tasks:
+        import lm_eval
+
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                          log_samples=False)
+        rows = harness_metrics(results)
+        print_table(console, f"{checkpoint.path.name}: lm-evaluation-harness", ("task", "metric", "value", "stderr",
+                                                                               "samples"),
+                    [[t, m, f"{v:.4f}", None if s is None else f"{s:.4f}", n] for t, m, v, s, n in rows],
+                    right=("value", "stderr", "samples"))
+        metrics.update({f"lm_eval/{t}/{m}": v for t, m, v, _, _ in rows})
+        artifacts["lm_eval_results.json"] = json.dumps({k: results[k] for k in ("results", "n-samples", "versions")
+                                                        if k in results}, indent=2, default=str)
+    if position_file is not None:
+        curve = ppl_by_position(checkpoint.model, tokens, max_length, checkpoint.seq_len, buckets, batch_size, limit)
+        print_curve(console, curve, checkpoint)
+        steps = {"position/nll": list(zip(curve.edges[:-1], curve.nll)),
+                 "position/ppl": list(zip(curve.edges[:-1], curve.ppl))}
+
+    client, run_id, how = tracking_run(checkpoint, tracking_uri)
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [Metric(k, v, now, 0) for k, v in metrics.items()]
+    batch += [Metric(k, v, now, step) for k, points in steps.items() for step, v in points]
+    for i in range(0, len(batch), 500):
+        client.log_batch(run_id, metrics=batch[i:i + 500])
+    for name, text in artifacts.items():
+        client.log_text(run_id, text, f"eval/{name}")
+    if position_file is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            png = Path(folder) / "ppl_by_position.png"
+            plot_curve(curve, png, f"{checkpoint.path.name} on {Path(position_file).name}: perplexity by position")
+            client.log_artifact(run_id, str(png), "eval")
+    if how.startswith("a new run"):
+        client.set_terminated(run_id)
+    console.print(f"logged to MLflow run {run_id} in {client.tracking_uri}: {how}"
+                  + (f"; plot: {client.get_run(run_id).info.artifact_uri}/eval/ppl_by_position.png"
+                     if position_file is not None else ""), highlight=False, soft_wrap=True)
+    return 0

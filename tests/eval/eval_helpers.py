@@ -1,0 +1,64 @@
+"""The evaluation tests' material: a tiny byte-level language model fitted by ``atlas-lab fit`` and local harness
+tasks (the harness's YAML format) over jsonl files."""
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = ("To be, or not to be: that is the question:\nWhether 'tis nobler in the mind to suffer\n"
+        "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles\n")
+SEQ_LEN = 16  # the training length T
+
+
+def fit(folder: Path, *overrides: str) -> Path:
+    """``atlas-lab fit`` of a 2-layer samba (a Mamba-2 memory layer and SWA with a window of 8 < T) at d_model 16 on
+    TEXT, 12 steps, logged to MLflow in folder/runs; returns its last checkpoint."""
+    from atlas_lab.lit.cli import run_cli
+
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TEXT * 40)
+    run_cli(["fit", "-c", str(ROOT / "lightning_config.yaml"), "-c", str(ROOT / "experiments/lm.yaml"),
+             "--model.preset=samba", "--model.d_model=16", "--model.n_layers=2", "--model.n_heads=2",
+             "--model.memory_heads=2", "--model.swa_window=8", "--model.lr=0.01", "--model.warmup_steps=2",
+             "--model.eval_piece=0", f"--data.init_args.data_path={corpus}", f"--data.init_args.seq_len={SEQ_LEN}",
+             f"--data.init_args.cache_dir={folder / 'cache'}", "--data.init_args.batch_size=8",
+             "--trainer.max_steps=12", "--trainer.val_check_interval=12", "--trainer.limit_val_batches=1",
+             f"--trainer.default_root_dir={folder / 'runs'}",
+             f"--trainer.logger.init_args.tracking_uri=sqlite:///{folder / 'runs' / 'mlflow.db'}",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+             "--trainer.callbacks=[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
+             "init_args: {save_last: true}}]", *overrides])
+    return folder / "runs" / "checkpoints" / "last.ckpt"
+
+
+MULTIPLE_CHOICE = [  # question, choices, the right one
+    ("To be, or not to", [" be", " go", " sing"], 0),
+    ("that is the", [" question", " answer"], 0),
+    ("Whether 'tis nobler in the", [" house", " mind", " field"], 1),
+    ("The slings and arrows of outrageous", [" luck", " fortune"], 1),
+    ("Or to take arms against a sea of", [" troubles", " boats", " fish", " stars"], 0),
+    ("", [" to", " zz"], 0),  # an empty context: conditioned on the prefix token alone
+]
+DOCUMENTS = [TEXT * 2, "Or to take arms", "The slings and arrows of outrageous fortune, and more words to come.\n"]
+
+
+def task_yaml(name: str, data: Path, body: str) -> str:
+    return (f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            f"test_split: test\n{body}metadata:\n  version: 1.0\n")
+
+
+def write_tasks(folder: Path) -> Path:
+    """Writes in folder two harness tasks in its own YAML format: tiny_mc (multiple_choice, acc) and tiny_ppl
+    (loglikelihood_rolling: word and byte perplexity, bits per byte), each over a local jsonl file."""
+    (folder / "mc.jsonl").write_text("".join(json.dumps({"question": q, "choices": c, "label": a}) + "\n"
+                                             for q, c, a in MULTIPLE_CHOICE))
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS))
+    (folder / "tiny_mc.yaml").write_text(task_yaml("tiny_mc", folder / "mc.jsonl", (
+        "output_type: multiple_choice\ndoc_to_text: \"{{question}}\"\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: label\ntarget_delimiter: \"\"\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")))
+    (folder / "tiny_ppl.yaml").write_text(task_yaml("tiny_ppl", folder / "docs.jsonl", (
+        "output_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\nmetric_list:\n"
+        + "".join(f"  - metric: {m}\n    aggregation: {a}\n    higher_is_better: false\n" for m, a in (
+            ("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
+            ("bits_per_byte", "bits_per_byte"))))))
+    return folder
