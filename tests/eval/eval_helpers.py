@@ -3,6 +3,8 @@ tasks (the harness's YAML format) over jsonl files."""
 import json
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("To be, or not to be: that is the question:\nWhether 'tis nobler in the mind to suffer\n"
         "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles\n")
@@ -62,3 +64,39 @@ def write_tasks(folder: Path) -> Path:
             ("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
             ("bits_per_byte", "bits_per_byte"))))))
     return folder
+
+
+PAD = 256  # the byte tokenizer's <pad>: the prefix token of a text (its data has no end-of-document token)
+
+
+def direct(model, tokens: list[int], scored: int) -> tuple[float, bool]:
+    """Σ log p over the last ``scored`` tokens of one sequence, and whether each is the argmax: one call, no cache."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        logits, _ = model(ids[:, :-1])
+    log_probs = logits[0].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+    greedy = logits[0].argmax(-1) == ids[0, 1:]
+    return log_probs[-scored:].sum().item(), bool(greedy[-scored:].all())
+
+
+def direct_accuracy(model, questions) -> float:
+    """The share of (question, choices, answer) whose answer has the highest Σ log p of its bytes after the question
+    (after the prefix token alone for an empty question)."""
+    right = []
+    for question, choices, answer in questions:
+        context = list(question.encode()) or [PAD]
+        scores = [direct(model, context + list(c.encode()), len(c.encode()))[0] for c in choices]
+        right.append(max(range(len(choices)), key=lambda i: scores[i]) == answer)
+    return sum(right) / len(right)
+
+
+def direct_position_nll(model, tokens, max_length: int, count: int) -> torch.Tensor:
+    """Next-token NLL at each position of the first ``count`` sequences of max_length + 1 tokens [count, max_length],
+    each scored in one call."""
+    rows = []
+    for s in range(count):
+        ids = torch.as_tensor(tokens[s * (max_length + 1):(s + 1) * (max_length + 1)], dtype=torch.long)[None]
+        with torch.no_grad():
+            logits, _ = model(ids[:, :-1])
+        rows.append(-logits[0].double().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0])
+    return torch.stack(rows)

@@ -5,21 +5,11 @@ import re
 
 import pytest
 import torch
-from eval_helpers import DOCUMENTS, MULTIPLE_CHOICE, SEQ_LEN, TEXT
+from eval_helpers import DOCUMENTS, MULTIPLE_CHOICE, PAD, SEQ_LEN, TEXT, direct, direct_accuracy
 from lm_eval.api.instance import Instance
 
 import atlas_lab.eval  # noqa: F401  (registers "atlas-lab")
 from atlas_lab.eval import AtlasLM, Checkpoint, EvalError, checkpoint_tokenizer
-
-
-def direct(model, tokens: list[int], scored: int) -> tuple[float, bool]:
-    """Σ log p over the last ``scored`` tokens of one sequence, and whether each is the argmax: one call, no cache."""
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        logits, _ = model(ids[:, :-1])
-    log_probs = logits[0].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
-    greedy = logits[0].argmax(-1) == ids[0, 1:]
-    return log_probs[-scored:].sum().item(), bool(greedy[-scored:].all())
 
 
 def evaluate(checkpoint, tasks_dir, names, **kwargs):
@@ -33,13 +23,7 @@ def evaluate(checkpoint, tasks_dir, names, **kwargs):
 
 def test_multiple_choice_accuracy_is_that_of_the_logits(checkpoint, tasks):
     results = evaluate(checkpoint, tasks, ["tiny_mc"], batch_size=3)["tiny_mc"]
-    model, pad = Checkpoint.load(checkpoint).model, 256  # bytes: <pad> = 256 is the prefix token
-    right = []
-    for question, choices, answer in MULTIPLE_CHOICE:
-        context = list(question.encode()) or [pad]
-        scores = [direct(model, context + list(c.encode()), len(c.encode()))[0] for c in choices]
-        right.append(max(range(len(choices)), key=lambda i: scores[i]) == answer)
-    assert results["acc,none"] == pytest.approx(sum(right) / len(right))
+    assert results["acc,none"] == pytest.approx(direct_accuracy(Checkpoint.load(checkpoint).model, MULTIPLE_CHOICE))
 
 
 def test_loglikelihood_batched_and_right_padded_equals_one_sequence_at_a_time(checkpoint):
@@ -49,7 +33,7 @@ def test_loglikelihood_batched_and_right_padded_equals_one_sequence_at_a_time(ch
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     got = lm.loglikelihood(requests)
     for (context, continuation), (log_prob, greedy) in zip(pairs, got):
-        tokens = (list(context.encode()) or [256]) + list(continuation.encode())
+        tokens = (list(context.encode()) or [PAD]) + list(continuation.encode())
         want, want_greedy = direct(lm.model, tokens, len(continuation.encode()))
         assert log_prob == pytest.approx(want, rel=1e-5, abs=1e-4) and greedy == want_greedy
 
@@ -57,7 +41,7 @@ def test_loglikelihood_batched_and_right_padded_equals_one_sequence_at_a_time(ch
 def test_rolling_perplexity_is_that_of_the_logits(checkpoint, tasks):
     results = evaluate(checkpoint, tasks, ["tiny_ppl"], batch_size=2)["tiny_ppl"]
     model = Checkpoint.load(checkpoint).model
-    total = sum(direct(model, [256] + list(d.encode()), len(d.encode()))[0] for d in DOCUMENTS)
+    total = sum(direct(model, [PAD] + list(d.encode()), len(d.encode()))[0] for d in DOCUMENTS)
     words = sum(len(re.split(r"\s+", d)) for d in DOCUMENTS)
     n_bytes = sum(len(d.encode()) for d in DOCUMENTS)
     assert results["word_perplexity,none"] == pytest.approx(math.exp(-total / words), rel=1e-5)
@@ -73,7 +57,7 @@ def test_rolling_loglikelihood_past_the_window_is_the_one_call_loglikelihood(che
     document = TEXT * 2
     assert len(document.encode()) > 20 * SEQ_LEN
     (got,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (document,), 0)])
-    want, _ = direct(lm.model, [256] + list(document.encode()), len(document.encode()))
+    want, _ = direct(lm.model, [PAD] + list(document.encode()), len(document.encode()))
     assert got == pytest.approx(want, rel=1e-5, abs=1e-4)
     assert got < 0
 
@@ -96,5 +80,5 @@ def test_generate_until_stops_at_the_stop_string(checkpoint):
 
 def test_checkpoint_tokenizer_is_the_data_modules(checkpoint):
     tokenizer = checkpoint_tokenizer(checkpoint)
-    assert (tokenizer.vocab_size, tokenizer.pad_id, tokenizer.eos_id) == (257, 256, None)
+    assert (tokenizer.vocab_size, tokenizer.pad_id, tokenizer.eos_id) == (257, PAD, None)
     assert tokenizer.encode("to be") == list(b"to be") and tokenizer.decode(list(b"to be")) == "to be"
