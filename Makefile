@@ -10,7 +10,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	# Keep a torch that is already installed (e.g. a CUDA build); otherwise take the pinned CPU-friendly release.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev]"
+	# A constraints file pins the torch now installed, so no dependency can replace it (litdata wants torchvision,
+	# whose newest release wants the newest torch).
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraints.txt
+	$(PY) -m pip install -c $(VENV)/torch-constraints.txt -e ".[dev]"
+	# PyPI's torchvision for a CPU torch may be a build whose operators do not register beside it ("operator
+	# torchvision::nms does not exist"); torchmetrics imports torchvision when present, so such a torchvision would
+	# break every run. atlas-lab does not use it (litdata's token path does not import it): remove it if it fails.
+	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall -y -q torchvision
 	touch $@
 
 install: $(VENV)/.installed
@@ -51,8 +58,7 @@ BENCHMARKS  := memory_ops newton_schulz_cpu titans_layer deltanet models memory_
                launches chunk_read
 
 $(VENV)/.bench-peers: $(VENV)/.installed
-	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/bench-constraints.txt
-	$(PY) -m pip install -c $(VENV)/bench-constraints.txt $(BENCH_PEERS)
+	$(PY) -m pip install -c $(VENV)/torch-constraints.txt $(BENCH_PEERS)
 	touch $@
 
 # Every benchmark at full size, one after another (long on a CPU; see benchmarks/README.md).
