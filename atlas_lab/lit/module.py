@@ -2,7 +2,8 @@
 
 Batches follow ``atlas_lab.data``'s contract: ``input_ids`` [B, L], ``labels`` [B, L] (−100 = ignored;
 the output at position t is scored against labels[t]), optional ``slice`` [B] for per-slice accuracy,
-and for generation tasks ``answer_start`` / ``answer_length`` [B] (greedy exact match).
+optional ``document_start`` [B, L] bool for packed documents (True where one begins: each document is read as a
+sequence of its own), and for generation tasks ``answer_start`` / ``answer_length`` [B] (greedy exact match).
 With ``target="compression"`` (MAD compression) the last hidden state alone is decoded back into all
 L tokens by a position embedding + MLP head.
 """
@@ -174,7 +175,8 @@ class SequenceModel(L.LightningModule):
         bytes_per_token: for bits per byte (linked from language-modelling data).
         max_len: longest sequence the compression head decodes.
         generate_answers: run greedy decoding for exact match on batches that carry answers.
-        eval_piece: evaluate sequences longer than this in streaming pieces of this size (0: one call).
+        eval_piece: evaluate sequences longer than this in streaming pieces of this size (0: one call; a batch with
+            document_start is read in one call).
     """
 
     def __init__(self, vocab_size: int = 256, preset: PresetName = "atlas", memory: Optional[dict[str, Any]] = None,
@@ -206,10 +208,14 @@ class SequenceModel(L.LightningModule):
             else None
         self.exact_match = nn.ModuleDict({s: ExactMatch() for s in STAGES})
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, L, V] for the batch's labels (next-token or compression decoding)."""
+    def forward(self, input_ids: torch.Tensor, document_start: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, L, V] for the batch's labels (next-token or compression decoding). document_start: [B, L] bool
+        or None (LanguageModel.hidden_states); packed documents are read in one call, never in eval_piece pieces
+        (the logits are the same: only the memory a call takes differs)."""
         piece = self.hparams.eval_piece
-        if not self.training and piece and input_ids.shape[1] > piece:
+        if document_start is not None:
+            h, _ = self.model.hidden_states(input_ids, document_start=document_start)
+        elif not self.training and piece and input_ids.shape[1] > piece:
             cache, hidden = None, []
             for chunk in input_ids.split(piece, 1):
                 h, cache = self.model.hidden_states(chunk, cache)
@@ -220,7 +226,7 @@ class SequenceModel(L.LightningModule):
         return self.readout(self.model, h)
 
     def training_step(self, batch, batch_idx):
-        logits = self(batch["input_ids"])
+        logits = self(batch["input_ids"], batch.get("document_start"))
         loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
@@ -228,7 +234,7 @@ class SequenceModel(L.LightningModule):
         return loss
 
     def _eval_step(self, stage: str, batch):
-        logits = self(batch["input_ids"])
+        logits = self(batch["input_ids"], batch.get("document_start"))
         self.token_metrics[stage].update(logits, batch["labels"])
         if self.slice_metrics is not None and "slice" in batch:
             self.slice_metrics[stage].update(logits, batch["labels"], batch["slice"])

@@ -2,7 +2,8 @@
 
 Embedding -> N × [RMSNorm -> mixer -> residual -> RMSNorm -> SwiGLU -> residual] -> RMSNorm -> LM head.
 Every call takes and returns a streaming cache (one entry per layer), so a sequence can be read in
-pieces of any size with the same result as in one call.
+pieces of any size with the same result as in one call. A packed batch (documents back to back in a row) is read
+with ``document_start``: each document as a sequence of its own (models/documents.py).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers import MAC, MAG, Attention, MemoryMixer
+from .documents import read_documents
 from .presets import LAYER_KINDS, MEMORY_KINDS, PRESETS, layer_entry, layer_label, resolve_preset
 
 
@@ -103,9 +105,14 @@ class LanguageModel(nn.Module):
         if tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None):
+    def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None,
+                      document_start: torch.Tensor | None = None):
         """Final normalised hidden states [B, T, d_model] and the new cache. input_ids: integers in [0, vocab_size),
-        [B, T] with T ≥ 1 (the attention layers take no empty piece); cache: one entry per layer, or None."""
+        [B, T] with T ≥ 1 (the attention layers take no empty piece); cache: one entry per layer, or None.
+
+        document_start: None, or [B, T] bool, True where a packed document begins: every document of a row is then
+        read as a sequence of its own (models/documents.py: each is exactly the model on that document alone), and
+        the returned cache is None. It takes no cache: a stream's state cannot restart inside a piece's rows."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
                 or input_ids.dtype == torch.bool:
             got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
@@ -120,6 +127,21 @@ class LanguageModel(nn.Module):
         if cache and len(cache) != len(self.blocks):
             raise ValueError(f"LanguageModel: cache must hold one entry per layer ({len(self.blocks)}); "
                              f"got {len(cache)}")
+        if document_start is None:
+            return self._read(input_ids, cache)
+        if not isinstance(document_start, torch.Tensor) or document_start.dtype != torch.bool \
+                or document_start.shape != input_ids.shape:
+            got = f"{document_start.dtype} {list(document_start.shape)}" if isinstance(document_start, torch.Tensor) \
+                else type(document_start).__name__
+            raise ValueError(f"LanguageModel: document_start must be a bool tensor of input_ids' shape "
+                             f"{list(input_ids.shape)}; got {got}")
+        if cache:
+            raise ValueError("LanguageModel: document_start takes no cache (a packed batch is read from the start "
+                             "of each row); stream without document_start")
+        return read_documents(lambda ids: self._read(ids)[0], input_ids, document_start), None
+
+    def _read(self, input_ids: torch.Tensor, cache: list | None = None):
+        """hidden_states without the checks: the embedding, the blocks (each with its cache entry) and the norm."""
         x = self.embed(input_ids)
         cache = cache or [None] * len(self.blocks)
         new_cache = []
@@ -128,8 +150,9 @@ class LanguageModel(nn.Module):
             new_cache.append(c)
         return self.norm(x), new_cache
 
-    def forward(self, input_ids: torch.Tensor, cache: list | None = None):
-        h, cache = self.hidden_states(input_ids, cache)
+    def forward(self, input_ids: torch.Tensor, cache: list | None = None, document_start: torch.Tensor | None = None):
+        """(logits [B, T, vocab_size], cache): ``hidden_states``'s arguments."""
+        h, cache = self.hidden_states(input_ids, cache, document_start)
         return self.head(h), cache
 
     @torch.no_grad()
