@@ -3,13 +3,23 @@ import math
 import shutil
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+import yaml
 from mlflow.tracking import MlflowClient
 
-from atlas_lab.lit.cli import run_cli
+from atlas_lab.lit.cli import check_config, run_cli
+from atlas_lab.models import LanguageModel
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "experiments").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "experiments").glob("*.yaml"))}
+# configs on a folder of packed token shards the user prepares (`atlas-lab data prepare`): data.init_args.data_dir
+SHARD_CONFIGS = [name for name, c in CONFIGS.items() if "data_dir" in c["data"]["init_args"]]
+EXPERIMENTS = [name for name in CONFIGS if name not in SHARD_CONFIGS]
+# the paper-size configs' atlas at the paper's vocabulary of 32,000: its parameters, as their comments and
+# docs/scaling.md state them
+PAPER_SIZES = {"lm_340m": 383_647_176, "lm_760m": 824_966_088}
 
 
 def quiet():
@@ -26,6 +36,30 @@ def test_experiment_config_fits_one_batch(workdir, experiment):
     metrics = cli.trainer.callback_metrics
     assert torch.isfinite(metrics["train/loss"]) and torch.isfinite(metrics["val/loss"])
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size  # linked from the data
+
+
+@pytest.mark.parametrize("experiment", SHARD_CONFIGS)
+def test_shard_config_keys_are_the_model_and_trainer_arguments(experiment, tmp_path):
+    """A config on prepared shards, its data section swapped for experiments/lm.yaml's: every model.* and trainer.*
+    key parses against SequenceModel and Lightning's Trainer, the model builds (at d_model 192, 1 layer) and so does
+    the Trainer; a paper-size config reads batches of 0.5M tokens and its atlas has the parameters it states."""
+    config = CONFIGS[experiment]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**config, "data": CONFIGS["lm"]["data"]}))
+    cli = check_config(["-c", str(ROOT / "lightning_config.yaml"), "-c", str(path), "--model.d_model=192",
+                        "--model.n_layers=1"])
+    assert {k: cli.config["model"][k] for k in config["model"]} == {**config["model"], "d_model": 192, "n_layers": 1}
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                        **{k: cli.config["trainer"][k] for k in config["trainer"]})
+    assert (trainer.max_steps, trainer.accumulate_grad_batches) == (config["trainer"]["max_steps"],
+                                                                   config["trainer"].get("accumulate_grad_batches", 1))
+    if experiment in PAPER_SIZES:
+        data, steps = config["data"]["init_args"], trainer.accumulate_grad_batches * config["trainer"]["devices"]
+        assert data["seq_len"] * data["batch_size"] * steps == 2 ** 19
+        with torch.device("meta"):
+            model = LanguageModel(32000, **{k: v for k, v in config["model"].items() if k in (
+                "preset", "d_model", "n_layers", "n_heads", "memory_heads", "swa_window")})
+        assert model.num_parameters() == PAPER_SIZES[experiment]
 
 
 def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
