@@ -112,7 +112,9 @@ class LanguageModel(nn.Module):
 
         document_start: None, or [B, T] bool, True where a packed document begins: every document of a row is then
         read as a sequence of its own (models/documents.py: each is exactly the model on that document alone), and
-        the returned cache is None. It takes no cache: a stream's state cannot restart inside a piece's rows."""
+        the returned cache is None. Given with a cache it is refused (ValueError): a stream would need each row's
+        first document to continue the cache and each row's state at its end, which rows read apart, right-padded,
+        do not give exactly."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
                 or input_ids.dtype == torch.bool:
             got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
