@@ -94,7 +94,9 @@ def paired_power(n: int, delta: float, sd: float, alpha: float = ALPHA) -> float
         return 1.0 if delta != 0 else alpha
     crit = float(t.ppf(1 - alpha / 2, n - 1))
     shift = abs(delta) * math.sqrt(n) / sd
-    return float(nct.sf(crit, n - 1, shift) + nct.cdf(-crit, n - 1, shift))
+    # P(T < −crit) for T ~ nct(shift) is P(T > crit) for nct(−shift): scipy's cdf returns NaN deep in the lower tail
+    # (e.g. crit 4.6, 4 degrees of freedom, shift 7.5), its sf does not
+    return float(nct.sf(crit, n - 1, shift) + nct.sf(crit, n - 1, -shift))
 
 
 def seeds_for_power(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER,

@@ -41,6 +41,18 @@ def test_bootstrap_interval_holds_the_mean_and_narrows_with_pairs():
     assert width["large"] < width["small"]
 
 
+def test_power_is_a_probability_deep_in_the_tail():
+    """At alpha 0.01 with 5 pairs and a large effect (shift 7.5) scipy's noncentral t cdf of the lower tail is NaN;
+    the power is still a number, equal to a simulation's rejection rate within 3 standard errors."""
+    power = st.paired_power(5, 0.1, 0.03, alpha=0.01)
+    d = np.random.default_rng(2).normal(0.1, 0.03, size=(SIMULATIONS, 5))
+    from scipy.stats import ttest_1samp
+    rate = np.mean(ttest_1samp(d, 0.0, axis=1).pvalue < 0.01)
+    assert math.isfinite(power) and abs(rate - power) < 3 * math.sqrt(0.25 / SIMULATIONS)
+    assert st.paired_power(4, 0.1, 0.03, alpha=0.01) < st.POWER <= power
+    assert st.seeds_for_power(0.1, 0.03, alpha=0.01) == 5
+
+
 @pytest.mark.parametrize("delta,sd", [(0.2, 0.2), (0.1, 0.2), (0.05, 0.03)])
 def test_a_known_effect_resolves_at_the_predicted_number_of_seeds(delta, sd):
     """Simulated paired studies at the predicted n reach power 0.8 (within 3 standard errors); one seed fewer
