@@ -112,6 +112,17 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from .noise import quiet
 
@@ -172,6 +183,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=POSITIVE, default=None,
                    help="with --ppl-by-position: tokens per sequence (e.g. 4 times the training length)")
     p.add_argument("--buckets", type=POSITIVE, default=None, help="with --ppl-by-position: position buckets (8)")
+    p = sub.add_parser("data", help="a tokenised corpus as litdata shards (docs/tasks.md §7)")
+    data = p.add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("prepare", help="tokenise .txt/.jsonl/.parquet files into litdata shards (train/, val/)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or glob patterns")
+    p.add_argument("--out", required=True, help="the corpus folder to create (new or empty)")
+    p.add_argument("--tokenizer", default="byte", help="byte, or the path of a tokenizer.json (atlas-lab data "
+                                                       "tokenizer)")
+    p.add_argument("--text-field", default="text", help="the key (.jsonl) or column (.parquet) holding the text")
+    p.add_argument("--holdout-fraction", type=_fraction, default=0.01, help="documents held out for validation")
+    p.add_argument("--seed", type=_int_in(0), default=0, help="the held-out documents' hash key")
+    p.add_argument("--workers", type=POSITIVE, default=1, help="litdata writer processes")
+    p = data.add_parser("tokenizer", help="train a byte-level BPE (specials <pad>, <eos>) on text files")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or glob patterns")
+    p.add_argument("--out", required=True, help="the tokenizer.json to write (a new file)")
+    p.add_argument("--vocab-size", type=_int_in(259), required=True)
+    p.add_argument("--text-field", default="text", help="the key (.jsonl) or column (.parquet) holding the text")
     p = sub.add_parser("ui", help="the MLflow UI on the project's tracking store")
     p.add_argument("--port", type=PORT, default=5000)
     p.add_argument("--tracking-uri", default=None)
@@ -202,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         except EvalError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.command == "data":
+        return data_command(args)
     from .sweep import SweepError
 
     try:
@@ -222,6 +251,28 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def data_command(args) -> int:
+    """``atlas-lab data prepare|tokenizer``: a bad input is one line and exit code 2, with nothing written."""
+    from .data import shards
+
+    try:
+        if args.data_command == "prepare":
+            corpus = shards.prepare(args.inputs, args.out, args.tokenizer, args.text_field, args.holdout_fraction,
+                                    args.seed, args.workers)
+            counts = ", ".join(f"{name} {s['documents']:,} documents / {s['tokens']:,} tokens"
+                               for name, s in corpus["splits"].items())
+            print(f"{args.out}: {counts} ({corpus['tokenizer']}, vocab {corpus['vocab_size']:,})")
+        else:
+            tok = shards.train_tokenizer(args.inputs, args.out, args.vocab_size, args.text_field)
+            print(f"{args.out}: byte-level BPE, vocab {tok.vocab_size:,}")
+    except ValueError as e:  # the message starts with the argument's name in shards.py: as the flag here
+        name, _, reason = str(e).partition(": ")
+        flag = {"inputs": "INPUT", "out_dir": "--out", "out_path": "--out"}.get(name, f"--{name.replace('_', '-')}")
+        print(f"error: {flag}: {reason}" if reason else f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def ui(port: int, tracking_uri: str | None, study: str | None = None) -> int:

