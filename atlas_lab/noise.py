@@ -21,6 +21,9 @@ WARNINGS = [
     (r"LightningCLI's args parameter is intended to run from within Python", "UserWarning",
      "a sweep trial passes its config as args to LightningCLI in a worker or job whose own command line must stay as "
      "it is (Lightning's DDP launcher starts a job's other ranks from it)"),
+    (r"Your `IterableDataset` has `__len__` defined", "UserWarning",
+     "Lightning's caution for any iterable dataset with a length: litdata's StreamingDataset (StreamingLMDataModule) "
+     "gives each worker and rank its own part, so its length is exact"),
     (r"Checkpoint directory .* exists and is not empty", "UserWarning",
      "each fit replaces last.ckpt on purpose (lightning_config.yaml: enable_version_counter: false)"),
 ]

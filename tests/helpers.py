@@ -211,3 +211,25 @@ def assert_pieces_equal_one_call(call, inputs: dict, state, cuts=((0, 17), (17, 
     for a, b in zip(torch.autograd.grad(o_split.square().sum(), list(inputs.values())),
                     torch.autograd.grad(o_full.square().sum(), list(inputs.values()))):
         assert rel_err(a, b) < tol
+
+
+def chunk_tokens(split_dir) -> list:
+    """The token stream of every litdata chunk of a prepared split, in index.json's order, read from the chunk files
+    as litdata's writer lays them out: uint32 item count n, uint32 offsets [n + 1] (from the file's start), then the
+    items' tokens back to back (the dtype is corpus.json's)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    split_dir = Path(split_dir)
+    dtype = np.dtype(json.loads((split_dir.parent / "corpus.json").read_text())["dtype"])
+    streams = []
+    for chunk in json.loads((split_dir / "index.json").read_text())["chunks"]:
+        raw = (split_dir / chunk["filename"]).read_bytes()
+        n = int(np.frombuffer(raw, np.uint32, 1)[0])
+        offsets = np.frombuffer(raw, np.uint32, n + 1, 4)
+        assert offsets[-1] == len(raw) and n == chunk["chunk_size"]
+        streams.append(np.frombuffer(raw[offsets[0]:], dtype))
+        assert len(streams[-1]) == chunk["dim"]
+    return streams

@@ -7,6 +7,8 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.item_loader import TokensLoader
 
 from .base import check
 from .shards import load_tokenizer, read_corpus
@@ -24,6 +26,31 @@ def window_batch(windows: list, eos_id: int, reset_at_document: bool) -> dict[st
     return batch
 
 
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """litdata's StreamingDataLoader whose restored position (load_state_dict) applies to the next pass only.
+
+    load_state_dict sets litdata's ``restore``: the next pass continues the saved epoch. litdata 0.2.76 clears it only
+    when a pass runs to its end; Lightning ends an epoch after len(loader) batches without asking for another, so
+    with litdata's loader every later epoch would continue counting from the restored position (repeating and
+    skipping windows, and a state saved then is refused on resume: "num_samples_yielded ... greater than the
+    dataset length"). Here every pass after the restored one starts a new epoch.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.restored_pass = False
+
+    def load_state_dict(self, obj: dict) -> None:
+        super().load_state_dict(obj)
+        self.restored_pass = self.restore
+
+    def __iter__(self):
+        if not self.restored_pass:
+            self.restore = False
+        self.restored_pass = False
+        yield from super().__iter__()
+
+
 class StreamingLMDataModule(L.LightningDataModule):
     """Next-token prediction on the shards of ``atlas-lab data prepare`` (``atlas_lab.data.shards``).
 
@@ -35,8 +62,10 @@ class StreamingLMDataModule(L.LightningDataModule):
     validation windows are in order. Under DDP each rank reads its own part: litdata's StreamingDataset reads the
     world size and rank from torch.distributed when it is built, so the loaders are built in *_dataloader(), after
     the Trainer has set up the process group (every rank then reads as many windows).
-    Resuming: the training loader's position (StreamingDataLoader.state_dict) is saved in the checkpoint, so a
-    resumed fit continues with the batches it had not seen (``state_dict`` below).
+    Resuming: Lightning's fit loop saves the training loader's position (StreamingDataLoader.state_dict, under
+    checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]) and loads it into the new loader on resume,
+    so a fit resumed from a mid-epoch checkpoint trains on exactly the batches it had not seen; the data module adds
+    no state of its own (a second load_state_dict of the same state would shift litdata's worker order).
 
     Attributes: vocab_size, pad_id, eos_id (from corpus.json); seq_len; tokenizer (``shards.load_tokenizer``);
     bytes_per_token (UTF-8 bytes per token of the validation split, <eos> included: bits per byte =
@@ -69,10 +98,7 @@ class StreamingLMDataModule(L.LightningDataModule):
         self.slice_names: list[str] = []
         self.tokenizer = load_tokenizer(self.data_dir)
 
-    def dataset(self, split: str, shuffle: bool):
-        from litdata import StreamingDataset
-        from litdata.streaming.item_loader import TokensLoader
-
+    def dataset(self, split: str, shuffle: bool) -> StreamingDataset:
         return StreamingDataset(str(self.data_dir / split), item_loader=TokensLoader(block_size=self.seq_len + 1),
                                 shuffle=shuffle, seed=self.seed)
 
@@ -82,11 +108,9 @@ class StreamingLMDataModule(L.LightningDataModule):
             check(len(self.dataset(split, shuffle=False)) > 0, "seq_len",
                   f"{self.seq_len} leaves no window of seq_len + 1 tokens in {str(self.data_dir / split)!r}")
 
-    def _loader(self, split: str):
-        from litdata import StreamingDataLoader
-
+    def _loader(self, split: str) -> ResumableStreamingDataLoader:
         collate = functools.partial(window_batch, eos_id=self.eos_id, reset_at_document=self.reset_at_document)
-        return StreamingDataLoader(self.dataset(split, shuffle=split == "train"), batch_size=self.batch_size,
+        return ResumableStreamingDataLoader(self.dataset(split, shuffle=split == "train"), batch_size=self.batch_size,
                                    num_workers=self.num_workers, collate_fn=collate)
 
     def train_dataloader(self):
