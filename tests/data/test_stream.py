@@ -164,3 +164,38 @@ def test_atlas_lab_fit_trains_on_a_prepared_corpus(data_dir, workdir):
     hparams = torch.load("runs/checkpoints/last.ckpt", weights_only=False)["hyper_parameters"]
     assert hparams["vocab_size"] == 258 and hparams["bytes_per_token"] == \
         StreamingLMDataModule(data_dir).bytes_per_token
+
+
+@pytest.mark.slow  # two processes that start Lightning, and a third: ~1 minute on 2 cores
+def test_each_ddp_rank_reads_its_own_windows(data_dir, workdir):
+    """`atlas-lab fit --trainer.strategy=ddp --trainer.devices=2` (gloo) for one epoch: litdata gives each rank its
+    own windows (read from torch.distributed when the loader is built), as many on both ranks; together they are
+    the epoch's windows, but for at most one batch per rank left out so that the ranks' counts match."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dist_probe import row_ids
+
+    root = Path(__file__).resolve().parents[2]
+    probe = json.dumps([{"class_path": "dist_probe.Probe", "init_args": {"out": str(workdir / "probe")}}])
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "fit", "-c", "lightning_config.yaml",
+                          "--data=atlas_lab.data.StreamingLMDataModule", f"--data.data_dir={data_dir}",
+                          "--data.seq_len=31", "--data.batch_size=8", "--data.num_workers=1",
+                          "--model.preset=transformer", "--model.d_model=16", "--model.n_layers=1",
+                          "--model.n_heads=2", "--trainer.max_epochs=1", "--trainer.limit_val_batches=0",
+                          "--trainer.logger=false", "--trainer.enable_checkpointing=false", "--validate_at_end=false",
+                          "--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2",
+                          "--trainer.enable_progress_bar=false", f"--trainer.callbacks={probe}"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((workdir / "probe" / f"rank-{r}.json").read_text()) for r in range(2)]
+    ids = [[i for step in r["steps"] for i in step["ids"]] for r in ranks]
+    assert [r["world_size"] for r in ranks] == [2, 2] and len(ranks[0]["steps"]) == len(ranks[1]["steps"]) > 0
+    expected = row_ids({"input_ids": torch.as_tensor(expected_windows(f"{data_dir}/train", 31)[:, :-1].astype(int))})
+    assert len(set(expected)) == len(expected)
+    assert not set(ids[0]) & set(ids[1]) and set(ids[0]) | set(ids[1]) <= set(expected)
+    assert len(ids[0]) + len(ids[1]) > len(expected) - 2 * 8
