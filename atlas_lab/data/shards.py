@@ -85,6 +85,7 @@ class BPEFileTokenizer:
         missing = [s for s, i in ids.items() if i is None]
         check(not missing, "tokenizer", f"{str(path)!r} has no {' or '.join(missing)} token; expected a tokenizer "
                                         f"with the specials {', '.join(SPECIALS)} (atlas-lab data tokenizer)")
+        self.tokenizer.encode_special_tokens = True  # "<eos>" written in a document is text, not the end token
         self.path = Path(path)
         self.pad_id, self.eos_id = ids["<pad>"], ids["<eos>"]
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -117,7 +118,9 @@ def load_tokenizer(data_dir: str | Path):
     """The tokenizer a prepared corpus was written with (from data_dir/corpus.json): vocab_size, eos_id, pad_id,
     encode(text) -> list[int], decode(ids) -> str."""
     corpus = read_corpus(data_dir)
-    return ByteEOSTokenizer() if corpus["tokenizer"] == "byte" else BPEFileTokenizer(Path(data_dir) / "tokenizer.json")
+    if corpus["tokenizer"] == "byte":
+        return ByteEOSTokenizer()
+    return BPEFileTokenizer(Path(data_dir).expanduser() / "tokenizer.json")
 
 
 def read_corpus(data_dir: str | Path) -> dict:
@@ -420,6 +423,7 @@ def train_tokenizer(inputs: list[str], out_path: str, vocab_size: int, text_fiel
     with _progress("{task.fields[documents]:,} documents") as progress:
         task = progress.add_task("reading", total=total, documents=0)
         tok.train_from_iterator(documents(progress, task), trainer)
+        progress.update(task, completed=total)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         tok.save(str(tmp))

@@ -9,7 +9,7 @@ from helpers import chunk_tokens
 from atlas_lab.cli import main
 from atlas_lab.data.shards import BPEFileTokenizer, ByteEOSTokenizer, load_tokenizer, prepare
 
-WORDS = ["alpha", "beta", "gamma", "naïve", "δέλτα", "日本語", "end.", "\n"]
+WORDS = ["alpha", "beta", "gamma", "naïve", "δέλτα", "日本語", "end.", "\n", "<eos>"]  # "<eos>" as text, not a token
 
 
 def documents(n: int, seed: int = 0) -> list[str]:
@@ -95,8 +95,8 @@ def test_bpe_tokenizer_trains_round_trips_and_prepares(corpus, tmp_path, monkeyp
     assert main(["data", "tokenizer", *inputs, "--out", "tok.json", "--vocab-size", "300"]) == 0
     tok = BPEFileTokenizer("tok.json")
     assert (tok.pad_id, tok.eos_id) == (0, 1) and 258 < tok.vocab_size <= 300
-    for text in docs[:20] + ["unseen words: zebra Ω\n"]:
-        assert tok.decode(tok.encode(text)) == text
+    for text in docs[:20] + ["unseen words: zebra Ω\n", "<pad><eos>"]:
+        assert tok.decode(tok.encode(text)) == text and tok.eos_id not in tok.encode(text)
     assert len(tok.encode(docs[5])) < len(docs[5].encode("utf-8"))  # merges were learned
     assert main(["data", "prepare", *inputs, "--out", "bpe", "--tokenizer", "tok.json", "--holdout-fraction", "0.2",
                  "--workers", "2"]) == 0
