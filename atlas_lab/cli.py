@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --ppl-by-position: tokens per sequence (e.g. 4 times the training length)")
     p.add_argument("--buckets", type=POSITIVE, default=None, help="with --ppl-by-position: position buckets (8)")
     p = sub.add_parser("data", help="a tokenised corpus as litdata shards (docs/tasks.md §7)")
-    data = p.add_subparsers(dest="data_command", required=True)
+    data = p.add_subparsers(dest="data_command", metavar="prepare|tokenizer", required=True)
     p = data.add_parser("prepare", help="tokenise .txt/.jsonl/.parquet files into litdata shards (train/, val/)")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or glob patterns")
     p.add_argument("--out", required=True, help="the corpus folder to create (new or empty)")

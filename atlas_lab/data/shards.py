@@ -16,8 +16,9 @@ Output (``out_dir``):
   corpus.json     tokenizer kind, vocab_size, eos_id, pad_id, the token dtype, documents / tokens / UTF-8 bytes per
                   split, the inputs and the files read;
   tokenizer.json  a copy of the BPE tokenizer used (none for bytes).
-Everything is written into a temporary folder next to out_dir, renamed to out_dir at the end: a failure leaves
-nothing behind.
+Everything is written into a temporary folder next to out_dir (.<name>.tmp-*), renamed to out_dir at the end: a
+failure leaves nothing behind. (Ctrl-C while litdata writes the shards ends the process at once, as litdata's
+handler does, and leaves that folder.)
 
 Tokenizers (``load_tokenizer(data_dir)`` returns the one a corpus was written with): ``byte`` = UTF-8 bytes 0..255,
 <pad> = 256, <eos> = 257, vocab 258 (``ByteEOSTokenizer``; the in-memory LM task's ``ByteTokenizer`` has no <eos>);
@@ -32,6 +33,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,15 +298,18 @@ def _progress(counts: str) -> Progress:
 
 
 @contextlib.contextmanager
-def _optimizer_cache(folder: Path):
-    """litdata.optimize's scratch folders (by default <tmp>/chunks and <tmp>/data, emptied by every optimize call,
-    shared by every user of the machine) under folder while it runs."""
+def _optimizing(folder: Path):
+    """litdata.optimize's side effects kept to its calls: its scratch folders (by default <tmp>/chunks and
+    <tmp>/data, emptied by every optimize call, shared by every user of the machine) under folder, and the SIGINT
+    handler it installs for good (os._exit(0) on Ctrl-C) replaced by the one before."""
     names = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
     saved = {name: os.environ.get(name) for name in names}
+    handler = signal.getsignal(signal.SIGINT)
     os.environ.update({names[0]: str(folder / "chunks"), names[1]: str(folder / "data")})
     try:
         yield
     finally:
+        signal.signal(signal.SIGINT, handler)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name)
@@ -365,7 +370,7 @@ def prepare(inputs: list[str], out_dir: str, tokenizer: str = "byte", text_field
                                                           f"({documents} documents); expected a fraction that "
                                                           "leaves documents on both sides")
         step = max(1, chunk_bytes // 32 // dtype.itemsize)  # tokens per litdata item: ~32 items (whole) per chunk
-        with _optimizer_cache(tmp / "cache"):
+        with _optimizing(tmp / "cache"):
             for name, split in splits.items():
                 items = [(str(split.path), dtype.name, start, min(step, split.tokens - start))
                          for start in range(0, split.tokens, step)]

@@ -112,12 +112,20 @@ def test_bpe_tokenizer_trains_round_trips_and_prepares(corpus, tmp_path, monkeyp
 
 
 def test_parquet_documents_are_read_from_their_column(tmp_path):
+    """And prepare leaves nothing but out_dir, and the process as it was (litdata.optimize's scratch folders and
+    SIGINT handler)."""
+    import os
+    import signal
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     docs = documents(30, seed=1)
     pq.write_table(pa.table({"body": docs + [None, ""], "n": list(range(32))}), tmp_path / "a.parquet")
+    handler = signal.getsignal(signal.SIGINT)
     prepare([str(tmp_path / "a.parquet")], str(tmp_path / "out"), text_field="body", holdout_fraction=0.3)
+    assert signal.getsignal(signal.SIGINT) is handler and "DATA_OPTIMIZER_CACHE_FOLDER" not in os.environ
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "out"]
     tok = ByteEOSTokenizer()
     assert sorted(split_documents(tmp_path / "out", "train", tok) + split_documents(tmp_path / "out", "val", tok)) \
         == sorted(docs)
