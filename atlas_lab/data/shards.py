@@ -130,7 +130,10 @@ def read_corpus(data_dir: str | Path) -> dict:
     path = Path(data_dir).expanduser() / "corpus.json"
     check(path.is_file(), "data_dir", f"{str(data_dir)!r} has no corpus.json; expected a folder written by "
                                       "atlas-lab data prepare")
-    return json.loads(path.read_text())
+    corpus = json.loads(path.read_text())
+    check(corpus.get("format") == FORMAT_VERSION, "data_dir", f"{str(path)!r} has format {corpus.get('format')!r}; "
+                                                              f"expected {FORMAT_VERSION} (prepare the corpus again)")
+    return corpus
 
 
 # ---------------------------------------------------------------------------------------------------------- reading

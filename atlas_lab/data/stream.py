@@ -103,15 +103,16 @@ class StreamingLMDataModule(L.LightningDataModule):
                                 shuffle=shuffle, seed=self.seed)
 
     def setup(self, stage: str | None = None) -> None:
-        """Check that every split read by the stage holds at least one window."""
-        for split in ("val",) if stage in ("validate", "test") else ("train", "val"):
+        """Check that every split read by the stage holds at least one window (there is no test split)."""
+        for split in ("val",) if stage == "validate" else ("train", "val"):
             check(len(self.dataset(split, shuffle=False)) > 0, "seq_len",
                   f"{self.seq_len} leaves no window of seq_len + 1 tokens in {str(self.data_dir / split)!r}")
 
     def _loader(self, split: str) -> ResumableStreamingDataLoader:
         collate = functools.partial(window_batch, eos_id=self.eos_id, reset_at_document=self.reset_at_document)
-        return ResumableStreamingDataLoader(self.dataset(split, shuffle=split == "train"), batch_size=self.batch_size,
-                                   num_workers=self.num_workers, collate_fn=collate)
+        return ResumableStreamingDataLoader(self.dataset(split, shuffle=split == "train"),
+                                            batch_size=self.batch_size, num_workers=self.num_workers,
+                                            collate_fn=collate)
 
     def train_dataloader(self):
         return self._loader("train")
