@@ -181,7 +181,8 @@ def test_each_ddp_rank_reads_its_own_windows(data_dir, workdir):
     root = Path(__file__).resolve().parents[2]
     probe = json.dumps([{"class_path": "dist_probe.Probe", "init_args": {"out": str(workdir / "probe")}}])
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(root / "tests"), str(root)] + os.environ.get("PYTHONPATH", "").split(
+                   os.pathsep)).rstrip(os.pathsep))
     run = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "fit", "-c", "lightning_config.yaml",
                           "--data=atlas_lab.data.StreamingLMDataModule", f"--data.data_dir={data_dir}",
                           "--data.seq_len=31", "--data.batch_size=8", "--data.num_workers=1",
