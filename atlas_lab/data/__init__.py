@@ -37,8 +37,16 @@ from .lm import LMDataModule
 from .mad import MADDataModule
 from .mqar import MQARDataModule
 from .niah import NIAHDataModule
-from .stream import StreamingLMDataModule
 from .tokenizers import BPETokenizer, ByteTokenizer
 
 __all__ = ["LMDataModule", "StreamingLMDataModule", "MQARDataModule", "NIAHDataModule", "BABILongDataModule",
            "MADDataModule", "CapacityDataModule", "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]
+
+
+def __getattr__(name: str):
+    """StreamingLMDataModule is imported when first named: it needs litdata (pip install 'atlas-lab[lm]')."""
+    if name == "StreamingLMDataModule":
+        from .stream import StreamingLMDataModule
+
+        return StreamingLMDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

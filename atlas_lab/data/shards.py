@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from litdata import optimize
-from litdata.streaming.item_loader import TokensLoader
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .base import check
@@ -345,6 +343,9 @@ def prepare(inputs: list[str], out_dir: str, tokenizer: str = "byte", text_field
         chunk_bytes: the size of a litdata chunk (the unit of shuffling; the last < seq_len + 1 tokens of a chunk
             are never read as a window).
     """
+    from litdata import optimize
+    from litdata.streaming.item_loader import TokensLoader
+
     check(0 < holdout_fraction < 1, "holdout_fraction", f"expected a number in (0, 1), got {holdout_fraction}")
     check(isinstance(seed, int) and 0 <= seed < 2**64, "seed", f"expected an int in [0, 2^64), got {seed!r}")
     check(num_workers >= 1, "num_workers", f"expected an int >= 1, got {num_workers}")

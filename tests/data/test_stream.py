@@ -156,11 +156,10 @@ def test_a_fit_resumed_mid_epoch_trains_on_the_batches_it_had_not_seen(data_dir,
 
 
 def test_atlas_lab_fit_trains_on_a_prepared_corpus(data_dir, workdir):
-    """The command of docs/tasks.md §7: the data module's vocabulary and bytes per token reach the model."""
-    assert main(["fit", "-c", "lightning_config.yaml", "--data=atlas_lab.data.StreamingLMDataModule",
-                 f"--data.data_dir={data_dir}", "--data.seq_len=31", "--data.batch_size=4", "--data.num_workers=0",
-                 "--model.preset=transformer", "--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2",
-                 "--trainer.max_steps=2", "--trainer.limit_val_batches=2"]) == 0
+    """experiments/lm_tiny_shards.yaml on a prepared corpus (deltanet for speed; documents read apart with
+    document_start): the data module's vocabulary and bytes per token reach the model and its checkpoint."""
+    assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
+                 f"--data.init_args.data_dir={data_dir}", "--model.preset=deltanet", "--trainer.max_steps=2"]) == 0
     hparams = torch.load("runs/checkpoints/last.ckpt", weights_only=False)["hyper_parameters"]
     assert hparams["vocab_size"] == 258 and hparams["bytes_per_token"] == \
         StreamingLMDataModule(data_dir).bytes_per_token
