@@ -84,6 +84,7 @@ class StreamingLMDataModule(L.LightningDataModule):
             reset_at_document: add ``document_start`` to every batch.
         """
         super().__init__()
+        self.save_hyperparameters(logger=False)  # checkpoints keep the arguments: an evaluation finds the tokenizer
         check(seq_len >= 1, "seq_len", f"expected an int >= 1, got {seq_len}")
         check(batch_size >= 1, "batch_size", f"expected an int >= 1, got {batch_size}")
         check(num_workers >= 0, "num_workers", f"expected an int >= 0, got {num_workers}")

@@ -157,12 +157,15 @@ def test_a_fit_resumed_mid_epoch_trains_on_the_batches_it_had_not_seen(data_dir,
 
 def test_atlas_lab_fit_trains_on_a_prepared_corpus(data_dir, workdir):
     """experiments/lm_tiny_shards.yaml on a prepared corpus (deltanet for speed; documents read apart with
-    document_start): the data module's vocabulary and bytes per token reach the model and its checkpoint."""
+    document_start): the data module's vocabulary and bytes per token reach the model, and its arguments the
+    checkpoint (where atlas-lab eval finds the tokenizer)."""
     assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
                  f"--data.init_args.data_dir={data_dir}", "--model.preset=deltanet", "--trainer.max_steps=2"]) == 0
-    hparams = torch.load("runs/checkpoints/last.ckpt", weights_only=False)["hyper_parameters"]
+    checkpoint = torch.load("runs/checkpoints/last.ckpt", weights_only=False)
+    hparams, data = checkpoint["hyper_parameters"], checkpoint["datamodule_hyper_parameters"]
     assert hparams["vocab_size"] == 258 and hparams["bytes_per_token"] == \
         StreamingLMDataModule(data_dir).bytes_per_token
+    assert (data["data_dir"], data["seq_len"], data["reset_at_document"]) == (data_dir, 64, True)
 
 
 @pytest.mark.slow  # two processes that start Lightning, and a third: ~1 minute on 2 cores
