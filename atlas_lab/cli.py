@@ -112,6 +112,17 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _lengths(text: str) -> list[int]:
+    """An argparse type: comma-separated ints >= 1 (at least one)."""
+    try:
+        values = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints >= 1 (sequence lengths), got {text!r}")
+    return values
+
+
 def _fraction(text: str) -> float:
     """An argparse type: a number in (0, 1)."""
     try:
@@ -168,21 +179,26 @@ def main(argv: list[str] | None = None) -> int:
                                         "(accuracy against state size)")
     p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
-    p = sub.add_parser("eval", help="score a checkpoint: lm-evaluation-harness tasks and/or perplexity by position "
+    p = sub.add_parser("eval", help="score a checkpoint: lm-evaluation-harness tasks, perplexity by position, S-NIAH "
                                     "(docs/evaluation.md)")
     p.add_argument("--ckpt_path", required=True, help="a checkpoint of atlas-lab fit, e.g. runs/checkpoints/last.ckpt")
     p.add_argument("--tasks", type=_names, default=None, help="harness tasks, comma-separated")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="a folder of task YAML files: the only tasks indexed (without it, the harness's own)")
-    p.add_argument("--limit", type=POSITIVE, default=None, help="at most N examples per task / N sequences by position")
+    p.add_argument("--limit", type=POSITIVE, default=None, help="at most N examples per task / N sequences by position "
+                                                                "/ N S-NIAH samples per length")
     p.add_argument("--batch-size", type=POSITIVE, default=8)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint's fit "
                                                         "logged to, else sqlite:///runs/mlflow.db)")
     p.add_argument("--ppl-by-position", default=None, metavar="FILE",
-                   help="a UTF-8 text file or a .npy array of token ids: mean NLL by position bucket")
+                   help="a UTF-8 text file, a .npy array of token ids, or a split of atlas-lab data prepare "
+                        "(DATA_DIR/val: its documents, each from its start): mean NLL by position bucket")
     p.add_argument("--max-length", type=POSITIVE, default=None,
                    help="with --ppl-by-position: tokens per sequence (e.g. 4 times the training length)")
     p.add_argument("--buckets", type=POSITIVE, default=None, help="with --ppl-by-position: position buckets (8)")
+    p.add_argument("--niah", type=_lengths, default=None, metavar="LENGTHS",
+                   help="S-NIAH at these lengths (e.g. 1024,2048,4096): the S-NIAH data module's test split scored "
+                        "as atlas-lab test scores it")
     p = sub.add_parser("data", help="a tokenised corpus as litdata shards (docs/tasks.md §7)")
     data = p.add_subparsers(dest="data_command", metavar="prepare|tokenizer", required=True)
     p = data.add_parser("prepare", help="tokenise .txt/.jsonl/.parquet files into litdata shards (train/, val/)")
@@ -225,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return evaluate(args.ckpt_path, args.tasks, args.include_path, args.limit, args.batch_size,
-                            args.tracking_uri, args.ppl_by_position, args.max_length, args.buckets)
+                            args.tracking_uri, args.ppl_by_position, args.max_length, args.buckets, args.niah)
         except EvalError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -267,6 +283,12 @@ def data_command(args) -> int:
         else:
             tok = shards.train_tokenizer(args.inputs, args.out, args.vocab_size, args.text_field)
             print(f"{args.out}: byte-level BPE, vocab {tok.vocab_size:,}")
+    except ModuleNotFoundError as e:
+        if e.name != "litdata":
+            raise
+        print("error: atlas-lab data prepare writes litdata shards and needs litdata, which comes with the lm extra: "
+              "pip install 'atlas-lab[lm]'", file=sys.stderr)
+        return 2
     except ValueError as e:  # the message starts with the argument's name in shards.py: as the flag here
         name, _, reason = str(e).partition(": ")
         flag = {"inputs": "INPUT", "out_dir": "--out", "out_path": "--out"}.get(name, f"--{name.replace('_', '-')}")

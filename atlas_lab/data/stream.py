@@ -59,9 +59,11 @@ class StreamingLMDataModule(L.LightningDataModule):
     Batch: input_ids = w[:, :-1], labels = w[:, 1:] [B, seq_len] (every position scored); with reset_at_document,
     document_start [B, seq_len] bool (True at t = 0 and after every <eos>: where a memory starts afresh).
     Training windows are shuffled (litdata: chunk order and windows within a chunk, drawn from (seed, epoch));
-    validation windows are in order. Under DDP each rank reads its own part: litdata's StreamingDataset reads the
-    world size and rank from torch.distributed when it is built, so the loaders are built in *_dataloader(), after
-    the Trainer has set up the process group (every rank then reads as many windows).
+    validation windows are in order. There are two splits (prepare holds documents out once): ``test`` scores the
+    held-out split, the validation windows (``atlas-lab test`` on a prepared corpus). Under DDP each rank reads its
+    own part: litdata's StreamingDataset reads the world size and rank from torch.distributed when it is built, so
+    the loaders are built in *_dataloader(), after the Trainer has set up the process group (every rank then reads
+    as many windows).
     Resuming: Lightning's fit loop saves the training loader's position (StreamingDataLoader.state_dict, under
     checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]) and loads it into the new loader on resume,
     so a fit resumed from a mid-epoch checkpoint trains on exactly the batches it had not seen; the data module adds
@@ -104,8 +106,8 @@ class StreamingLMDataModule(L.LightningDataModule):
                                 shuffle=shuffle, seed=self.seed)
 
     def setup(self, stage: str | None = None) -> None:
-        """Check that every split read by the stage holds at least one window (there is no test split)."""
-        for split in ("val",) if stage == "validate" else ("train", "val"):
+        """Check that every split read by the stage holds at least one window (validate and test read val alone)."""
+        for split in ("val",) if stage in ("validate", "test") else ("train", "val"):
             check(len(self.dataset(split, shuffle=False)) > 0, "seq_len",
                   f"{self.seq_len} leaves no window of seq_len + 1 tokens in {str(self.data_dir / split)!r}")
 
@@ -119,6 +121,10 @@ class StreamingLMDataModule(L.LightningDataModule):
         return self._loader("train")
 
     def val_dataloader(self):
+        return self._loader("val")
+
+    def test_dataloader(self):
+        """The held-out split (prepare writes no third one): the validation windows."""
         return self._loader("val")
 
     def decode(self, ids) -> str:

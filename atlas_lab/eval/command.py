@@ -1,6 +1,8 @@
-"""``atlas-lab eval``: a checkpoint scored on lm-evaluation-harness tasks and by position, printed and logged to MLflow.
+"""``atlas-lab eval``: a checkpoint scored on lm-evaluation-harness tasks, by position and on S-NIAH, printed and
+logged to MLflow.
 
-Everything is checked first (the checkpoint, the task names, the position file and its length) and computed next;
+Everything is checked first (the checkpoint, the task names, the position file or split and its length, the S-NIAH
+data) and computed next;
 only then is anything written: the results go to the MLflow run that trained the checkpoint where the checkpoint
 records it (``mlflow_run``) and the store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment
 ``atlas-lab``, tagged ``atlas_lab.checkpoint`` with the checkpoint's path.
@@ -10,14 +12,16 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 
 from ..tables import print_table
-from .checkpoint import EvalError
+from .checkpoint import EvalError, read_checkpoint
 from .harness import AtlasLM
-from .position import PositionCurve, plot_curve, ppl_by_position, read_tokens, sequences
+from .niah import NIAHScores, niah_modules, niah_scores
+from .position import PositionCurve, plot_curve, position_curve, read_sequences
 
 EXPERIMENT = "atlas-lab"  # the experiment of lightning_config.yaml's fits
 DEFAULT_BUCKETS = 8
@@ -57,44 +61,56 @@ def harness_metrics(results: dict) -> list[tuple[str, str, float, float | None, 
     return rows
 
 
-def tracking_run(checkpoint, tracking_uri: str | None):
-    """(client, run id, how it was found) of the run the evaluation logs to (module docstring). The store is
-    ``tracking_uri``, else the one the checkpoint records, else the project's default."""
+def tracking_run(path: Path, tracking_uri: str | None):
+    """(client, run id, how it was found) of the run the evaluation of the checkpoint ``path`` logs to (module
+    docstring). The store is ``tracking_uri``, else the one the checkpoint records, else the project's default."""
     from mlflow.tracking import MlflowClient
 
     from ..store import init_store, resolve_uri
     from ..sweep.tracking import experiment_id, run_exists
 
-    recorded = checkpoint.run or {}
+    recorded = read_checkpoint(path).get("mlflow_run") or {}
     uri = resolve_uri(tracking_uri or recorded.get("tracking_uri"))
     init_store(uri)
     client = MlflowClient(uri)
     if recorded and run_exists(client, recorded["run_id"]):
         return client, recorded["run_id"], "the run that trained the checkpoint"
-    run = client.create_run(experiment_id(client, EXPERIMENT), run_name=f"eval-{checkpoint.path.stem}",
-                            tags={"atlas_lab.checkpoint": str(checkpoint.path.resolve())})
+    run = client.create_run(experiment_id(client, EXPERIMENT), run_name=f"eval-{path.stem}",
+                            tags={"atlas_lab.checkpoint": str(path.resolve())})
     why = "the checkpoint records no run" if not recorded else f"the store holds no run {recorded['run_id']}"
     return client, run.info.run_id, f"a new run ({why})"
 
 
-def print_curve(console: Console, curve: PositionCurve, checkpoint) -> None:
+def print_curve(console: Console, curve: PositionCurve, checkpoint, source: str) -> None:
     rows = [[f"{a}–{b - 1}", f"{n:,}", f"{nll:.4f}", f"{ppl:.3f}"]
             for a, b, n, nll, ppl in zip(curve.edges[:-1], curve.edges[1:], curve.tokens, curve.nll, curve.ppl)]
-    print_table(console, f"{checkpoint.path.name}: next-token NLL by position ({curve.sequences} sequences of "
-                         f"{curve.edges[-1]} tokens, read in windows of the training length T = "
-                         f"{curve.train_length})", ("positions", "tokens", "mean NLL (nats)", "perplexity"), rows,
-                right=("tokens", "mean NLL (nats)", "perplexity"))
+    what = (f"the first {curve.edges[-1]} positions of {curve.sequences} documents of {source}" if Path(source).is_dir()
+            else f"{curve.sequences} sequences of {curve.edges[-1]} tokens")
+    print_table(console, f"{checkpoint.path.name}: next-token NLL by position ({what}, read in windows of the training "
+                         f"length T = {curve.train_length})", ("positions", "tokens", "mean NLL (nats)", "perplexity"),
+                rows, right=("tokens", "mean NLL (nats)", "perplexity"))
+
+
+def print_niah(console: Console, scores: list[NIAHScores], path: Path, variant: int) -> None:
+    depths = list(scores[0].depth_acc)
+    rows = [[f"{s.length:,}", s.samples, f"{s.acc:.3f}", f"{s.exact_match:.3f}",
+             *(None if d not in s.depth_acc else f"{s.depth_acc[d]:.3f}" for d in depths)] for s in scores]
+    columns = ("length", "samples", "answer acc", "exact match", *(f"acc {d}" for d in depths))
+    print_table(console, f"{path.name}: S-NIAH-{variant} (answer acc: answer tokens predicted, teacher-forced; exact "
+                         "match: the greedy answer is the value)", columns, rows, right=columns[1:])
 
 
 def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str | None = None,
              limit: int | None = None, batch_size: int = 8, tracking_uri: str | None = None,
              position_file: str | None = None, max_length: int | None = None, buckets: int | None = None,
-             console: Console | None = None) -> int:
-    """``atlas-lab eval``: the harness's scores of ``tasks`` and/or the NLL by position of ``position_file`` up to
-    ``max_length`` tokens, as tables and in MLflow. Raises EvalError (one line) before writing anything."""
+             niah: list[int] | None = None, console: Console | None = None) -> int:
+    """``atlas-lab eval``: the harness's scores of ``tasks``, the NLL by position of ``position_file`` (a text file, a
+    .npy array or a prepared split) up to ``max_length`` tokens, and/or S-NIAH at the lengths ``niah``, as tables
+    and in MLflow. Raises EvalError (one line) before writing anything."""
     console = console or Console()
-    if not tasks and position_file is None:
-        raise EvalError("eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, or both")
+    if not tasks and position_file is None and not niah:
+        raise EvalError("eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, --niah "
+                        "LENGTHS, or several")
     for name, value in (("--max-length", max_length), ("--buckets", buckets)):
         if position_file is None and value is not None:
             raise EvalError(f"{name}: used by --ppl-by-position FILE only")
@@ -103,11 +119,11 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
                         "times the training length)")
     buckets = buckets or DEFAULT_BUCKETS
     manager = task_manager(tasks, include_path) if tasks else None
-    lm = AtlasLM(ckpt_path, batch_size=batch_size)
-    checkpoint = lm.checkpoint
-    if position_file is not None:
-        tokens = read_tokens(position_file, checkpoint.tokenizer)
-        sequences(tokens, max_length, buckets, limit)  # checked before any score is computed
+    path = Path(ckpt_path)
+    lm = AtlasLM(ckpt_path, batch_size=batch_size) if tasks or position_file is not None else None
+    if position_file is not None:  # checked before any score is computed
+        position_rows = read_sequences(position_file, lm.checkpoint.tokenizer, max_length, buckets, limit)
+    modules = niah_modules(ckpt_path, niah, limit, batch_size) if niah else []
 
     metrics, steps, artifacts = {}, {}, {}
     if tasks:
@@ -115,21 +131,29 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
 
         results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
                                           log_samples=False)
-        rows = harness_metrics(results)
-        print_table(console, f"{checkpoint.path.name}: lm-evaluation-harness", ("task", "metric", "value", "stderr",
-                                                                               "samples"),
-                    [[t, m, f"{v:.4f}", None if s is None else f"{s:.4f}", n] for t, m, v, s, n in rows],
+        harness_rows = harness_metrics(results)
+        print_table(console, f"{path.name}: lm-evaluation-harness", ("task", "metric", "value", "stderr", "samples"),
+                    [[t, m, f"{v:.4f}", None if s is None else f"{s:.4f}", n] for t, m, v, s, n in harness_rows],
                     right=("value", "stderr", "samples"))
-        metrics.update({f"lm_eval/{t}/{m}": v for t, m, v, _, _ in rows})
+        metrics.update({f"lm_eval/{t}/{m}": v for t, m, v, _, _ in harness_rows})
         artifacts["lm_eval_results.json"] = json.dumps({k: results[k] for k in ("results", "n-samples", "versions")
                                                         if k in results}, indent=2, default=str)
     if position_file is not None:
-        curve = ppl_by_position(checkpoint.model, tokens, max_length, checkpoint.seq_len, buckets, batch_size, limit)
-        print_curve(console, curve, checkpoint)
+        curve = position_curve(lm.checkpoint.model, position_rows, lm.checkpoint.seq_len, buckets, batch_size)
+        print_curve(console, curve, lm.checkpoint, position_file)
         steps = {"position/nll": list(zip(curve.edges[:-1], curve.nll)),
                  "position/ppl": list(zip(curve.edges[:-1], curve.ppl))}
+    if niah:
+        scores = niah_scores(ckpt_path, modules)
+        print_niah(console, scores, path, modules[0].variant)
+        steps["niah/acc"] = [(s.length, s.acc) for s in scores]
+        steps["niah/exact_match"] = [(s.length, s.exact_match) for s in scores]
+        for depth in scores[0].depth_acc:
+            steps[f"niah/acc/{depth}"] = [(s.length, s.depth_acc[depth]) for s in scores if depth in s.depth_acc]
+        artifacts["niah.json"] = json.dumps({"variant": modules[0].variant, "scores": [asdict(s) for s in scores]},
+                                            indent=2)
 
-    client, run_id, how = tracking_run(checkpoint, tracking_uri)
+    client, run_id, how = tracking_run(path, tracking_uri)
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -142,7 +166,7 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
     if position_file is not None:
         with tempfile.TemporaryDirectory() as folder:
             png = Path(folder) / "ppl_by_position.png"
-            plot_curve(curve, png, f"{checkpoint.path.name} on {Path(position_file).name}: perplexity by position")
+            plot_curve(curve, png, f"{path.name} on {Path(position_file).name}: perplexity by position")
             client.log_artifact(run_id, str(png), "eval")
     if how.startswith("a new run"):
         client.set_terminated(run_id)

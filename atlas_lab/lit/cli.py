@@ -262,6 +262,26 @@ def task_name(config) -> str:
     return str(config["data"].get("class_path", "data")).rsplit(".", 1)[-1].removesuffix("DataModule").lower()
 
 
+def resumed_run(ckpt_path: str | None, tracking_uri: str | None) -> str | None:
+    """The MLflow run a fit resumed from ``ckpt_path`` continues: the run its checkpoint records
+    (``SequenceModel.on_save_checkpoint``) where that run is in the store ``tracking_uri``; else None (a new run)."""
+    if ckpt_path is None or tracking_uri is None or not Path(ckpt_path).is_file():
+        return None
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from ..store import store_file
+    from ..sweep.tracking import run_exists
+
+    recorded = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False).get("mlflow_run")
+    if not recorded or recorded["tracking_uri"] != tracking_uri:
+        return None
+    store = store_file(tracking_uri)
+    if store is not None and not store.is_file():
+        return None
+    return recorded["run_id"] if run_exists(MlflowClient(tracking_uri), recorded["run_id"]) else None
+
+
 class AtlasCLI(LightningCLI):
     """The model is always ``SequenceModel``; the data module is chosen by ``data.class_path``.
 
@@ -270,7 +290,8 @@ class AtlasCLI(LightningCLI):
 
     Paths follow ``trainer.default_root_dir`` (default ``runs``): a ModelCheckpoint without ``dirpath`` writes to
     ``<root>/checkpoints`` and the MLflow experiment, when it is created, keeps artifacts in ``<root>/artifacts``.
-    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<preset>``.
+    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<preset>``; a fit resumed from a
+    checkpoint (``--ckpt_path``) continues the run the checkpoint records, where the store holds it (``resumed_run``).
     """
 
     def __init__(self, *args, **kwargs):
@@ -395,6 +416,9 @@ class AtlasCLI(LightningCLI):
         if logger is not None:
             init = logger.get("init_args") or {}
             init = dict(init) if isinstance(init, dict) else init.as_dict()
+            if self.subcommand == "fit" and logger["class_path"] == f"{__name__}.{RunLogger.__name__}" \
+                    and init.get("run_id") is None:
+                init["run_id"] = resumed_run(config.get("ckpt_path"), init.get("tracking_uri"))
             self.trainer.loggers = [instantiate_class((), {"class_path": logger["class_path"], "init_args": init})]
 
     def add_arguments_to_parser(self, parser):

@@ -1,0 +1,101 @@
+"""S-NIAH from ``atlas-lab eval --niah 1024,2048,4096``: a checkpoint scored on the test split of the S-NIAH data
+module (atlas_lab/data/niah.py) at each length, by the metrics ``atlas-lab test`` computes (``SequenceModel``'s
+test step: the teacher-forced accuracy of the answer tokens, overall and per depth bucket, and the exact match of
+the greedy answer).
+
+The data module is the checkpoint's own where it was trained on S-NIAH (its recorded arguments, with the lengths and,
+given --limit, the number of samples replaced); else S-NIAH-1 (noise haystack, 7-digit numbers) with the module's
+byte tokenizer, which the checkpoint must read as it was trained: a model of UTF-8 bytes (the lm task's
+``tokenizer: byte``, or a corpus prepared with ``--tokenizer byte``). Each length is a data module of its own
+(``lengths=[n]``: the test samples of the same random stream, so the same keys and values at every length, in
+haystacks of growing length) scored by one ``Trainer.test``.
+"""
+from __future__ import annotations
+
+import importlib
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from ..data.niah import NIAHDataModule
+from ..lit.module import SequenceModel
+from .checkpoint import EvalError, checkpoint_data, checkpoint_tokenizer, read_checkpoint
+
+RESIZED = ("lengths", "train_lengths", "train_size", "batch_size", "num_workers", "_class_path")  # set here
+
+
+@dataclass
+class NIAHScores:
+    """One length's scores: acc (answer tokens predicted, teacher-forced: test/acc), exact_match (the greedy answer
+    is the value: test/exact_match), depth_acc {"depth0-20": acc, ...} (test/acc per depth bucket)."""
+
+    length: int
+    samples: int
+    acc: float
+    exact_match: float
+    depth_acc: dict[str, float]
+
+
+def _trained_on_niah(data: dict) -> bool:
+    module, _, name = data.get("_class_path", "").rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None) if module else None
+    return isinstance(cls, type) and issubclass(cls, NIAHDataModule)
+
+
+def niah_modules(path: str, lengths: list[int], samples: int | None, batch_size: int) -> list[NIAHDataModule]:
+    """The S-NIAH data modules a checkpoint is scored on, one per length, their test splits built (module docstring).
+    EvalError (one line) for a checkpoint that cannot read the task or a length too short for its texts."""
+    contents = read_checkpoint(path)
+    data, hparams = checkpoint_data(contents, path), contents["hyper_parameters"]
+    if hparams.get("target", "next_token") != "next_token":
+        raise EvalError(f"--ckpt_path: {path} decodes {hparams['target']!r} targets; expected a next-token model")
+    own = _trained_on_niah(data)
+    base = {k: v for k, v in data.items() if k not in RESIZED} if own else {}
+    if samples is not None:
+        base["eval_size"] = samples
+    modules = []
+    for n in lengths:
+        try:
+            dm = NIAHDataModule(**base, lengths=[n], train_lengths=[n], train_size=1, batch_size=batch_size)
+            dm.setup("test")
+        except ValueError as e:  # "lengths: 40 tokens cannot hold the needle, question and answer ..."
+            raise EvalError(f"--niah: {str(e).removeprefix('lengths: ')}") from None
+        modules.append(dm)
+    ids = modules[0].datasets["test"].input_ids[0]
+    if not own:
+        try:
+            tokenizer = checkpoint_tokenizer(path)
+            reads = f"a {type(tokenizer).__name__} of {tokenizer.vocab_size} tokens"
+        except EvalError:
+            tokenizer, reads = None, f"no text ({data.get('_class_path', 'data of no recorded class')})"
+        if tokenizer is None or tokenizer.encode(modules[0].decode(ids)) != [int(i) for i in ids]:
+            raise EvalError(f"--niah: {path} was trained on {reads}, which does not read S-NIAH's UTF-8 bytes as "
+                            "they are written; expected a checkpoint trained on bytes (atlas-lab data prepare "
+                            "--tokenizer byte, or the lm task's tokenizer: byte) or on S-NIAH")
+    top = max(int(x.max()) for dm in modules for x in dm.datasets["test"].input_ids)
+    if top >= hparams["vocab_size"]:
+        raise EvalError(f"--niah: S-NIAH's texts hold token {top}; {path} has a vocabulary of {hparams['vocab_size']}")
+    return modules
+
+
+def niah_scores(path: str, modules: list[NIAHDataModule]) -> list[NIAHScores]:
+    """Each module's test split scored by ``Trainer.test`` of the checkpoint's SequenceModel, given the module's
+    slice names (length × depth bucket); nothing is logged or written."""
+    import lightning as L
+
+    scores = []
+    with tempfile.TemporaryDirectory() as root:
+        for dm in modules:
+            model = SequenceModel.load_from_checkpoint(path, map_location="cpu", weights_only=False,
+                                                       slice_names=dm.slice_names, bytes_per_token=None,
+                                                       generate_answers=True)
+            trainer = L.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=root)
+            (metrics,) = trainer.test(model, datamodule=dm, verbose=False)
+            prefix = f"test/acc/L{dm.lengths[0]}-"
+            scores.append(NIAHScores(dm.lengths[0], len(dm.datasets["test"]), metrics["test/acc"],
+                                     metrics["test/exact_match"],
+                                     {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}))
+    return scores
