@@ -206,3 +206,16 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, monkeyp
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
     assert sorted(Path(".").rglob("*")) == before
+
+
+def test_prepare_without_litdata_names_the_extra(corpus, tmp_path, monkeypatch, capsys):
+    """Where litdata is not installed (here: hidden from import), `atlas-lab data prepare` is one line naming the
+    extra that brings it, exit code 2, and writes nothing."""
+    import sys
+
+    _, _, inputs, _ = corpus
+    monkeypatch.setitem(sys.modules, "litdata", None)
+    assert main(["data", "prepare", *inputs, "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "pip install 'atlas-lab[lm]'" in lines[0]
+    assert list(tmp_path.iterdir()) == []

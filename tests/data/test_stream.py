@@ -168,6 +168,30 @@ def test_atlas_lab_fit_trains_on_a_prepared_corpus(data_dir, workdir):
     assert (data["data_dir"], data["seq_len"], data["reset_at_document"]) == (data_dir, 64, True)
 
 
+def test_atlas_lab_test_scores_the_held_out_split(data_dir, workdir):
+    """`atlas-lab test` on a prepared corpus: test/loss is the mean next-token loss over every window of the held-out
+    split (documents read apart), as the checkpoint's model gives it window by window."""
+    from mlflow.tracking import MlflowClient
+
+    from atlas_lab.lit.module import SequenceModel
+
+    args = ["-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
+            f"--data.init_args.data_dir={data_dir}", "--model.preset=deltanet"]
+    assert main(["fit", *args, "--trainer.max_steps=2"]) == 0
+    assert main(["test", *args, "--ckpt_path=runs/checkpoints/last.ckpt"]) == 0
+    client = MlflowClient("sqlite:///" + str(workdir / "runs" / "mlflow.db"))
+    (run,) = client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id],
+                                filter_string="attributes.run_name = 'test-streaminglm-deltanet'")
+    model = SequenceModel.load_from_checkpoint("runs/checkpoints/last.ckpt").eval()
+    windows = torch.as_tensor(expected_windows(f"{data_dir}/val", 64).astype(np.int64))
+    ids, labels = windows[:, :-1], windows[:, 1:]
+    start = torch.ones_like(ids, dtype=torch.bool)
+    start[:, 1:] = ids[:, :-1] == 257
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(ids, start).flatten(0, 1), labels.flatten())
+    assert run.data.metrics["test/loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
 @pytest.mark.slow  # two processes that start Lightning, and a third: ~1 minute on 2 cores
 def test_each_ddp_rank_reads_its_own_windows(data_dir, workdir):
     """`atlas-lab fit --trainer.strategy=ddp --trainer.devices=2` (gloo) for one epoch: litdata gives each rank its

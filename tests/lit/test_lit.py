@@ -117,6 +117,25 @@ def test_checkpoint_resume_continues_like_an_uninterrupted_run(workdir):
     assert model.hparams.vocab_size == 64 and model.hparams.preset == "titans"
 
 
+def test_a_resumed_fit_continues_the_mlflow_run_of_its_checkpoint(workdir):
+    """A fit stopped after an epoch (4 steps) and resumed from its last checkpoint for a second logs into one run:
+    every step once; a fit given a checkpoint of another store starts a run of its own."""
+    save = ["--trainer.callbacks=[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
+            "init_args: {save_last: true}}]", "--trainer.log_every_n_steps=1"]
+    first = run_cli(["fit", *tiny_mqar(logger=True), *save, "--trainer.max_epochs=1"])
+    resumed = run_cli(["fit", *tiny_mqar(logger=True), *save, "--trainer.max_epochs=2",
+                       "--ckpt_path=runs/checkpoints/last.ckpt"])
+    assert resumed.trainer.logger.run_id == first.trainer.logger.run_id and resumed.trainer.global_step == 8
+    client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
+    (run,) = client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id])
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == list(range(8))
+    assert run.info.status == "FINISHED"
+    shutil.copy("runs/checkpoints/last.ckpt", "resumed.ckpt")
+    other = run_cli(["fit", *tiny_mqar(logger=True), *save, "--trainer.max_epochs=3", "--ckpt_path=resumed.ckpt",
+                     "--trainer.logger.init_args.tracking_uri=sqlite:///other/mlflow.db"])
+    assert other.trainer.logger.run_id != run.info.run_id
+
+
 @pytest.mark.parametrize("mixer", ["atlas", "atlas_mag", "transformer"])
 def test_memory_lr_applies_to_the_memory_mixers_only(mixer):
     from atlas_lab.layers import MemoryMixer
