@@ -3,6 +3,7 @@ tasks (the harness's YAML format) over jsonl files."""
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,32 @@ def fit(folder: Path, *overrides: str) -> Path:
              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
              "--trainer.callbacks=[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
              "init_args: {save_last: true}}]", *overrides])
+    return folder / "runs" / "checkpoints" / "last.ckpt"
+
+
+def documents(n: int, seed: int = 0) -> list[str]:
+    """n documents of 1–12 lines of TEXT, cut at random: about 10–500 bytes each."""
+    rng = np.random.default_rng(seed)
+    lines = TEXT.splitlines(keepends=True)
+    return [f"{i}: " + "".join(rng.choice(lines, size=rng.integers(1, 13))) for i in range(n)]
+
+
+def fit_shards(folder: Path) -> Path:
+    """``atlas-lab data prepare`` of 60 documents (bytes, a fifth held out), then ``atlas-lab fit`` of
+    experiments/lm_tiny_shards.yaml on it for 3 steps (deltanet, T = 64) with an MLflow run; its last checkpoint."""
+    from atlas_lab.cli import main
+    from atlas_lab.lit.cli import run_cli
+
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(60)))
+    assert main(["data", "prepare", str(folder / "docs.jsonl"), "--out", str(folder / "corpus"),
+                 "--holdout-fraction", "0.2"]) == 0
+    run_cli(["fit", "-c", str(ROOT / "lightning_config.yaml"), "-c", str(ROOT / "experiments/lm_tiny_shards.yaml"),
+             f"--data.init_args.data_dir={folder / 'corpus'}", "--model.preset=deltanet", "--trainer.max_steps=3",
+             f"--trainer.default_root_dir={folder / 'runs'}",
+             f"--trainer.logger.init_args.tracking_uri=sqlite:///{folder / 'runs' / 'mlflow.db'}",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+             "--trainer.callbacks=[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
+             "init_args: {save_last: true}}]"])
     return folder / "runs" / "checkpoints" / "last.ckpt"
 
 
