@@ -93,11 +93,11 @@ def print_curve(console: Console, curve: PositionCurve, checkpoint, source: str)
 
 def print_niah(console: Console, scores: list[NIAHScores], path: Path, variant: int) -> None:
     depths = list(scores[0].depth_acc)
-    rows = [[f"{s.length:,}", s.samples, f"{s.acc:.3f}", f"{s.exact_match:.3f}",
+    rows = [[f"{s.length:,}", s.samples, f"{s.loss:.4f}", f"{s.acc:.3f}", f"{s.exact_match:.3f}",
              *(None if d not in s.depth_acc else f"{s.depth_acc[d]:.3f}" for d in depths)] for s in scores]
-    columns = ("length", "samples", "answer acc", "exact match", *(f"acc {d}" for d in depths))
-    print_table(console, f"{path.name}: S-NIAH-{variant} (answer acc: answer tokens predicted, teacher-forced; exact "
-                         "match: the greedy answer is the value)", columns, rows, right=columns[1:])
+    columns = ("length", "samples", "answer NLL", "answer acc", "exact match", *(f"acc {d}" for d in depths))
+    print_table(console, f"{path.name}: S-NIAH-{variant} (answer NLL and acc: the answer tokens, teacher-forced; "
+                         "exact match: the greedy answer is the value)", columns, rows, right=columns[1:])
 
 
 def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str | None = None,
@@ -146,6 +146,7 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
     if niah:
         scores = niah_scores(ckpt_path, modules)
         print_niah(console, scores, path, modules[0].variant)
+        steps["niah/loss"] = [(s.length, s.loss) for s in scores]
         steps["niah/acc"] = [(s.length, s.acc) for s in scores]
         steps["niah/exact_match"] = [(s.length, s.exact_match) for s in scores]
         for depth in scores[0].depth_acc:

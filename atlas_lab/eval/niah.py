@@ -1,7 +1,7 @@
 """S-NIAH from ``atlas-lab eval --niah 1024,2048,4096``: a checkpoint scored on the test split of the S-NIAH data
 module (atlas_lab/data/niah.py) at each length, by the metrics ``atlas-lab test`` computes (``SequenceModel``'s
-test step: the teacher-forced accuracy of the answer tokens, overall and per depth bucket, and the exact match of
-the greedy answer).
+test step: the mean NLL and the teacher-forced accuracy of the answer tokens, the accuracy per depth bucket, and the
+exact match of the greedy answer).
 
 The data module is the checkpoint's own where it was trained on S-NIAH (its recorded arguments, with the lengths and,
 given --limit, the number of samples replaced); else S-NIAH-1 (noise haystack, 7-digit numbers) with the module's
@@ -27,11 +27,13 @@ RESIZED = ("lengths", "train_lengths", "train_size", "batch_size", "num_workers"
 
 @dataclass
 class NIAHScores:
-    """One length's scores: acc (answer tokens predicted, teacher-forced: test/acc), exact_match (the greedy answer
-    is the value: test/exact_match), depth_acc {"depth0-20": acc, ...} (test/acc per depth bucket)."""
+    """One length's scores: loss (mean NLL of the answer tokens, nats: test/loss), acc (answer tokens predicted,
+    teacher-forced: test/acc), exact_match (the greedy answer is the value: test/exact_match), depth_acc
+    {"depth0-20": acc, ...} (test/acc per depth bucket)."""
 
     length: int
     samples: int
+    loss: float
     acc: float
     exact_match: float
     depth_acc: dict[str, float]
@@ -95,7 +97,7 @@ def niah_scores(path: str, modules: list[NIAHDataModule]) -> list[NIAHScores]:
                                 default_root_dir=root)
             (metrics,) = trainer.test(model, datamodule=dm, verbose=False)
             prefix = f"test/acc/L{dm.lengths[0]}-"
-            scores.append(NIAHScores(dm.lengths[0], len(dm.datasets["test"]), metrics["test/acc"],
+            scores.append(NIAHScores(dm.lengths[0], len(dm.datasets["test"]), metrics["test/loss"], metrics["test/acc"],
                                      metrics["test/exact_match"],
                                      {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}))
     return scores

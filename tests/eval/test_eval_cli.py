@@ -75,7 +75,7 @@ def _with_data(checkpoint, path, **changes):
      "--ckpt_path: mqar.ckpt was trained on atlas_lab.data.MQARDataModule, which has no text tokenizer"),
     (["--tasks", "tiny_mc,hellaswag"], "--tasks: unknown task 'hellaswag'; the tasks under TASKS: tiny_mc, tiny_ppl"),
     (["--tasks", "tiny_mc", "--include-path", "nowhere"], "--include-path: no such folder: nowhere"),
-    ([], "eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, or both"),
+    ([], "eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, --niah LENGTHS, or several"),
     (["--ppl-by-position", "held_out.txt", "--max-length", "0"], "max-length: expected an int >= 1, got '0'"),
     (["--ppl-by-position", "held_out.txt", "--max-length", "4x"], "max-length: expected an int >= 1, got '4x'"),
     (["--ppl-by-position", "held_out.txt", "--max-length", "500"],
@@ -85,6 +85,11 @@ def _with_data(checkpoint, path, **changes):
     (["--ppl-by-position", "held_out.txt", "--max-length", "40", "--buckets", "41"],
      "--buckets: expected an int in [1, --max-length = 40], got 41"),
     (["--ppl-by-position", "missing.txt", "--max-length", "40"], "--ppl-by-position: no such file: missing.txt"),
+    (["--ckpt_path", "mqar.ckpt", "--niah", "512"], "--niah: mqar.ckpt was trained on no text "
+     "(atlas_lab.data.MQARDataModule), which does not read S-NIAH's UTF-8 bytes as they are written; expected a "
+     "checkpoint trained on bytes"),
+    (["--niah", "400,100"], "--niah: 100 tokens cannot hold the needle, question and answer"),
+    (["--niah", "256,x"], "niah: expected comma-separated ints >= 1 (sequence lengths), got '256,x'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(checkpoint, tasks, tmp_path, monkeypatch, capsys, args,
                                                          message):
