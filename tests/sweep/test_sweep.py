@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
@@ -148,11 +149,23 @@ def test_median_pruner_prunes_a_hopeless_trial(workdir):
 
 
 @pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
-def test_shipped_sweep_files_are_valid(sweep, monkeypatch):
+def test_shipped_sweep_files_are_valid(sweep, monkeypatch, tmp_path):
+    """Every grid point of every shipped sweep builds its data and model. A sweep on a corpus the user prepares
+    (data.init_args.data_dir: the paper-size language models) is checked on experiments/lm.yaml's data at d_model 32
+    and 2 layers: its keys and values, not its sizes (tests/lit/test_lit.py checks those)."""
+    import dataclasses
+
     from atlas_lab.sweep import load_sweep, validate_configs
 
     monkeypatch.chdir(ROOT)
     spec = load_sweep(f"sweeps/{sweep}")
+    configs = [yaml.safe_load(Path(b).read_text()) for b in spec.base]
+    if any("data_dir" in c.get("data", {}).get("init_args", {}) for c in configs):
+        lm = yaml.safe_load(Path("experiments/lm.yaml").read_text())
+        small = tmp_path / "base.yaml"
+        small.write_text(yaml.safe_dump({**configs[-1], "data": lm["data"], "trainer": lm["trainer"]}))
+        spec = dataclasses.replace(spec, base=[small], fixed={**spec.fixed, "model.d_model": 32, "model.n_layers": 2,
+                                                             "model.memory_heads": 2, "model.n_heads": 2})
     validate_configs(spec)
 
 
