@@ -116,3 +116,17 @@ def init_store(uri: str) -> None:
 
     with StorageLock(uri, "atlas-lab mlflow store"):
         MlflowClient(uri).search_experiments(max_results=1)
+
+
+def run_exists(client, run_id: str) -> bool:
+    """Whether the store of ``client`` (an MlflowClient) holds the run: a study's journal or a checkpoint may outlive
+    the MLflow store it was tracked in."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+    return True

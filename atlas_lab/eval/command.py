@@ -66,8 +66,8 @@ def tracking_run(path: Path, tracking_uri: str | None):
     docstring). The store is ``tracking_uri``, else the one the checkpoint records, else the project's default."""
     from mlflow.tracking import MlflowClient
 
-    from ..store import init_store, resolve_uri
-    from ..sweep.tracking import experiment_id, run_exists
+    from ..store import init_store, resolve_uri, run_exists
+    from ..sweep.tracking import experiment_id
 
     recorded = read_checkpoint(path).get("mlflow_run") or {}
     uri = resolve_uri(tracking_uri or recorded.get("tracking_uri"))

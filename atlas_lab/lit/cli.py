@@ -270,8 +270,7 @@ def resumed_run(ckpt_path: str | None, tracking_uri: str | None) -> str | None:
     import torch
     from mlflow.tracking import MlflowClient
 
-    from ..store import store_file
-    from ..sweep.tracking import run_exists
+    from ..store import run_exists, store_file
 
     recorded = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False).get("mlflow_run")
     if not recorded or recorded["tracking_uri"] != tracking_uri:

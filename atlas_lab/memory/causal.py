@@ -14,7 +14,21 @@ import operator
 import torch
 
 
-@functools.lru_cache(maxsize=256)
+def tensor_cache(maxsize: int | None = 256):
+    """``functools.lru_cache`` for functions that build constant tensors, built outside inference mode: a tensor first
+    made during Lightning's validation (torch.inference_mode) would otherwise be an inference tensor, which no later
+    training step may save for backward."""
+    def decorate(build):
+        @functools.lru_cache(maxsize=maxsize)
+        @functools.wraps(build)
+        def cached(*args):
+            with torch.inference_mode(False):
+                return build(*args)
+        return cached
+    return decorate
+
+
+@tensor_cache()
 def causal_mask(n: int, L: int, device=None) -> torch.Tensor:
     """[n, L] bool, True where token i ≤ t + L − n: the last n of the L tokens are the rows' own, the rest precede.
 
@@ -23,7 +37,7 @@ def causal_mask(n: int, L: int, device=None) -> torch.Tensor:
     return torch.arange(L, device=device) <= torch.arange(n, device=device).unsqueeze(-1) + (L - n)
 
 
-@functools.lru_cache(maxsize=256)
+@tensor_cache()
 def strictly_lower(n: int, device=None) -> torch.Tensor:
     """[n, n] bool, True where j < t (cached like ``causal_mask``)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)

@@ -23,20 +23,19 @@ step (one Newton–Schulz per weight matrix for muon) per chunk, no per-token st
 """
 from __future__ import annotations
 
-import functools
 import itertools
 
 import torch
 import torch.utils.checkpoint
 from torch.func import grad, vmap
 
-from .causal import causal_matmul, causal_operands
+from .causal import causal_matmul, causal_operands, tensor_cache
 from .delta_rule import delta_rule, delta_rule_applies
 from .memories import fixed_apply
 from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum, accumulate, commit, scaled
 
 
-@functools.lru_cache(maxsize=256)
+@tensor_cache()
 def window_mask(n: int, L: int, first: int, window, device) -> torch.Tensor:
     """[n, L] bool: token i lies in the window of chunk token t (at index first + t). Cached: one per chunk shape."""
     t = torch.arange(n, device=device).unsqueeze(-1) + first

@@ -12,10 +12,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from functools import lru_cache
 
 import torch
 
+from .causal import tensor_cache
 from .components import Component, build
 
 
@@ -24,7 +24,7 @@ def taylor_coefficients(degree: int) -> torch.Tensor:
     return torch.tensor([1.0 / math.factorial(i) for i in range(degree + 1)], dtype=torch.float64)
 
 
-@lru_cache(maxsize=None)
+@tensor_cache(maxsize=None)
 def _monomials(d: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Index tuples of the degree-i monomials of d variables and their multinomial scales sqrt(i!/∏β_j!)."""
     combos = list(itertools.combinations_with_replacement(range(d), i))

@@ -15,10 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import mlflow
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..store import init_store, resolve_uri  # noqa: F401  (init_store: re-exported for driver.py and the tests)
+from ..store import init_store, resolve_uri, run_exists  # noqa: F401  (init_store: re-exported for driver.py and the tests)
 
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
@@ -147,17 +146,6 @@ def parent_run(client: MlflowClient, study: str, storage: str) -> str:
     run = client.create_run(exp, run_name=study, tags={"atlas_lab.study": study, "atlas_lab.role": "study",
                                                        "optuna.storage": storage})
     return run.info.run_id
-
-
-def run_exists(client: MlflowClient, run_id: str) -> bool:
-    """Whether the store holds the run (a study's journal may be resumed against a new MLflow store)."""
-    try:
-        client.get_run(run_id)
-    except MlflowException as err:
-        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return False
-        raise
-    return True
 
 
 def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, name: str, tags: dict[str, str]) -> str:
