@@ -155,22 +155,11 @@ def test_a_fit_resumed_mid_epoch_trains_on_the_batches_it_had_not_seen(data_dir,
     assert torch.equal(torch.cat(seen), torch.cat(uninterrupted))
 
 
-def test_atlas_lab_fit_trains_on_a_prepared_corpus(data_dir, workdir):
+def test_atlas_lab_fits_and_tests_on_a_prepared_corpus(data_dir, workdir):
     """experiments/lm_tiny_shards.yaml on a prepared corpus (deltanet for speed; documents read apart with
     document_start): the data module's vocabulary and bytes per token reach the model, and its arguments the
-    checkpoint (where atlas-lab eval finds the tokenizer)."""
-    assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
-                 f"--data.init_args.data_dir={data_dir}", "--model.preset=deltanet", "--trainer.max_steps=2"]) == 0
-    checkpoint = torch.load("runs/checkpoints/last.ckpt", weights_only=False)
-    hparams, data = checkpoint["hyper_parameters"], checkpoint["datamodule_hyper_parameters"]
-    assert hparams["vocab_size"] == 258 and hparams["bytes_per_token"] == \
-        StreamingLMDataModule(data_dir).bytes_per_token
-    assert (data["data_dir"], data["seq_len"], data["reset_at_document"]) == (data_dir, 64, True)
-
-
-def test_atlas_lab_test_scores_the_held_out_split(data_dir, workdir):
-    """`atlas-lab test` on a prepared corpus: test/loss is the mean next-token loss over every window of the held-out
-    split (documents read apart), as the checkpoint's model gives it window by window."""
+    checkpoint (where atlas-lab eval finds the tokenizer). `atlas-lab test` then scores the held-out split: test/loss
+    is the mean next-token loss over its every window, as the checkpoint's model gives it window by window."""
     from mlflow.tracking import MlflowClient
 
     from atlas_lab.lit.module import SequenceModel
@@ -178,6 +167,11 @@ def test_atlas_lab_test_scores_the_held_out_split(data_dir, workdir):
     args = ["-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
             f"--data.init_args.data_dir={data_dir}", "--model.preset=deltanet"]
     assert main(["fit", *args, "--trainer.max_steps=2"]) == 0
+    checkpoint = torch.load("runs/checkpoints/last.ckpt", weights_only=False)
+    hparams, data = checkpoint["hyper_parameters"], checkpoint["datamodule_hyper_parameters"]
+    assert hparams["vocab_size"] == 258 and hparams["bytes_per_token"] == \
+        StreamingLMDataModule(data_dir).bytes_per_token
+    assert (data["data_dir"], data["seq_len"], data["reset_at_document"]) == (data_dir, 64, True)
     assert main(["test", *args, "--ckpt_path=runs/checkpoints/last.ckpt"]) == 0
     client = MlflowClient("sqlite:///" + str(workdir / "runs" / "mlflow.db"))
     (run,) = client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id],
