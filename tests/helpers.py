@@ -3,6 +3,7 @@
 DEVICE: where the memory and kernel tests put their tensors — pytest's ``--device`` option (conftest.py; default
 cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
 import contextlib
+import math
 
 import pytest
 import torch
@@ -233,3 +234,21 @@ def chunk_tokens(split_dir) -> list:
         streams.append(np.frombuffer(raw[offsets[0]:], dtype))
         assert len(streams[-1]) == chunk["dim"]
     return streams
+
+
+def residual_mlp(W, x):
+    """Titans' MLP memory written out: M_θ(x) = x + W_2 GELU(W_1 x), W = {W1 [B, H, E·D, D], W2 [B, H, D, E·D]},
+    x [B, n, H, D]; returns (M_θ(x), the pre-activation z, the hidden h)."""
+    z = torch.einsum("bhed,bnhd->bnhe", W["W1"], x)
+    h = torch.nn.functional.gelu(z)
+    return x + torch.einsum("bhde,bnhe->bnhd", W["W2"], h), z, h
+
+
+def residual_mlp_l2_gradients(W, k, v, weight):
+    """Σ_t weight_t ∇_θ ½‖M_θ(k_t) − v_t‖² of ``residual_mlp`` by the chain rule (exact GELU): {W1, W2}.
+    k, v: [B, n, H, D]; weight: [B, n, H]."""
+    y, z, h = residual_mlp(W, k)
+    dy = (y - v) * weight[..., None]
+    gelu_grad = 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    dz = torch.einsum("bhde,bnhd->bnhe", W["W2"], dy) * gelu_grad
+    return {"W1": torch.einsum("bnhe,bnhd->bhed", dz, k), "W2": torch.einsum("bnhd,bnhe->bhde", dy, h)}

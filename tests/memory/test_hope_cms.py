@@ -10,7 +10,6 @@ the chunk started from:
 with η_t = γ_t η/C (γ_t the learned per-token rate, η = 0.1); a partial last chunk reads θ_i and does not update it.
 ∇ℓ_t is written out by the chain rule below.
 """
-import math
 
 import pytest
 import torch
@@ -20,7 +19,8 @@ import helpers
 from atlas_lab.layers import MemoryMixer
 from atlas_lab.memory import memorize
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
-from helpers import assert_pieces_equal_one_call, compare_float32, rel_err, with_gradients
+from helpers import (assert_pieces_equal_one_call, compare_float32, rel_err, residual_mlp,
+                     residual_mlp_l2_gradients, with_gradients)
 
 B, T, H, D, E = 2, 23, 2, 3, 2  # 23 tokens: chunks of 2, 3 and 5 each end with a partial chunk; hidden width E·D
 ETA = 0.1  # η_c = Σ_t η_t of one commit, every level
@@ -46,36 +46,20 @@ def problem(dtype, seed=0):
     return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
 
 
-def mlp(W, x):
-    """M_θ(x) = x + W_2 GELU(W_1 x) for x [B, n, H, D], with the pre-activation z and hidden h."""
-    z = torch.einsum("bhed,bnhd->bnhe", W["W1"], x)
-    h = F.gelu(z)
-    return x + torch.einsum("bhde,bnhe->bnhd", W["W2"], h), z, h
-
-
-def l2_gradients(W, k, v, weight):
-    """Σ_t weight_t ∇_θ ½‖M_θ(k_t) − v_t‖², by the chain rule: {W1, W2}."""
-    y, z, h = mlp(W, k)
-    dy = (y - v) * weight[..., None]
-    gelu_grad = 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    dz = torch.einsum("bhde,bnhd->bnhe", W["W2"], dy) * gelu_grad
-    return {"W1": torch.einsum("bnhe,bnhd->bhed", dz, k), "W2": torch.einsum("bnhd,bnhe->bhde", dy, h)}
-
-
 def cms_direct(x, C, per_token_rate=True, read_start=True, mean=True):
     """Eq. 71 for one level of chunk C; the switches break one part each (for the test that it matters)."""
     W = {n: x[n] for n in NAMES}
     out = []
     for s in range(0, T, C):
         c = slice(s, min(s + C, T))
-        out.append(mlp(W, x["q"][:, c])[0])
+        out.append(residual_mlp(W, x["q"][:, c])[0])
         if c.stop - c.start < C:  # a partial chunk reads θ_i; its update waits for the chunk's end
             break
         rate = x["gamma"][:, c] if per_token_rate else torch.ones_like(x["gamma"][:, c])
-        G = l2_gradients(W, x["k"][:, c], x["v"][:, c], rate * (ETA / C if mean else ETA))
+        G = residual_mlp_l2_gradients(W, x["k"][:, c], x["v"][:, c], rate * (ETA / C if mean else ETA))
         W = {n: W[n] - G[n] for n in NAMES}
         if not read_start:  # the chunk reads its own update
-            out[-1] = mlp(W, x["q"][:, c])[0]
+            out[-1] = residual_mlp(W, x["q"][:, c])[0]
     return with_gradients(x, torch.cat(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
 
 

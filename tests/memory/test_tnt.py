@@ -10,7 +10,6 @@ the initial weights θ_0 before every R-th token (R a multiple of C):
 
 The global memory is the same rule on larger chunks without resets (R = ∞).
 """
-import math
 
 import pytest
 import torch
@@ -19,7 +18,8 @@ from torch.nn import functional as F
 import helpers
 from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.models import LanguageModel, resolve_preset
-from helpers import assert_pieces_equal_one_call, compare_float32, rel_err, with_gradients
+from helpers import (assert_pieces_equal_one_call, compare_float32, rel_err, residual_mlp,
+                     residual_mlp_l2_gradients, with_gradients)
 
 B, T, H, D, E = 2, 23, 2, 3, 2  # 23 tokens: every (C, R) below ends with a partial chunk; hidden width E·D
 NAMES = ("W1", "W2")
@@ -44,22 +44,6 @@ def problem(dtype, seed=0):
     return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
 
 
-def mlp(W, x):
-    """M_θ(x) = x + W_2 GELU(W_1 x) for x [B, H, D] (one token), with the pre-activation z and hidden h."""
-    z = torch.einsum("bhed,bhd->bhe", W["W1"], x)
-    h = F.gelu(z)
-    return x + torch.einsum("bhde,bhe->bhd", W["W2"], h), z, h
-
-
-def l2_gradient(W, k, v):
-    """∇_θ ½‖M_θ(k) − v‖² by the chain rule: {W1, W2}."""
-    y, z, h = mlp(W, k)
-    dy = y - v
-    gelu_grad = 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    dz = torch.einsum("bhde,bhd->bhe", W["W2"], dy) * gelu_grad
-    return {"W1": torch.einsum("bhe,bhd->bhed", dz, k), "W2": torch.einsum("bhd,bhe->bhde", dy, h)}
-
-
 def tnt_direct(x, C, R, reset_to="W0"):
     """The rule above, token by token; reset_to="zero" or "none" breaks the reset (for the test that it matters)."""
     W0 = {n: x[n] for n in NAMES}
@@ -69,11 +53,12 @@ def tnt_direct(x, C, R, reset_to="W0"):
             W = dict(W0) if reset_to == "W0" else {n: torch.zeros_like(w) for n, w in W0.items()}
         if t % C == 0 or (t % R == 0 and reset_to != "none"):
             W_start = dict(W)
-        g = l2_gradient(W_start, x["k"][:, t], x["v"][:, t])
+        token = slice(t, t + 1)
+        g = residual_mlp_l2_gradients(W_start, x["k"][:, token], x["v"][:, token], torch.ones_like(x["eta"][:, token]))
         a, e = x["alpha"][:, t, :, None, None], x["eta"][:, t, :, None, None]
         W = {n: a * W[n] - e * g[n] for n in NAMES}
-        out.append(mlp(W, x["q"][:, t])[0])
-    return with_gradients(x, torch.stack(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
+        out.append(residual_mlp(W, x["q"][:, token])[0])
+    return with_gradients(x, torch.cat(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
 
 
 def ours(impl, C, R):
