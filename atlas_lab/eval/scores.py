@@ -14,10 +14,9 @@ def token_scores(model: LanguageModel, input_ids: torch.Tensor, targets: torch.T
     from one to the next, so every position sees its whole prefix (the same scores as one call over all L tokens)
     with the state of a fixed-size model, whatever L.
     """
-    log_probs, greedy, cache = [], [], None
-    for piece, target in zip(input_ids.split(window, 1), targets.split(window, 1)):
-        logits, cache = model(piece, cache)
-        logits = logits.float()
+    log_probs, greedy = [], []
+    for h, target in zip(model.hidden_pieces(input_ids, window), targets.split(window, 1)):
+        logits = model.head(h).float()
         log_probs.append(logits.log_softmax(-1).gather(-1, target[..., None])[..., 0])
         greedy.append(logits.argmax(-1) == target)
     return torch.cat(log_probs, 1), torch.cat(greedy, 1)

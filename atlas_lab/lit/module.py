@@ -216,11 +216,7 @@ class SequenceModel(L.LightningModule):
         if document_start is not None:
             h, _ = self.model.hidden_states(input_ids, document_start=document_start)
         elif not self.training and piece and input_ids.shape[1] > piece:
-            cache, hidden = None, []
-            for chunk in input_ids.split(piece, 1):
-                h, cache = self.model.hidden_states(chunk, cache)
-                hidden.append(h)
-            h = torch.cat(hidden, 1)
+            h = torch.cat(list(self.model.hidden_pieces(input_ids, piece)), 1)
         else:
             h, _ = self.model.hidden_states(input_ids)
         return self.readout(self.model, h)

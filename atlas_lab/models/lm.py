@@ -152,6 +152,14 @@ class LanguageModel(nn.Module):
             new_cache.append(c)
         return self.norm(x), new_cache
 
+    def hidden_pieces(self, input_ids: torch.Tensor, piece: int):
+        """The hidden states of input_ids [B, L] read in pieces of ``piece`` tokens, the streaming cache carried from
+        one to the next: one [B, n, d_model] per piece, together those of one call, at the memory of one piece."""
+        cache = None
+        for chunk in input_ids.split(piece, 1):
+            h, cache = self.hidden_states(chunk, cache)
+            yield h
+
     def forward(self, input_ids: torch.Tensor, cache: list | None = None, document_start: torch.Tensor | None = None):
         """(logits [B, T, vocab_size], cache): ``hidden_states``'s arguments."""
         h, cache = self.hidden_states(input_ids, cache, document_start)

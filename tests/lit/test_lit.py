@@ -217,3 +217,22 @@ def test_the_model_summary_shows_the_flops_per_token_at_the_training_length(work
     assert f"forward FLOPs per token at T = {T}" in out
     assert f"memory {flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}" in out
     assert flops["memory"] > 0 and "Total params" in out
+
+
+@pytest.mark.parametrize("preset", ["deltanet", "atlas", "atlas_mag"])
+def test_evaluation_in_streaming_pieces_equals_one_call(preset):
+    """eval_piece 5: a 23-token batch evaluated in pieces of 5 with the streaming cache carried gives the logits of one
+    call (float64: the same sums in another order, far below 1e-10); in training it is always one call."""
+    from atlas_lab.lit.module import SequenceModel
+
+    torch.manual_seed(0)
+    module = SequenceModel(vocab_size=64, preset=preset, d_model=16, n_layers=2, n_heads=2, swa_window=4,
+                           eval_piece=5).double().eval()
+    x = torch.randint(0, 64, (2, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pieces = module(x)
+        module.hparams.eval_piece = 0
+        whole = module(x)
+    assert ((pieces - whole).norm() / whole.norm()).item() < 1e-10
+    module.hparams.eval_piece = 5
+    assert [h.shape[1] for h in module.model.hidden_pieces(x, 5)] == [5, 5, 5, 5, 3]
