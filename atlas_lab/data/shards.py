@@ -42,6 +42,7 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .base import check
+from .tokenizers import ByteTokenizer
 
 FORMATS = (".txt", ".jsonl", ".parquet")
 FORMAT_VERSION = 1
@@ -49,23 +50,15 @@ BATCH_BYTES = 1 << 23  # text tokenised per encode_batch call
 SPECIALS = ("<pad>", "<eos>")
 
 
-class ByteEOSTokenizer:
-    """UTF-8 bytes 0..255, then <pad> = 256 and <eos> = 257: vocab_size = 258."""
+class ByteEOSTokenizer(ByteTokenizer):
+    """UTF-8 bytes 0..255, then <pad> = 256 and <eos> = 257: vocab_size = 258 (the byte tokenizer with an end token)."""
 
     kind = "byte"
-
-    def __init__(self):
-        self.vocab_size, self.pad_id, self.eos_id = 258, 256, 257
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    specials = SPECIALS
+    eos_id = 257
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-
-    def decode(self, ids) -> str:
-        """Special tokens are dropped; invalid UTF-8 becomes U+FFFD."""
-        return bytes(int(i) for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
 class BPEFileTokenizer:

@@ -51,7 +51,7 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         """Special tokens are dropped; invalid UTF-8 becomes U+FFFD."""
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return bytes(int(i) for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
 class BPETokenizer:
