@@ -1,23 +1,99 @@
-"""Tables a person can read at any width, in a terminal or a pipe: a cell is never cut.
+"""Tables a person can read at any width, in a terminal or a pipe: no cell and no title is ever cut.
 
-When the columns do not fit the console (80 columns in a pipe, or ``COLUMNS``), they are spread over several
-tables, one after the other, each repeating the row's name (the first ``keys`` columns). A column wider than the
-console on its own wraps. Cells are plain text, never rich markup: labels and error messages may hold brackets.
+The width is the console's: the terminal's, ``COLUMNS``, or 80 in a pipe. When the columns do not fit it, they are
+spread over several tables, one after the other, in order, each repeating the row's name (the first ``keys``
+columns) and saying which part it is ("(2/3)"). A column too wide to stand beside the row's name on its own wraps
+at word boundaries: spaces, or inside a long word after one of ``, ; + / |`` not followed by a digit (4,265,548
+stays whole); a word longer than the whole column, which only a very narrow console meets, is split. Titles and
+captions wrap the same way. Cells are plain text,
+never rich markup: labels and error messages may hold brackets.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 # rich draws a column as its cells plus one space either side and one border line; a table adds one more border.
 _COLUMN_OVERHEAD, _TABLE_OVERHEAD = 3, 1
+# where a word longer than its column may break: after these characters, unless a digit follows (4,265,548 and
+# "(2/6)" stay whole; so does a name like gated_deltanet)
+_BREAK_AFTER = re.compile(r"(?<=[,;+/|])(?!\d)")
 
 
 def _width(cell: object) -> int:
-    return max((len(line) for line in str(cell).splitlines()), default=0)
+    return max((cell_len(line) for line in str(cell).splitlines()), default=0)
+
+
+def _pieces(word: str) -> list[str]:
+    return [p for p in _BREAK_AFTER.split(word) if p]
+
+
+def _min_width(cell: str) -> int:
+    """The narrowest column ``cell`` wraps into without splitting a piece of a word."""
+    return max((cell_len(p) for word in cell.split() for p in _pieces(word)), default=0)
+
+
+def _split(piece: str, width: int) -> list[str]:
+    """A piece wider than ``width`` in chunks of at most ``width`` cells (the last resort)."""
+    out, current = [], ""
+    for ch in piece:
+        if current and cell_len(current + ch) > width:
+            out.append(current)
+            current = ""
+        current += ch
+    return out + [current]
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` as lines of at most ``width`` cells, broken at spaces, else after ``, ; + / |`` inside a word (not
+    before a digit), and only a piece wider than ``width`` split; every character but the spaces at the breaks is kept, in order."""
+    width = max(width, 1)
+    lines: list[str] = []
+    for paragraph in str(text).splitlines() or [""]:
+        if cell_len(paragraph) <= width:
+            lines.append(paragraph)
+            continue
+        current = ""
+        for word in paragraph.split():
+            for k, piece in enumerate(_pieces(word)):
+                joined = current + (" " if current and k == 0 else "") + piece
+                if cell_len(joined) <= width:
+                    current = joined
+                    continue
+                if current:
+                    lines.append(current)
+                chunks = _split(piece, width)
+                lines += chunks[:-1]
+                current = chunks[-1]
+        lines.append(current)
+    return lines
+
+
+def column_widths(widths: Sequence[int], minimums: Sequence[int], width: int, keys: int = 1) -> list[int]:
+    """Each column's width in a console ``width`` cells wide: its natural width (``widths``), or narrower (it wraps)
+    where it could not otherwise fit one table beside the first ``keys`` columns. The key columns keep at most
+    half the table between them (down to ``minimums``, their longest word) so that another column fits beside
+    them."""
+    out = list(widths)
+    room = width - _TABLE_OVERHEAD
+    others = _COLUMN_OVERHEAD + 1 if len(widths) > keys else 0  # the least another column needs beside the keys
+
+    def shrink(target: int, floor: Sequence[int]) -> None:
+        while sum(w + _COLUMN_OVERHEAD for w in out[:keys]) > target:
+            i = max(range(keys), key=lambda j: out[j] - floor[j])  # the key column with the most to give
+            if out[i] <= floor[i]:
+                return
+            out[i] -= 1
+
+    shrink(room // 2, minimums)  # wrap at word boundaries down to half the table
+    shrink(room - others, [1] * keys)  # a console too narrow for the keys' longest words: split them
+    cap = max(1, room - sum(w + _COLUMN_OVERHEAD for w in out[:keys]) - _COLUMN_OVERHEAD)
+    return out[:keys] + [min(w, cap) for w in out[keys:]]
 
 
 def column_groups(widths: Sequence[int], width: int, keys: int = 1) -> list[list[int]]:
@@ -36,20 +112,59 @@ def column_groups(widths: Sequence[int], width: int, keys: int = 1) -> list[list
     return [list(range(keys)) + g for g in groups]
 
 
+def _annotation(console: Console, text: str, table_width: int) -> Text | None:
+    """A title or caption that fits on one line above (below) the table, as rich's centred annotation; None where
+    it does not (``print_table`` prints it as a paragraph at the console's width instead)."""
+    return Text(text) if cell_len(text) <= table_width else None
+
+
+def _paragraph(console: Console, text: str, style: str) -> None:
+    console.print(Text("\n".join(wrap(text, console.width)), style=style))
+
+
 def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]],
                 right: Sequence[str] = (), keys: int = 1, styles: Sequence[str | None] | None = None,
                 caption: str | None = None) -> None:
     """Print ``rows`` (one cell per column; None shows as "—") under ``title``; the columns named in ``right`` are
-    right-aligned; ``styles``: one rich style (or None) per row."""
+    right-aligned; ``styles``: one rich style (or None) per row. Columns that do not fit ``console.width`` go to
+    further tables, each repeating the first ``keys`` columns (their headers wrapped at word boundaries where that
+    makes room); nothing is cut (see the module's docstring). A title or caption wider than its table is a
+    paragraph of its own, wrapped at the console's width."""
     rows = [["—" if c is None else str(c) for c in r] for r in rows]
-    widths = [max([_width(c)] + [_width(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    groups = column_groups(widths, console.width, keys)
+    columns = [str(c) for c in columns]
+    keys = min(keys, len(columns))
+    width = console.width
+    body = [max([0] + [_width(r[i]) for r in rows]) for i in range(len(columns))]
+    full = [max(_width(c), b) for c, b in zip(columns, body)]
+    minimums = [max([_min_width(c)] + [_min_width(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    if _TABLE_OVERHEAD + sum(w + _COLUMN_OVERHEAD for w in full) <= width:
+        widths, groups = full, [list(range(len(columns)))]
+    else:  # headers wrap at their words, a column's widest cell wraps to its next widest: then they spread
+        second = [sorted([0, 0] + [_width(r[i]) for r in rows])[-2] for i in range(len(columns))]
+        compact = [max(b if i < keys else second[i], minimums[i]) for i, b in enumerate(body)]
+        widths = column_widths(compact, minimums, width, keys)
+        groups = column_groups(widths, width, keys)
+        for group in groups:  # where a table has room left, its headers unwrap again, the shortest wait first
+            spare = width - _TABLE_OVERHEAD - sum(widths[i] + _COLUMN_OVERHEAD for i in group)
+            for i in sorted(group, key=lambda j: full[j] - widths[j]):
+                grow = min(max(0, full[i] - widths[i]), spare)
+                widths[i] += grow
+                spare -= grow
     for n, group in enumerate(groups):
-        part = f" ({n + 1}/{len(groups)})" if len(groups) > 1 else ""
-        table = Table(title=Text(title + part), caption=Text(caption) if caption and n == len(groups) - 1 else None)
+        table_width = _TABLE_OVERHEAD + sum(widths[i] + _COLUMN_OVERHEAD for i in group)
+        heading = title + (f" ({n + 1}/{len(groups)})" if len(groups) > 1 else "")
+        ending = caption if caption and n == len(groups) - 1 else None
+        table = Table(title=_annotation(console, heading, table_width),
+                      caption=_annotation(console, ending, table_width) if ending else None)
+        if table.title is None:
+            _paragraph(console, heading, "table.title")
         for i in group:
-            table.add_column(Text(columns[i]), justify="right" if columns[i] in right else "left", overflow="fold",
-                             min_width=min(widths[i], console.width - _TABLE_OVERHEAD - _COLUMN_OVERHEAD))
+            # the cells come wrapped to the column's width: rich only lays them out ("fold" never drops a character)
+            table.add_column(Text("\n".join(wrap(columns[i], widths[i]))), width=widths[i], overflow="fold",
+                             justify="right" if columns[i] in right else "left")
         for k, r in enumerate(rows):
-            table.add_row(*(Text(r[i]) for i in group), style=styles[k] if styles else None)
+            table.add_row(*(Text("\n".join(wrap(r[i], widths[i]))) for i in group),
+                          style=styles[k] if styles else None)
         console.print(table)
+        if ending and table.caption is None:
+            _paragraph(console, ending, "table.caption")
