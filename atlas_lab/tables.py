@@ -1,12 +1,13 @@
-"""Tables a person can read at any width, in a terminal or a pipe: no cell and no title is ever cut.
+"""Tables a person can read at any width, in a terminal or a pipe: no cell, header or title is ever cut.
 
-The width is the console's: the terminal's, ``COLUMNS``, or 80 in a pipe. When the columns do not fit it, they are
-spread over several tables, one after the other, in order, each repeating the row's name (the first ``keys``
-columns) and saying which part it is ("(2/3)"). A column too wide to stand beside the row's name on its own wraps
-at word boundaries: spaces, or inside a long word after one of ``, ; + / |`` not followed by a digit (4,265,548
-stays whole); a word longer than the whole column, which only a very narrow console meets, is split. Titles and
-captions wrap the same way. Cells are plain text,
-never rich markup: labels and error messages may hold brackets.
+The width is the console's: the terminal's, ``COLUMNS``, or 80 in a pipe. A table that fits is printed as it is.
+One that does not first wraps its headers at their spaces and, in a column whose widest cell alone stands out, that
+cell; then its columns are spread over several tables, one after the other, in order, each repeating the row's name
+(the first ``keys`` columns) and saying which part it is ("(2/3)"); a table with room left unwraps its columns
+again. Cells wrap at word boundaries: spaces, or inside a long word after one of ``, ; + / |`` not followed by a
+digit (4,265,548 and (2/6) stay whole); only a word wider than its whole column, which a very narrow console
+meets, is split. A title or caption wider than its table is a paragraph of its own at the console's width. Cells
+are plain text, never rich markup: labels and error messages may hold brackets.
 """
 from __future__ import annotations
 
@@ -23,19 +24,22 @@ _COLUMN_OVERHEAD, _TABLE_OVERHEAD = 3, 1
 # where a word longer than its column may break: after these characters, unless a digit follows (4,265,548 and
 # "(2/6)" stay whole; so does a name like gated_deltanet)
 _BREAK_AFTER = re.compile(r"(?<=[,;+/|])(?!\d)")
+# a column whose widest cell would not fit beside the others wraps it, to the width of its next widest cell but not
+# narrower than this
+_OUTLIER = 20
 
 
 def _width(cell: object) -> int:
     return max((cell_len(line) for line in str(cell).splitlines()), default=0)
 
 
-def _pieces(word: str) -> list[str]:
-    return [p for p in _BREAK_AFTER.split(word) if p]
+def _pieces(word: str, inside: bool = True) -> list[str]:
+    return [p for p in _BREAK_AFTER.split(word) if p] if inside else [word]
 
 
-def _min_width(cell: str) -> int:
+def _min_width(cell: str, inside: bool = True) -> int:
     """The narrowest column ``cell`` wraps into without splitting a piece of a word."""
-    return max((cell_len(p) for word in cell.split() for p in _pieces(word)), default=0)
+    return max((cell_len(p) for word in cell.split() for p in _pieces(word, inside)), default=0)
 
 
 def _split(piece: str, width: int) -> list[str]:
@@ -49,9 +53,10 @@ def _split(piece: str, width: int) -> list[str]:
     return out + [current]
 
 
-def wrap(text: str, width: int) -> list[str]:
-    """``text`` as lines of at most ``width`` cells, broken at spaces, else after ``, ; + / |`` inside a word (not
-    before a digit), and only a piece wider than ``width`` split; every character but the spaces at the breaks is kept, in order."""
+def wrap(text: str, width: int, inside: bool = True) -> list[str]:
+    """``text`` as lines of at most ``width`` cells, broken at spaces, else (``inside``) after ``, ; + / |`` inside
+    a word (not before a digit), and only a piece wider than ``width`` split; every character but the spaces at the
+    breaks is kept, in order."""
     width = max(width, 1)
     lines: list[str] = []
     for paragraph in str(text).splitlines() or [""]:
@@ -60,7 +65,7 @@ def wrap(text: str, width: int) -> list[str]:
             continue
         current = ""
         for word in paragraph.split():
-            for k, piece in enumerate(_pieces(word)):
+            for k, piece in enumerate(_pieces(word, inside)):
                 joined = current + (" " if current and k == 0 else "") + piece
                 if cell_len(joined) <= width:
                     current = joined
@@ -136,31 +141,35 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
     width = console.width
     body = [max([0] + [_width(r[i]) for r in rows]) for i in range(len(columns))]
     full = [max(_width(c), b) for c, b in zip(columns, body)]
-    minimums = [max([_min_width(c)] + [_min_width(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    # a header wraps at its spaces only ("memory FLOPs/token" keeps FLOPs/token whole), a cell inside words too
+    minimums = [max([_min_width(c, inside=False)] + [_min_width(r[i]) for r in rows]) for i, c in enumerate(columns)]
     if _TABLE_OVERHEAD + sum(w + _COLUMN_OVERHEAD for w in full) <= width:
-        widths, groups = full, [list(range(len(columns)))]
-    else:  # headers wrap at their words, a column's widest cell wraps to its next widest: then they spread
+        layout = [(list(range(len(columns))), full)]
+    else:  # headers wrap at their words, a column's widest cell wraps (to its next widest, or _OUTLIER): they spread
         second = [sorted([0, 0] + [_width(r[i]) for r in rows])[-2] for i in range(len(columns))]
-        compact = [max(b if i < keys else second[i], minimums[i]) for i, b in enumerate(body)]
+        compact = [max(b if i < keys else min(b, max(second[i], _OUTLIER)), minimums[i]) for i, b in enumerate(body)]
         widths = column_widths(compact, minimums, width, keys)
-        groups = column_groups(widths, width, keys)
-        for group in groups:  # where a table has room left, its headers unwrap again, the shortest wait first
-            spare = width - _TABLE_OVERHEAD - sum(widths[i] + _COLUMN_OVERHEAD for i in group)
-            for i in sorted(group, key=lambda j: full[j] - widths[j]):
-                grow = min(max(0, full[i] - widths[i]), spare)
-                widths[i] += grow
+        layout = []
+        for group in column_groups(widths, width, keys):  # a table's room left unwraps its columns, the nearest first
+            mine = list(widths)
+            spare = width - _TABLE_OVERHEAD - sum(mine[i] + _COLUMN_OVERHEAD for i in group)
+            for i in sorted(group[keys:], key=lambda j: full[j] - mine[j]):
+                grow = min(max(0, full[i] - mine[i]), spare)
+                mine[i] += grow
                 spare -= grow
-    for n, group in enumerate(groups):
+            layout.append((group, mine))
+    for n, (group, widths) in enumerate(layout):
         table_width = _TABLE_OVERHEAD + sum(widths[i] + _COLUMN_OVERHEAD for i in group)
-        heading = title + (f" ({n + 1}/{len(groups)})" if len(groups) > 1 else "")
-        ending = caption if caption and n == len(groups) - 1 else None
+        heading = title + (f" ({n + 1}/{len(layout)})" if len(layout) > 1 else "")
+        ending = caption if caption and n == len(layout) - 1 else None
         table = Table(title=_annotation(console, heading, table_width),
                       caption=_annotation(console, ending, table_width) if ending else None)
         if table.title is None:
             _paragraph(console, heading, "table.title")
         for i in group:
             # the cells come wrapped to the column's width: rich only lays them out ("fold" never drops a character)
-            table.add_column(Text("\n".join(wrap(columns[i], widths[i]))), width=widths[i], overflow="fold",
+            table.add_column(Text("\n".join(wrap(columns[i], widths[i], inside=False))), width=widths[i],
+                             overflow="fold",
                              justify="right" if columns[i] in right else "left")
         for k, r in enumerate(rows):
             table.add_row(*(Text("\n".join(wrap(r[i], widths[i]))) for i in group),
