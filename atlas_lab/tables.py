@@ -150,11 +150,15 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
         compact = [max(b if i < keys else min(b, max(second[i], _OUTLIER)), minimums[i]) for i, b in enumerate(body)]
         widths = column_widths(compact, minimums, width, keys)
         layout = []
-        for group in column_groups(widths, width, keys):  # a table's room left unwraps its columns, the nearest first
+        for group in column_groups(widths, width, keys):
             mine = list(widths)
             spare = width - _TABLE_OVERHEAD - sum(mine[i] + _COLUMN_OVERHEAD for i in group)
-            for i in sorted(group[keys:], key=lambda j: full[j] - mine[j]):
-                grow = min(max(0, full[i] - mine[i]), spare)
+            for i in sorted(group[keys:], key=lambda j: full[j] - mine[j]):  # room left unwraps whole columns
+                if 0 < full[i] - mine[i] <= spare:
+                    spare -= full[i] - mine[i]
+                    mine[i] = full[i]
+            for i in group[keys:]:  # and what is left widens a column whose cells wrap (fewer lines)
+                grow = min(max(0, body[i] - mine[i]), spare)
                 mine[i] += grow
                 spare -= grow
             layout.append((group, mine))

@@ -192,6 +192,14 @@ TUNED_HEADER = ["chosen", "candidates (pilot mean)"]
 STEPS_HEADER = ["escaped", "p (Fisher)", "p (Gehan)"]  # a steps_to study's columns, before "Holm p"
 
 
+# the terminal's point table: the three counts share a column ("0 / 1 / 0"), so that two grid axes fit 80 columns
+SHOWN_POINT_HEADER = POINT_HEADER[:4] + [" / ".join(POINT_HEADER[4:7])]
+
+
+def _shown_point_cells(r) -> list:
+    return _point_cells(r)[:4] + [" / ".join(str(r[k]) for k in ("failed", "pruned", "unfinished"))]
+
+
 def _point_cells(r) -> list:
     return [r["n"], _fmt(r["mean"]), _fmt(r["std"]), _ci(r), r["failed"], r["pruned"], r["unfinished"], r["trials"],
             r["reason"]]
@@ -400,7 +408,7 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     keys = short_names(columns)
     print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first"
                 + "".join(f"; {label}: {value:.4g}" for label, value in marks.items()),
-                keys + POINT_HEADER[:7], [[str(r[c]) for c in columns] + _point_cells(r)[:7] for r in rows],
+                keys + SHOWN_POINT_HEADER, [[str(r[c]) for c in columns] + _shown_point_cells(r) for r in rows],
                 keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
                                            else None for r in rows])
     if diffs:
