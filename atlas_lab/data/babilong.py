@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
-from .corpus import Haystack, check_data_path, document_pieces, load_corpus
+from .corpus import Haystack, check_data_path, document_pieces, load_corpus, record_corpus_paths
 from .tokenizers import tokenizer_kind
 
 ACTORS = ("John", "Mary", "Sandra", "Daniel")
@@ -202,6 +202,7 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
         self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
         check_data_path(data_path)
+        record_corpus_paths(self, data_path, cache_dir)
         self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
         all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"{t}-L{n}" for t in self.tasks for n in all_lengths]

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import check
+from .checks import check
 
 CONVERTER_VERSION = 1
 VAL_PLAYS = ("comedies/twelfth-night", "tragedies/macbeth")
@@ -125,6 +125,18 @@ def check_data_path(data_path: str | None) -> None:
         path = Path(data_path).expanduser()
         check(path.is_file() or path.is_dir(), "data_path",
               f"expected an existing text file or folder, got {data_path!r}")
+
+
+def absolute_path(path: str | None) -> str | None:
+    """A path as checkpoints record it: ~ expanded, made absolute (None stays None), so that it names the same file
+    from any folder."""
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+
+def record_corpus_paths(datamodule, data_path: str | None, cache_dir: str) -> None:
+    """A data module's ``data_path`` and ``cache_dir`` recorded absolute in its hyper-parameters, which checkpoints
+    keep (``datamodule_hyper_parameters``): the data is rebuilt from them whatever folder the command runs from."""
+    datamodule.hparams.update(data_path=absolute_path(data_path), cache_dir=absolute_path(cache_dir))
 
 
 def _read_text(path: Path) -> str:

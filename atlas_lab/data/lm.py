@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import SPLITS, SequenceDataset, TaskDataModule, check
-from .corpus import check_data_path, document_pieces, load_corpus
-from .tokenizers import tokenizer_kind
+from .corpus import check_data_path, document_pieces, load_corpus, record_corpus_paths
+from .tokenizers import check_text_data_state, text_data_state, tokenizer_kind
 
 
 def lm_windows(ids: np.ndarray, seq_len: int) -> SequenceDataset:
@@ -45,6 +45,7 @@ class LMDataModule(TaskDataModule):
     split: 1.0 for bytes, known after setup for BPE — bits per byte = loss_nats / ln 2 / bytes_per_token);
     split_bytes_per_token {split: float} for all splits.
     Training windows are reshuffled every epoch (seeded); val/test windows are in order.
+    Checkpoints record the arguments with data_path and cache_dir absolute, and the tokenizer (``state_dict``).
     """
 
     def __init__(self, data_path: str | None = None, tokenizer: str = "byte", bpe_vocab_size: int = 4096,
@@ -66,6 +67,7 @@ class LMDataModule(TaskDataModule):
         check(seq_len >= 1, "seq_len", f"expected an int >= 1, got {seq_len}")
         self.data_path, self.tokenizer_kind, self.bpe_vocab_size = data_path, tokenizer_kind(tokenizer), bpe_vocab_size
         check_data_path(data_path)
+        record_corpus_paths(self, data_path, cache_dir)
         self.seq_len, self.holdout_fraction, self.cache_dir = seq_len, holdout_fraction, cache_dir
         self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
         self.bytes_per_token: float | None = self.tokenizer_kind.bytes_per_token
@@ -95,6 +97,20 @@ class LMDataModule(TaskDataModule):
         """Token ids (list or 1-D tensor) -> text."""
         self.prepare()
         return self.tokenizer.decode([int(i) for i in ids])
+
+    def state_dict(self) -> dict:
+        """The tokenizer's state (``tokenizers.text_data_state``), which Lightning saves in every checkpoint: the
+        checkpoint's text is read as the model was trained to read it without the corpus or the BPE's cache."""
+        if self.tokenizer is None:
+            self.prepare()
+        return text_data_state(self.tokenizer)
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint continued or scored on this data: ValueError where the data's tokenizer is not the
+        checkpoint's."""
+        if self.tokenizer is None:
+            self.prepare()
+        check_text_data_state(state, self.tokenizer, f"data_path: {self.data_path!r}")
 
     def build(self, split: str) -> SequenceDataset:
         self.prepare()

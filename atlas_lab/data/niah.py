@@ -8,7 +8,7 @@ from importlib import resources
 import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
-from .corpus import Haystack, check_data_path, document_pieces, load_corpus
+from .corpus import Haystack, check_data_path, document_pieces, load_corpus, record_corpus_paths
 from .tokenizers import tokenizer_kind
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -100,6 +100,7 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
         self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
         self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
         check_data_path(data_path)
+        record_corpus_paths(self, data_path, cache_dir)
         self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
         edges = np.linspace(0, 100, depth_buckets + 1).round().astype(int)
         self.all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))

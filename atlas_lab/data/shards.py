@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -41,61 +42,12 @@ from pathlib import Path
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .base import check
-from .tokenizers import ByteTokenizer
+from .checks import check, first_line
+from .tokenizers import SPECIALS, BPEFileTokenizer, ByteEOSTokenizer
 
 FORMATS = (".txt", ".jsonl", ".parquet")
 FORMAT_VERSION = 1
 BATCH_BYTES = 1 << 23  # text tokenised per encode_batch call
-SPECIALS = ("<pad>", "<eos>")
-
-
-class ByteEOSTokenizer(ByteTokenizer):
-    """UTF-8 bytes 0..255, then <pad> = 256 and <eos> = 257: vocab_size = 258 (the byte tokenizer with an end token)."""
-
-    kind = "byte"
-    specials = SPECIALS
-    eos_id = 257
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-
-
-class BPEFileTokenizer:
-    """A ``tokenizers`` tokenizer.json with the specials <pad> and <eos>; vocab_size counts the added tokens."""
-
-    kind = "bpe"
-
-    def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer
-
-        try:
-            self.tokenizer = Tokenizer.from_file(str(path))
-        except Exception as e:
-            raise ValueError(f"tokenizer: {str(path)!r} does not load as a tokenizer.json ({_first_line(e)}); "
-                             "expected 'byte' or a file written by atlas-lab data tokenizer") from None
-        ids = {s: self.tokenizer.token_to_id(s) for s in SPECIALS}
-        missing = [s for s, i in ids.items() if i is None]
-        check(not missing, "tokenizer", f"{str(path)!r} has no {' or '.join(missing)} token; expected a tokenizer "
-                                        f"with the specials {', '.join(SPECIALS)} (atlas-lab data tokenizer)")
-        self.tokenizer.encode_special_tokens = True  # "<eos>" written in a document is text, not the end token
-        self.path = Path(path)
-        self.pad_id, self.eos_id = ids["<pad>"], ids["<eos>"]
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """In parallel (the library's threads), without character offsets."""
-        return [e.ids for e in self.tokenizer.encode_batch_fast(texts)]
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def build_tokenizer(tokenizer: str):
@@ -207,7 +159,7 @@ def read_documents(path: Path, text_field: str):
         try:
             parquet = pq.ParquetFile(path)
         except Exception as e:
-            raise ValueError(f"inputs: {str(path)!r} is not a readable parquet file ({_first_line(e)})") from None
+            raise ValueError(f"inputs: {str(path)!r} is not a readable parquet file ({first_line(e)})") from None
         names = parquet.schema_arrow.names
         check(text_field in names, "text_field", f"{str(path)!r} has no column {text_field!r}; its columns: "
                                                  f"{', '.join(names)}")
@@ -336,9 +288,8 @@ def prepare(inputs: list[str], out_dir: str, tokenizer: str = "byte", text_field
         chunk_bytes: the size of a litdata chunk (the unit of shuffling; the last < seq_len + 1 tokens of a chunk
             are never read as a window).
     """
-    from litdata import optimize
-    from litdata.streaming.item_loader import TokensLoader
-
+    if importlib.util.find_spec("litdata") is None:  # before anything is read; imported once the input is known good
+        raise ModuleNotFoundError("prepare writes litdata shards: pip install 'atlas-lab[lm]'", name="litdata")
     check(0 < holdout_fraction < 1, "holdout_fraction", f"expected a number in (0, 1), got {holdout_fraction}")
     check(isinstance(seed, int) and 0 <= seed < 2**64, "seed", f"expected an int in [0, 2^64), got {seed!r}")
     check(num_workers >= 1, "num_workers", f"expected an int >= 1, got {num_workers}")
@@ -366,6 +317,9 @@ def prepare(inputs: list[str], out_dir: str, tokenizer: str = "byte", text_field
             check(split.documents > 0, "holdout_fraction", f"{holdout_fraction} leaves the {name} split empty "
                                                           f"({documents} documents); expected a fraction that "
                                                           "leaves documents on both sides")
+        from litdata import optimize
+        from litdata.streaming.item_loader import TokensLoader
+
         step = max(1, chunk_bytes // 32 // dtype.itemsize)  # tokens per litdata item: ~32 items (whole) per chunk
         with _optimizing(tmp / "cache"):
             for name, split in splits.items():

@@ -12,6 +12,7 @@ from litdata.streaming.item_loader import TokensLoader
 
 from .base import check
 from .shards import load_tokenizer, read_corpus
+from .tokenizers import check_text_data_state, text_data_state
 
 
 def window_batch(windows: list, eos_id: int, reset_at_document: bool) -> dict[str, torch.Tensor]:
@@ -93,6 +94,7 @@ class StreamingLMDataModule(L.LightningDataModule):
         check(seed >= 0, "seed", f"expected an int >= 0, got {seed}")
         corpus = read_corpus(data_dir)
         self.data_dir = Path(data_dir).expanduser()
+        self.hparams.data_dir = str(self.data_dir.resolve())  # checkpoints: the same folder from any other
         self.seq_len, self.batch_size, self.num_workers, self.seed = seq_len, batch_size, num_workers, seed
         self.reset_at_document = reset_at_document
         self.vocab_size, self.pad_id, self.eos_id = corpus["vocab_size"], corpus["pad_id"], corpus["eos_id"]
@@ -130,3 +132,12 @@ class StreamingLMDataModule(L.LightningDataModule):
     def decode(self, ids) -> str:
         """Token ids (list or 1-D tensor) -> text."""
         return self.tokenizer.decode([int(i) for i in ids])
+
+    def state_dict(self) -> dict:
+        """The corpus's tokenizer (``tokenizers.text_data_state``), which Lightning saves in every checkpoint: an
+        evaluation of the checkpoint needs no corpus folder. (The loader's position is Lightning's, not in here.)"""
+        return text_data_state(self.tokenizer)
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint continued or scored on this corpus: ValueError where it was tokenised otherwise."""
+        check_text_data_state(state, self.tokenizer, f"data_dir: {str(self.data_dir)!r}")

@@ -1,10 +1,16 @@
-"""Tokenizers: bytes (the default) and a byte-level BPE trained offline on a training split and cached on disk.
+"""Tokenizers: bytes (the default) and a byte-level BPE trained offline on a training split and cached on disk; and
+the tokenizers of prepared corpora (``atlas-lab data``): bytes with an end-of-document token, or a tokenizer.json.
 
 Both expose: vocab_size, pad_id, eos_id (None: the corpora carry no end-of-document token), encode(text) ->
 list[int], encode_batch(texts), encode_documents(pieces) -> int32 array, decode(ids) -> str; and, per kind, before
 any data is read: ``trains_on_corpus`` (building one reads the training split), ``bytes_per_token`` (1.0 for bytes;
 None where it depends on the text), ``planned_vocab_size(bpe_vocab_size)`` and ``build(bpe_vocab_size,
 train_documents, cache_dir)``. The data modules look a kind up in TOKENIZERS and ask it; none compares its name.
+
+Every tokenizer here has a state (``tokenizer_state``): its class's name and, for a BPE, its tokenizer.json, which
+``tokenizer_from_state`` turns back into the same tokenizer without any file. The text data modules return it from
+``state_dict`` (``text_data_state``), so Lightning saves it in every checkpoint: ``atlas-lab eval`` reads text as the
+checkpoint's model was trained to, wherever its corpus has gone.
 """
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import check, check_choice
+from .checks import check, check_choice, first_line
 
 BPE_FORMAT = 1  # bump when the BPE recipe below changes: cached tokenizers are keyed by it
+SPECIALS = ("<pad>", "<eos>")  # the specials of a prepared corpus's tokenizers, in this order
 
 
 class ByteTokenizer:
@@ -52,6 +59,25 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         """Special tokens are dropped; invalid UTF-8 becomes U+FFFD."""
         return bytes(int(i) for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def state(self) -> dict:
+        return {"class": type(self).__name__}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "ByteTokenizer":
+        return cls()
+
+
+class ByteEOSTokenizer(ByteTokenizer):
+    """UTF-8 bytes 0..255, then <pad> = 256 and <eos> = 257: vocab_size = 258 (the byte tokenizer with an end token;
+    ``atlas-lab data prepare --tokenizer byte``)."""
+
+    kind = "byte"
+    specials = SPECIALS
+    eos_id = 257
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
 
 class BPETokenizer:
@@ -89,7 +115,8 @@ class BPETokenizer:
         self.cache_dir = Path(cache_dir).expanduser() / "bpe"
         path = self.cache_dir / f"{self.key}.json"
         if path.exists():
-            self.tokenizer = Tokenizer.from_file(str(path))
+            self.json = path.read_text(encoding="utf-8")
+            self.tokenizer = Tokenizer.from_str(self.json)
             return
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -100,13 +127,30 @@ class BPETokenizer:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tok.save(str(tmp))
+        self.json = tmp.read_text(encoding="utf-8")
         os.replace(tmp, path)  # atomic: concurrent workers never read a half-written file
         self.tokenizer = tok
+
+    def state(self) -> dict:
+        return {"class": type(self).__name__, "vocab_size": self.vocab_size, "json": self.json}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "BPETokenizer":
+        """The tokenizer of a state, without its cache: encode_documents then caches nothing."""
+        from tokenizers import Tokenizer
+
+        self = cls.__new__(cls)
+        self.vocab_size, self.pad_id, self.json = cls.planned_vocab_size(state["vocab_size"]), 0, state["json"]
+        self.tokenizer = _from_json(Tokenizer, self.json, "the checkpoint's BPE tokenizer")
+        self.key, self.cache_dir = f"bpe-{self.vocab_size}-{hashlib.sha1(self.json.encode()).hexdigest()[:16]}", None
+        return self
 
     def encode_documents(self, pieces: list[str]) -> np.ndarray:
         """"".join(pieces) as one int32 array, pieces encoded separately (in parallel); cached on disk,
         keyed by this tokenizer and the text."""
         digest = hashlib.sha1("\0".join(pieces).encode("utf-8")).hexdigest()[:16]
+        if self.cache_dir is None:
+            return np.concatenate([np.asarray(x, dtype=np.int32) for x in self.encode_batch(pieces)])
         path = self.cache_dir / f"{self.key}-tokens-{digest}.npy"
         if path.exists():
             return np.load(path)
@@ -126,10 +170,100 @@ class BPETokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
+def _from_json(tokenizer_class, text: str, what: str):
+    """A ``tokenizers.Tokenizer`` from its JSON (ValueError naming ``what``, with the library's reason)."""
+    try:
+        return tokenizer_class.from_str(text)
+    except Exception as e:
+        raise ValueError(f"tokenizer: {what} does not load as a tokenizer.json ({first_line(e)}); expected 'byte' or a "
+                         "file written by atlas-lab data tokenizer") from None
+
+
+class BPEFileTokenizer:
+    """A ``tokenizers`` tokenizer.json with the specials <pad> and <eos>; vocab_size counts the added tokens
+    (``atlas-lab data tokenizer``). path: the file it was read from (None when it was rebuilt from a state)."""
+
+    kind = "bpe"
+
+    def __init__(self, path: str | Path | None, json: str | None = None):
+        """The tokenizer.json at ``path``, or (path None) the JSON text ``json``."""
+        from tokenizers import Tokenizer
+
+        what = f"{str(path)!r}" if path is not None else "the checkpoint's tokenizer"
+        if json is None:
+            try:
+                json = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"tokenizer: {what} cannot be read ({first_line(e)}); expected 'byte' or a file "
+                                 "written by atlas-lab data tokenizer") from None
+        self.tokenizer = _from_json(Tokenizer, json, what)
+        ids = {s: self.tokenizer.token_to_id(s) for s in SPECIALS}
+        missing = [s for s, i in ids.items() if i is None]
+        check(not missing, "tokenizer", f"{what} has no {' or '.join(missing)} token; expected a tokenizer "
+                                        f"with the specials {', '.join(SPECIALS)} (atlas-lab data tokenizer)")
+        self.tokenizer.encode_special_tokens = True  # "<eos>" written in a document is text, not the end token
+        self.path, self.json = (Path(path) if path is not None else None), json
+        self.pad_id, self.eos_id = ids["<pad>"], ids["<eos>"]
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """In parallel (the library's threads), without character offsets."""
+        return [e.ids for e in self.tokenizer.encode_batch_fast(texts)]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def state(self) -> dict:
+        return {"class": type(self).__name__, "json": self.json}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "BPEFileTokenizer":
+        return cls(None, state["json"])
+
+
 TOKENIZERS = {"byte": ByteTokenizer, "bpe": BPETokenizer}
+STATES = {cls.__name__: cls for cls in (ByteTokenizer, ByteEOSTokenizer, BPETokenizer, BPEFileTokenizer)}
 
 
 def tokenizer_kind(name: str):
     """The tokenizer class a data module's ``tokenizer`` names (ValueError listing the choices)."""
     check_choice("tokenizer", name, tuple(TOKENIZERS))
     return TOKENIZERS[name]
+
+
+def tokenizer_state(tokenizer) -> dict:
+    """What rebuilds ``tokenizer`` without any file (``tokenizer_from_state``): {"class": its class's name} for bytes,
+    with "json" (the tokenizer.json's text) for a BPE, and "vocab_size" for the LM data's BPE."""
+    return tokenizer.state()
+
+
+def tokenizer_from_state(state: dict):
+    """The tokenizer of a ``tokenizer_state`` (ValueError for a state of no tokenizer of this module)."""
+    name = state.get("class") if isinstance(state, dict) else None
+    check(name in STATES, "tokenizer", f"a state of class {name!r}; expected one of: {', '.join(STATES)}")
+    return STATES[name].from_state(state)
+
+
+def describe(tokenizer) -> str:
+    """"a ByteEOSTokenizer of 258 tokens": a tokenizer (or its state) as a message names it."""
+    if isinstance(tokenizer, dict):
+        tokenizer = tokenizer_from_state(tokenizer)
+    return f"a {type(tokenizer).__name__} of {tokenizer.vocab_size} tokens"
+
+
+def text_data_state(tokenizer) -> dict:
+    """``state_dict`` of a text data module: {"tokenizer": its tokenizer's state}. Lightning saves it in every
+    checkpoint, under the data module's class name."""
+    return {"tokenizer": tokenizer_state(tokenizer)}
+
+
+def check_text_data_state(state: dict, tokenizer, data: str) -> None:
+    """``load_state_dict`` of a text data module: a checkpoint (``state``: its ``text_data_state``) continues or
+    scores only data read with its own tokenizer. ValueError naming ``data`` (e.g. "data_dir: 'corpus'") otherwise."""
+    recorded = state.get("tokenizer") if isinstance(state, dict) else None
+    if recorded is not None and recorded != tokenizer_state(tokenizer):
+        raise ValueError(f"{data} is tokenised by {describe(tokenizer)}; the checkpoint was trained on text read by "
+                         f"{describe(recorded)}: expected data tokenised as the checkpoint's")
