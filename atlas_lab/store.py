@@ -13,8 +13,12 @@ trial, create and migrate a fresh store) runs under one of these, so two process
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
+import os
+import tempfile
+import time
 from pathlib import Path
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
@@ -33,6 +37,61 @@ def resolve_uri(uri: str | None, create: bool = True) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
         return SQLITE + str(path)
     return uri
+
+
+MIN_FREE_BYTES = 1 << 20  # what a folder must have free before a sweep writes its first byte there
+
+
+class NotWritable(OSError):
+    """A folder a command writes in is read-only, not writable by this user, or full (``check_writable``)."""
+
+
+def check_writable(folder: str | Path, min_free: int = MIN_FREE_BYTES) -> None:
+    """A NotWritable (an OSError) naming ``folder`` (as given) when nothing can be written there, or less than
+    ``min_free`` bytes are free: a read-only file system, a folder without write permission, a full disk. Checked on
+    the folder or, where it does not exist yet, on the nearest folder above it that does (the one it will be made
+    in), by a file made and removed at once: nothing is left behind."""
+    folder = Path(folder)
+    place = folder
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    place = place if str(place) else Path(".")
+    try:
+        fd, probe = tempfile.mkstemp(dir=place, prefix=".atlas-lab-probe-")
+    except OSError as e:
+        raise NotWritable(e.errno, e.strerror, str(folder)) from None
+    try:
+        os.close(fd)
+    finally:
+        os.unlink(probe)
+    stat = os.statvfs(place)
+    free = stat.f_bavail * stat.f_frsize
+    if free < min_free:
+        raise NotWritable(errno.ENOSPC, f"No space left on device ({free:,} bytes free; at least {min_free:,} "
+                          "needed)", str(folder))
+
+
+@contextlib.contextmanager
+def try_file_lock(path: str | Path, timeout: float):
+    """An exclusive flock on ``path`` taken within ``timeout`` seconds; yields whether it was taken (the body runs
+    either way: for work that must not wait for ever on a holder that never lets go)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        deadline, held = time.monotonic() + timeout, False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def is_postgres(url: str) -> bool:

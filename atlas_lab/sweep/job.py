@@ -1,6 +1,7 @@
 """One fit of a sweep trial that needs several processes, run as a job of its own.
 
-    python -m atlas_lab.sweep.job SWEEP_FILE --storage URL --tracking-uri URI --trial-id ID --run-id RUN \
+    python -m atlas_lab.sweep.job SWEEP_FILE [--set KEY=VALUE ...] [--study NAME] --storage URL --tracking-uri URI \
+        --trial-id ID --run-id RUN \
         --overrides JSON --result PATH --parent-pid PID [--prune]
 
 The worker that claimed the trial starts it. Lightning's launcher (``trainer.strategy: ddp``, ``devices: N``)
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
     quiet()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("sweep")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--study", default=None)
     ap.add_argument("--storage", required=True)
     ap.add_argument("--tracking-uri", required=True)
     ap.add_argument("--trial-id", type=int, required=True)
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
     rank_zero = os.getppid() == args.parent_pid  # the process the worker started; Lightning launches the others
     if rank_zero:
         threading.Thread(target=_exit_with, args=(args.parent_pid,), daemon=True).start()
-    spec = load_sweep(args.sweep)
+    spec = load_sweep(args.sweep, args.sets, args.study)
     study = studies.load_study(spec, args.storage)
     trial = optuna.Trial(study, args.trial_id)
     try:

@@ -54,7 +54,12 @@ DEFAULT_BASE = "lightning_config.yaml"
 
 
 class SweepError(ValueError):
-    """A bad sweep file: the message names the file, the key, what was expected and the valid choices."""
+    """A bad sweep file: the message names the file, the key, what was expected and the valid choices. ``key`` and
+    ``detail``: the sweep file's key and what is wrong with it, where one key is at fault."""
+
+    def __init__(self, message: str, key: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.key, self.detail = key, detail
 
 
 @dataclass
@@ -77,6 +82,20 @@ class SweepSpec:
     tune: dict[str, list] = field(default_factory=dict)  # key -> candidate values, every combination a candidate
     tune_seeds: int = 1
     marks: dict[str, float] = field(default_factory=dict)  # label -> a reference value of the metric (chance, ...)
+    sets: list[tuple[str, str, Any]] = field(default_factory=list)  # the --set overrides: (KEY=VALUE, KEY, value)
+    named: str | None = None  # --study: the name given on the command line, instead of the file's
+
+    def set_for(self, key: str) -> str | None:
+        """The ``--set KEY=VALUE`` that gave the sweep key ``key`` (``fixed.trainer.max_steps``, ``grid.model.lr``)
+        or a key inside it; None where the file gave it."""
+        return next((text for text, set_key, _ in self.sets if _related(set_key, key)), None)
+
+    def argv(self) -> list[str]:
+        """The sweep file and its command-line changes, as a worker or a trial's job is given them."""
+        out = [str(self.path)]
+        for text, _, _ in self.sets:
+            out += ["--set", text]
+        return out + (["--study", self.named] if self.named is not None else [])
 
     @property
     def objective(self) -> str:
@@ -159,7 +178,12 @@ def cli_args(base: list[Path], overrides: dict[str, Any]) -> list[str]:
 
 
 def _fail(path, key, message):
-    raise SweepError(f"{path}: {key}: {message}")
+    raise SweepError(f"{path}: {key}: {message}", key=key, detail=message)
+
+
+def _related(a: str, b: str | None) -> bool:
+    """Whether two dotted sweep keys name the same setting or one holds the other (pruner, pruner.type)."""
+    return b is not None and (a == b or a.startswith(b + ".") or b.startswith(a + "."))
 
 
 def _check_keys(path, where, mapping, valid):
@@ -187,14 +211,124 @@ def read_mapping(path: Path, kind: str, keys: tuple[str, ...]) -> dict:
     return raw
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and check a sweep file (structure only; ``validate_configs`` checks values against the config)."""
+DOTTED_MAPS = ("fixed", "grid", "search", "baseline", "marks")  # mappings whose keys are dotted paths or labels
+REPORT_ONLY = ("baseline", "marks")  # what the report compares and draws: no part of what the trials run
+STUDY_NAME = r"[\w.\-]+"
+
+
+def parse_set(text: str) -> tuple[str, str, Any]:
+    """``--set KEY=VALUE`` as (the text, KEY, VALUE read as YAML: 40, 1.0e-3, [1, 2], {type: none}, none)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SweepError(f"--set {text}: expected KEY=VALUE, a key of the sweep file (dotted) and its value, e.g. "
+                         "--set fixed.trainer.max_steps=40 or --set repeats=2")
+    try:
+        return text, key, yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SweepError(f"--set {text}: expected a YAML value after '=', got {value!r} ({problem})") from None
+
+
+def apply_set(raw: dict, text: str, key: str, value: Any) -> None:
+    """Put one --set into the sweep file's mapping: a top-level key (``repeats``), a key of a mapping of dotted
+    paths (``fixed.trainer.max_steps``, ``grid.model.lr``, ``search.model.lr``, ``baseline.model.preset``), of
+    the pruner (``pruner.type``), of the tune block (``tune.seeds``, ``tune.grid.model.lr``) or ``summary.steps_to``.
+    What the value must be is checked afterwards, as the file's own values are."""
+    head, _, rest = key.partition(".")
+    if head == "study":
+        raise SweepError(f"--set {text}: a study is named with --study NAME, not --set")
+    if head not in TOP_KEYS:
+        valid = ", ".join(k for k in TOP_KEYS if k != "study")
+        raise SweepError(f"--set {text}: unknown key {head!r}; valid keys: {valid} (and their dotted keys, e.g. "
+                         "fixed.trainer.max_steps)")
+    if not rest:
+        raw[head] = value
+        return
+
+    def mapping(x) -> dict:
+        return dict(x) if isinstance(x, dict) else {}
+
+    if head in DOTTED_MAPS:
+        raw[head] = mapping(raw.get(head)) | {rest: value}
+    elif head == "pruner":
+        pruner = raw.get("pruner")
+        raw["pruner"] = ({"type": pruner} if isinstance(pruner, str) else mapping(pruner)) | {rest: value}
+    elif head == "tune":
+        tune, (sub, _, tail) = mapping(raw.get("tune")), rest.partition(".")
+        if sub == "grid" and tail:
+            tune["grid"] = mapping(tune.get("grid")) | {tail: value}
+        else:
+            tune[rest] = value
+        raw["tune"] = tune
+    elif head == "summary":
+        raw["summary"] = {rest: value}
+    else:
+        raise SweepError(f"--set {text}: {head} is one value, not a mapping; expected --set {head}=VALUE")
+
+
+def design(spec: SweepSpec) -> str:
+    """What the trials of a study run and measure: everything but its name and what only the report uses."""
+    fields = (spec.metric, spec.direction, spec.sampler, spec.summary, spec.threshold, spec.grid, spec.search,
+              spec.fixed, [str(b) for b in spec.base], spec.tune, spec.tune_seeds, spec.repeats, spec.trials,
+              spec.pruner)
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def load_sweep(path: str | Path, sets: list[str] | tuple[str, ...] = (), study: str | None = None) -> SweepSpec:
+    """Read and check a sweep file (structure only; ``validate_configs`` checks values against the config), with
+    the command line's changes: ``sets``, each ``KEY=VALUE`` (``--set fixed.trainer.max_steps=40``), checked as the
+    file's own keys are (a bad one is a SweepError naming the --set), and ``study``, a name instead of the file's.
+    A change to what the trials run (anything but ``baseline`` and ``marks``) needs a study name of its own, so a
+    shortened study never joins the file's study."""
     path = Path(path)
     raw = read_mapping(path, "sweep", TOP_KEYS)
+    if not sets and study is None:
+        return _build(path, raw)
+    parsed = [parse_set(text) for text in sets]
+    changed = dict(raw)
+    for text, key, value in parsed:
+        apply_set(changed, text, key, value)
+    if study is not None:
+        if not re.fullmatch(STUDY_NAME, study):
+            raise SweepError(f"--study {study!r}: use letters, digits, '_', '-' and '.' only")
+        changed["study"] = study
+    try:
+        spec = _build(path, changed)
+    except SweepError as e:
+        blamed = [text for text, key, _ in parsed if _related(key, e.key)]
+        if not blamed:
+            try:
+                _build(path, raw)
+            except SweepError:
+                raise e from None  # the file itself is at fault
+            blamed = [text for text, _, _ in parsed]  # the file is fine: its --set values do not go together
+        if e.key == "study" and study is not None:
+            raise SweepError(f"--study {study}: {e.detail}", key=e.key, detail=e.detail) from None
+        raise SweepError(f"--set {' --set '.join(blamed)}: {e.key}: {e.detail}", key=e.key, detail=e.detail) \
+            from None
+    spec.sets, spec.named = parsed, study
+    try:
+        as_written = _build(path, raw)
+    except SweepError:
+        as_written = None
+    if as_written is None or design(as_written) != design(spec):
+        changes = " ".join(f"--set {text}" for text, key, _ in parsed if key.partition(".")[0] not in REPORT_ONLY)
+        file_study = raw.get("study")
+        if study is None:
+            raise SweepError(f"{changes}: changes what the trials of study {file_study!r} run; name this study with "
+                             f"--study NAME (e.g. --study {file_study}-short), so it never joins {file_study!r}")
+        if study == file_study:
+            raise SweepError(f"--study {study}: {changes} changes what the trials run; name the changed study other "
+                             f"than the file's own study {file_study!r}, so it never joins it")
+    return spec
+
+
+def _build(path: Path, raw: dict) -> SweepSpec:
     for key in ("study", "metric"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             _fail(path, key, "required, a non-empty string")
-    if not re.fullmatch(r"[\w.\-]+", raw["study"]):
+    if not re.fullmatch(STUDY_NAME, raw["study"]):
         _fail(path, "study", f"{raw['study']!r}: use letters, digits, '_', '-' and '.' only")
 
     def choice(key, valid, default):
@@ -243,7 +377,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if pruner.get("type", "none") not in PRUNERS:
         _fail(path, "pruner.type", f"unknown value {pruner.get('type')!r}; valid choices: {', '.join(PRUNERS)}")
     warmup = pruner.get("warmup_epochs", 0)
-    if not isinstance(warmup, int) or warmup < 0:
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         _fail(path, "pruner.warmup_epochs", f"expected an int >= 0, got {warmup!r}")
     if summary == "steps_to" and pruner.get("type", "none") != "none":
         _fail(path, "pruner", "a steps_to study is not pruned (the pruner judges the metric, the study its steps); "

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from ..store import try_file_lock
 from .locks import JournalFlock, StorageLock, is_postgres, store_file
 from .spec import TUNE_REPEAT, SweepError, SweepSpec
 
@@ -57,13 +59,99 @@ def shown(url: str) -> str:
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
+_TORN_WARNED: set[tuple[str, int]] = set()  # (journal, line): each torn record is reported once per process
+RECORD_START = b'{"op_code":'  # how Optuna writes every journal record
+
+
+class JournalBackend(JournalFileBackend):
+    """Optuna's journal file, read past a torn record. A write cut short (the writer killed in the middle of it, or a
+    full disk) leaves a partial JSON line, and Optuna appends the next record right after it, on the same line: plain
+    Optuna then fails to read the journal at all, and the study, with every complete trial in it, is lost. Here such a
+    line is skipped with one warning naming the file and line (a complete record appended after the torn part is
+    kept), so every complete record is read; a partial last line (being written now, or torn) is left for a later
+    read. Every reader of a study takes the same view (the records are numbered without the torn ones). A write
+    first ends a torn last line, so new records are lines of their own, and a write that fails (a full disk) is
+    taken back: the journal is never left half-written by this process."""
+
+    def __init__(self, file_path: str, lock_obj, shown_path: str | None = None):
+        super().__init__(file_path, lock_obj=lock_obj)
+        self._shown = shown_path or file_path
+        self._starts: dict[int, tuple[int, int]] = {0: (0, 1)}  # record number -> (byte offset, line) to read from
+
+    def read_logs(self, log_number_from: int):
+        number = max(n for n in self._starts if n <= log_number_from)
+        offset, line_no = self._starts[number]
+        with open(self._file_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size  # what is appended while this reads waits for the next read
+            f.seek(offset)
+            for line in f:
+                if offset + len(line) > size or not line.endswith(b"\n"):
+                    break
+                offset, line_no = offset + len(line), line_no + 1
+                record = self._parse(line, line_no - 1)
+                if record is None:
+                    continue
+                number += 1
+                self._starts[number] = (offset, line_no)
+                if number > log_number_from:
+                    yield record
+
+    def _parse(self, line: bytes, line_no: int):
+        try:
+            return json.loads(line)
+        except ValueError:
+            pass
+        record, at = None, line.find(RECORD_START, 1)
+        while at != -1 and record is None:  # a complete record appended after the torn one, on its line
+            try:
+                record = json.loads(line[at:])
+            except ValueError:
+                at = line.find(RECORD_START, at + 1)
+        if (self._file_path, line_no) not in _TORN_WARNED:
+            _TORN_WARNED.add((self._file_path, line_no))
+            kept = "; the complete record after it on that line is kept" if record is not None else ""
+            print(f"warning: {self._shown}:{line_no}: a torn journal record (a write cut short by a kill or a full "
+                  f"disk) is skipped{kept}", file=sys.stderr, flush=True)
+        return record if isinstance(record, dict) else None
+
+    def append_logs(self, logs: list[dict]) -> None:
+        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
+        self._lock.acquire()
+        try:
+            with open(self._file_path, "ab+") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":  # a torn last record: end its line first
+                        text = "\n" + text
+                try:
+                    f.write(text.encode("utf-8"))
+                    f.flush()
+                    os.fsync(f.fileno())
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        f.truncate(size)  # a full disk: nothing half-written is left behind
+                    raise
+        finally:
+            self._lock.release()
+
+
+def journal_quiet(url: str, timeout: float = 5.0):
+    """The write lock of a journal file, taken within ``timeout`` seconds (``with``: whether it was taken): held by
+    the sweep command while it kills its workers, so none is killed in the middle of a journal write (a writer holds
+    it for milliseconds). A database has none: its writes are transactions."""
+    if "://" in url:
+        return contextlib.nullcontext(False)
+    return try_file_lock(JournalFlock(str(Path(url).resolve())).path, timeout)
+
+
 def open_storage(url: str):
     """A journal file path (safe for several local processes) or a database URL (``postgresql://…`` shares a study
     across machines). A missing database driver or an unreachable server is a SweepError (one line, exit 2)."""
     if "://" not in url:
         path = Path(url).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path))))
+        return JournalStorage(JournalBackend(str(path), JournalFlock(str(path)), shown_path=url))
     with storage_errors(url):
         return optuna.storages.RDBStorage(url)
 

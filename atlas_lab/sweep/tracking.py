@@ -29,30 +29,77 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerError(RuntimeError):
+    """The tracking server did not start: the message names its log and the log's last line."""
+
+
+# The guard between the command and its tracking server: it starts the server in a session of its own (the server's
+# uvicorn, job runner and huey consumers share its process group) and stops that whole group when its stdin ends:
+# when the command closes it (stop_server), or when the command dies in any way, SIGKILL included, and the kernel
+# closes it. A server can then never outlive the command that started it, as an orphan of PID 1.
+GUARD = """
+import os, signal, subprocess, sys, threading, time
+server = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)
+def stop():
+    sys.stdin.buffer.read()  # end of input: the command stopped the server, or is gone
+    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+threading.Thread(target=stop, daemon=True).start()
+code = server.wait()
+try:
+    os.killpg(server.pid, signal.SIGKILL)  # what the server leaves behind (its consumers)
+except ProcessLookupError:
+    pass
+sys.exit(code)
+"""
+
+
+def _last_line(path: str | None) -> str:
+    if not path:
+        return ""
+    with contextlib.suppress(OSError):
+        lines = [line.strip() for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            return f": {lines[-1]}"
+    return ""
+
+
 def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None,
                  create: bool = True):
-    """Start ``mlflow server`` on loopback; returns (process, http URI) once it answers /health. ``create``: make
-    the artifacts folder first (a server that only shows runs, ``atlas-lab ui``, leaves it to the runs)."""
+    """Start ``mlflow server`` on loopback behind its guard (``GUARD``); returns (the guard's process, http URI) once
+    it answers /health. The guard's process stands for the server: it exits with the server's code, and
+    ``stop_server`` stops both; the server dies with the process that started it, even when that one is killed.
+    ``create``: make the artifacts folder first (a server that only shows runs, ``atlas-lab ui``, leaves it to the
+    runs). A server that exits or does not answer is a ServerError naming its log and the log's last line."""
     port = port or free_port()
     if create:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
     with open(log_path or os.devnull, "ab") as log:  # the server keeps its own copy of the file
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--artifacts-destination",
-             artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [sys.executable, "-I", "-S", "-c", GUARD, sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+             backend_uri, "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with code {proc.returncode} (log: {log_path})")
+            stop_server(proc)
+            raise ServerError(f"mlflow server exited with code {proc.returncode} (log: {log_path})"
+                              f"{_last_line(log_path)}")
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
                 if r.status == 200:
                     return proc, uri
         time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path})")
+    stop_server(proc)
+    raise ServerError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path}){_last_line(log_path)}")
 
 
 MODEL_TRAINING = "custom_model_development"  # the MLflow UI's "Model training" experiment kind (not GenAI)
@@ -105,16 +152,18 @@ def browse_hint(study: str, tracking_uri: str | None = None) -> str:
 
 
 def stop_server(proc) -> None:
-    """Stop the server and every process it started (its own process group: uvicorn, job consumers)."""
+    """Stop the server and every process it started (its process group: uvicorn, the job runner and its
+    consumers): its guard's input ends, the guard sends SIGTERM to the group, then SIGKILL after 20 s."""
     if proc is None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def experiment_id(client: MlflowClient, name: str = EXPERIMENT) -> str:
@@ -157,12 +206,14 @@ def child_run(client: MlflowClient, parent: str, study: str, trial_number: int, 
     return run.info.run_id
 
 
-def finish_run(client: MlflowClient, run_id: str, state: str, reason: str | None = None) -> None:
-    """Tag a trial's run with its Optuna state (and failure reason) and close it; nothing for a run the store does
-    not hold (a lost trial's run, when the journal is resumed against another MLflow store)."""
+def finish_run(client: MlflowClient, run_id: str, state: str, reason: str | None = None,
+               status: str | None = None) -> None:
+    """Tag a trial's run with its Optuna state (and failure reason) and close it (``status``: FINISHED for COMPLETE,
+    KILLED for PRUNED, else FAILED, unless given: an interrupted trial's run ends KILLED); nothing for a run the
+    store does not hold (a lost trial's run, when the journal is resumed against another MLflow store)."""
     if not run_exists(client, run_id):
         return
     client.set_tag(run_id, "optuna.state", state)
     if reason:
         client.set_tag(run_id, "failure_reason", reason[:5000])
-    client.set_terminated(run_id, status={"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
+    client.set_terminated(run_id, status=status or {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
