@@ -140,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in RUN_COMMANDS:  # one run through LightningCLI
-        from .lit.cli import ConfigError, run_cli
+        from .configfiles import ConfigError, check_config_files
 
         try:
+            check_config_files(argv[1:])  # before Lightning is imported: a missing or broken file is one line at once
+            from .lit.cli import run_cli
+
             run_cli(argv)
         except ConfigError as e:
             print(f"error: {e}  (atlas-lab {argv[0]} --help lists the options)", file=sys.stderr)
@@ -224,6 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        return command(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input met past the parser, under any subcommand: one line
+        print(f"error: {error_line(e)}", file=sys.stderr)
+        return 2
+
+
+def error_line(e: Exception) -> str:
+    """A ValueError or FileNotFoundError as the one line the command prints: the file and the reason for a file not
+    found, else the message's lines joined."""
+    if isinstance(e, FileNotFoundError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or 'no such file or folder'}"
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+
+
+def command(args) -> int:
+    """Run the subcommand ``main`` parsed (all but fit, validate and test)."""
     if args.command == "presets":
         try:
             print_presets(Console(), args.d_model, args.n_layers, args.n_heads, args.vocab_size, args.swa_window,
@@ -235,16 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ui":
         return ui(args.port, args.tracking_uri, args.study)
-    if args.command == "eval":
-        from .eval import EvalError
+    if args.command == "eval":  # arguments and files are checked before torch, Lightning or the harness is imported
         from .eval.command import evaluate
 
-        try:
-            return evaluate(args.ckpt_path, args.tasks, args.include_path, args.limit, args.batch_size,
-                            args.tracking_uri, args.ppl_by_position, args.max_length, args.buckets, args.niah)
-        except EvalError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        return evaluate(args.ckpt_path, args.tasks, args.include_path, args.limit, args.batch_size, args.tracking_uri,
+                        args.ppl_by_position, args.max_length, args.buckets, args.niah)  # EvalError: one line
     if args.command == "data":
         return data_command(args)
     from .sweep import SweepError

@@ -3,6 +3,7 @@ was expected and what was given (non-finite input propagates forward in time onl
 non-finite values"); the atlas-lab command prints one line naming the file or key, exits 2 and writes nothing."""
 import dataclasses
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -564,3 +565,109 @@ def test_ui_on_a_port_in_use_is_one_line_exit_2(sweep_dir, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "is in use on 127.0.0.1" in errors[0] and not Path("runs").exists()
 
+
+
+# Every subcommand: a missing file and a file or value of the wrong kind, each one line and exit 2, checked before
+# the heavy packages are imported
+
+MISSING_OR_WRONG = {  # name: (arguments, what the one line must say)
+    "eval missing checkpoint": (["eval", "--ckpt_path", "missing.ckpt", "--tasks", "t"],
+                                "--ckpt_path: no such checkpoint file: missing.ckpt"),
+    "eval folder checkpoint": (["eval", "--ckpt_path", "folder", "--tasks", "t"], "--ckpt_path: folder is a folder"),
+    "eval text checkpoint": (["eval", "--ckpt_path", "text.ckpt", "--tasks", "t"],
+                             "--ckpt_path: text.ckpt is not a readable checkpoint (not the zip archive"),
+    "eval checkpoint before tasks": (["eval", "--ckpt_path", "missing.ckpt", "--tasks", "no_such_task"],
+                                     "--ckpt_path: no such checkpoint file"),
+    "eval missing tasks folder": (["eval", "--ckpt_path", "zip.ckpt", "--tasks", "t", "--include-path", "nowhere"],
+                                  "--include-path: no such folder: nowhere"),
+    "eval missing position file": (["eval", "--ckpt_path", "zip.ckpt", "--ppl-by-position", "missing.txt",
+                                    "--max-length", "8"], "--ppl-by-position: no such file: missing.txt"),
+    "eval limit type": (["eval", "--ckpt_path", "zip.ckpt", "--tasks", "t", "--limit", "x"],
+                        "--limit: expected an int >= 1, got 'x'"),
+    "prepare missing input": (["data", "prepare", "missing.txt", "--out", "o"], "INPUT: no such file: 'missing.txt'"),
+    "prepare folder input": (["data", "prepare", "folder", "--out", "o"], "INPUT: 'folder' is a folder"),
+    "prepare input type": (["data", "prepare", "table.csv", "--out", "o"], "INPUT: 'table.csv' has the suffix '.csv'"),
+    "prepare missing tokenizer": (["data", "prepare", "text.txt", "--out", "o", "--tokenizer", "missing.json"],
+                                  "--tokenizer: expected 'byte' or the path of a tokenizer.json"),
+    "prepare tokenizer type": (["data", "prepare", "text.txt", "--out", "o", "--tokenizer", "text.txt"],
+                               "--tokenizer: 'text.txt' does not load as a tokenizer.json"),
+    "prepare workers type": (["data", "prepare", "text.txt", "--out", "o", "--workers", "x"],
+                             "--workers: expected an int >= 1, got 'x'"),
+    "tokenizer missing input": (["data", "tokenizer", "missing.txt", "--out", "t.json", "--vocab-size", "300"],
+                                "INPUT: no such file: 'missing.txt'"),
+    "tokenizer folder input": (["data", "tokenizer", "folder", "--out", "t.json", "--vocab-size", "300"],
+                               "INPUT: 'folder' is a folder"),
+    "tokenizer vocabulary type": (["data", "tokenizer", "text.txt", "--out", "t.json", "--vocab-size", "x"],
+                                  "--vocab-size: expected an int >= 259, got 'x'"),
+    "report missing storage": (["report", "s", "--storage", "missing.journal"], "missing.journal does not exist"),
+    "report folder storage": (["report", "s", "--storage", "folder"], "report: no study named 's'"),
+    "report power type": (["report", "s", "--power", "x"], "--power: expected a number > 0, got 'x'"),
+    "capacity missing file": (["capacity", "missing.yaml"], "missing.yaml"),
+    "capacity folder": (["capacity", "folder"], "folder"),
+    "capacity list": (["capacity", "list.yaml"], "list.yaml: expected a mapping"),
+    "ui missing store": (["ui", "--tracking-uri", "sqlite:///missing/mlflow.db"], "--tracking-uri: no tracking store"),
+    "ui port type": (["ui", "--port", "x"], "--port: expected an int in [1, 65535], got 'x'"),
+    "sweep missing file": (["sweep", "missing.yaml"], "missing.yaml"),
+    "sweep folder": (["sweep", "folder"], "folder"),
+    "sweep workers type": (["sweep", "missing.yaml", "--workers", "x"], "--workers: expected an int >= 1, got 'x'"),
+    "fit missing config": (["fit", "-c", "missing.yaml"], "missing.yaml: config file not found"),
+    "fit folder config": (["fit", "-c", "folder"], "folder: a folder; expected a YAML config file"),
+    "fit binary config": (["fit", "-c", "binary.yaml"], "binary.yaml: not UTF-8 text (byte 0x80 at offset 0)"),
+    "validate missing config": (["validate", "--config=missing.yaml"], "missing.yaml: config file not found"),
+    "test broken config": (["test", "-c", "broken.yaml"], "broken.yaml: not valid YAML at line 2, column 1"),
+    "presets type": (["presets", "--d-model", "x"], "--d-model: expected an int >= 1, got 'x'"),
+}
+
+
+def _bad_files(folder: Path) -> None:
+    """The files the cases above name: a folder, a text file posing as a checkpoint, a zip archive (the container of
+    a checkpoint: the cheap check passes), a CSV, a text file, YAML that is a list, YAML that does not parse, and bytes
+    that are not UTF-8."""
+    import zipfile
+
+    (folder / "folder").mkdir()
+    (folder / "text.ckpt").write_text("not a checkpoint")
+    with zipfile.ZipFile(folder / "zip.ckpt", "w") as archive:
+        archive.writestr("archive/data.pkl", b"")
+    (folder / "table.csv").write_text("a,b\n1,2\n")
+    (folder / "text.txt").write_text("some text\n")
+    (folder / "list.yaml").write_text("- a list\n")
+    (folder / "broken.yaml").write_text("model: [1, 2\n")
+    (folder / "binary.yaml").write_bytes(b"\x80\x81 binary")
+
+
+@pytest.mark.parametrize("case", list(MISSING_OR_WRONG))
+def test_a_missing_file_or_a_wrong_type_is_one_line_exit_2_under_every_subcommand(case, tmp_path, monkeypatch,
+                                                                                   capsys):
+    args, message = MISSING_OR_WRONG[case]
+    monkeypatch.chdir(tmp_path)
+    _bad_files(tmp_path)
+    before = _tree()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+    assert _tree() == before
+
+
+HEAVY = ("torch", "lightning", "lm_eval.tasks", "litdata", "mlflow", "optuna")
+PROBE = """import json, sys
+from atlas_lab.cli import main
+code = main(json.loads(sys.argv[1]))
+print(json.dumps([code, sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize("case", ["eval missing checkpoint", "eval text checkpoint", "eval checkpoint before tasks",
+                                  "eval missing position file", "prepare missing input", "prepare tokenizer type",
+                                  "tokenizer missing input", "fit missing config", "fit binary config",
+                                  "test broken config"])
+def test_arguments_and_files_are_checked_before_the_heavy_packages_are_imported(case, tmp_path):
+    """In a fresh process: the one line comes before torch, Lightning, the harness's task index, litdata, MLflow or
+    Optuna is imported (each takes a second or more to import; the harness's index, half a minute)."""
+    _bad_files(tmp_path)
+    args, _ = MISSING_OR_WRONG[case]
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(HEAVY)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    code, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 2 and imported == [], (imported, done.stderr)

@@ -23,6 +23,7 @@ RANKS = {
     "store": 0,
     "tables": 0,
     "noise": 0,
+    "configfiles": 0,  # the run's -c files, checked before Lightning is imported (lit.cli and cli import it)
     "layers": 1,
     "models": 2,
     "lit": 3,

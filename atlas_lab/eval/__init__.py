@@ -4,16 +4,38 @@ model's streaming state; ``atlas-lab eval`` (command.py) prints them and logs th
 
 Nothing is downloaded: importing this package sets HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 (unless set), before
 the harness loads the ``datasets`` package, so tasks read local files (``--include-path``) or the local cache only.
+
+Importing this package registers the harness's model ``atlas-lab`` by name (lm_eval's registry imports
+``atlas_lab.eval.harness`` when the model is first asked for) and imports nothing heavy: the names below are imported
+when first used, so ``atlas-lab eval`` checks its arguments before torch, Lightning or the harness load.
 """
 import os
+from importlib import import_module
 
 for _name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
-from .checkpoint import Checkpoint, EvalError, checkpoint_tokenizer  # noqa: E402
-from .harness import AtlasLM  # noqa: E402  (registers the harness's model "atlas-lab")
-from .position import PositionCurve, ppl_by_position  # noqa: E402
-from .scores import token_scores  # noqa: E402
+try:
+    from lm_eval.api.registry import model_registry
+except ModuleNotFoundError:  # without the lm extra: the harness's model is not registered
+    pass
+else:
+    if "atlas-lab" not in model_registry:
+        model_registry.register("atlas-lab", target="atlas_lab.eval.harness:AtlasLM")
 
-__all__ = ["AtlasLM", "Checkpoint", "EvalError", "PositionCurve", "checkpoint_tokenizer", "ppl_by_position",
-           "token_scores"]
+EXPORTS = {"AtlasLM": "harness", "Checkpoint": "checkpoint", "EvalError": "arguments",
+           "checkpoint_tokenizer": "checkpoint", "PositionCurve": "position", "ppl_by_position": "position",
+           "token_scores": "scores"}
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *EXPORTS])

@@ -2,35 +2,37 @@
 
 What a checkpoint holds (written by LightningCLI through Lightning): ``hyper_parameters`` (the model's, with the
 values linked from the data), ``datamodule_hyper_parameters`` (the data module's arguments and ``_class_path``:
-``TaskDataModule`` saves them) and ``mlflow_run`` ({tracking_uri, experiment_id, run_id} of the fit:
-``SequenceModel.on_save_checkpoint``; absent without an MLflow logger).
+``TaskDataModule`` saves them, paths absolute), the text data module's state under its class's name (its tokenizer:
+``tokenizers.text_data_state``) and ``mlflow_run`` ({tracking_uri, experiment_id, run_id} of the fit:
+``SequenceModel.on_save_checkpoint``; absent without an MLflow logger). The checkpoint alone gives the tokenizer: its
+corpus may have moved or gone. A checkpoint written before checkpoints carried their tokenizer gets it from its corpus
+(the tokenizer saved beside token shards, or the LM data's tokenizer rebuilt from its arguments) where that is still
+there.
+
+Reading a checkpoint needs torch alone; Lightning is imported when its model is loaded (``Checkpoint.load``).
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..data.lm import LMDataModule, lm_tokenizer
-from ..data.tokenizers import tokenizer_kind
-from ..lit.module import SequenceModel
-from ..models import LanguageModel
+from ..data.checks import first_line
+from ..data.tokenizers import tokenizer_from_state
+from .arguments import EvalError, check_checkpoint_file
 
-SHARDS = "atlas_lab.data.shards"  # token shards whose tokenizer is saved beside them: load_tokenizer(data_dir)
+if TYPE_CHECKING:
+    from ..models import LanguageModel
 
-
-class EvalError(ValueError):
-    """Bad input to an evaluation: one line naming the argument or file, what was expected and what was given."""
+__all__ = ["Checkpoint", "EvalError", "checkpoint_data", "checkpoint_tokenizer", "read_checkpoint", "text_tokenizer"]
 
 
 def read_checkpoint(path: str | Path) -> dict:
     """The checkpoint's contents (tensors memory-mapped, on the CPU). EvalError for a missing or unreadable file."""
-    path = Path(path)
-    if not path.is_file():
-        raise EvalError(f"--ckpt_path: no such checkpoint file: {path}")
+    path = check_checkpoint_file(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as e:  # not a torch zip file, truncated, ...: whatever torch says, as one line
@@ -52,22 +54,82 @@ def checkpoint_data(checkpoint: dict, path: str | Path) -> dict:
     return dict(data)
 
 
+def is_data_class(class_path: str, module: str, name: str) -> bool:
+    """Whether ``class_path`` names the data module ``atlas_lab.data.<module>.<name>`` or a subclass of it. atlas-lab's
+    own data modules are told by their path without being imported (they import Lightning); another class is
+    imported and asked."""
+    if class_path in (f"atlas_lab.data.{name}", f"atlas_lab.data.{module}.{name}"):
+        return True
+    if class_path.startswith("atlas_lab.data."):
+        return False
+    owner, _, attribute = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(owner), attribute, None) if owner else None
+    except ImportError:
+        return False
+    base = getattr(importlib.import_module(f"atlas_lab.data.{module}"), name)
+    return isinstance(cls, type) and issubclass(cls, base)
+
+
+def tokenizer_state(checkpoint: dict, data: dict) -> dict | None:
+    """The tokenizer's state a checkpoint carries: the data module's ``state_dict``, saved by Lightning under the name
+    of the class (the recorded ``_class_path``'s; any, where none is recorded), holds it as {"tokenizer": ...}; None
+    where there is none (a checkpoint of data without text, or one written before checkpoints carried their
+    tokenizer)."""
+    name = data.get("_class_path", "").rpartition(".")[2]
+    states = [checkpoint.get(name)] if name else list(checkpoint.values())
+    return next((s["tokenizer"] for s in states if isinstance(s, dict) and isinstance(s.get("tokenizer"), dict)), None)
+
+
+def text_tokenizer(checkpoint: dict, path: str | Path):
+    """The tokenizer of the data a checkpoint's contents were trained on (``checkpoint_tokenizer``); EvalError where the
+    data is not text (MQAR, NIAH, ...), the checkpoint records none, or an older checkpoint's corpus is gone."""
+    data = checkpoint_data(checkpoint, path)
+    state = tokenizer_state(checkpoint, data)
+    try:
+        if state is not None:
+            return tokenizer_from_state(state)
+        class_path = data.get("_class_path", "")
+        if "data_dir" in data:  # token shards of a checkpoint that carries no tokenizer: the one saved beside them
+            from ..data.shards import load_tokenizer
+
+            return load_tokenizer(data["data_dir"])
+        if is_data_class(class_path, "lm", "LMDataModule"):  # rebuilt from the arguments (BPE: its cache or corpus)
+            from ..data.lm import lm_tokenizer
+            from ..data.tokenizers import tokenizer_kind
+
+            return lm_tokenizer(tokenizer_kind(data["tokenizer"]), data["bpe_vocab_size"], data["data_path"],
+                                data["cache_dir"], data["holdout_fraction"])
+    except ValueError as e:  # the corpus of an older checkpoint moved or gone, a state that does not load, ...
+        raise EvalError(f"--ckpt_path: {path} carries no tokenizer that can be read ({first_line(e)}); a checkpoint of "
+                        "atlas-lab fit carries its tokenizer since this version: fit it again") from None
+    raise EvalError(f"--ckpt_path: {path} was trained on {class_path or 'data of no recorded class'}, which has no "
+                    "text tokenizer; expected a language model (atlas_lab.data.LMDataModule or "
+                    "StreamingLMDataModule)")
+
+
 def checkpoint_tokenizer(checkpoint: str | Path):
     """The tokenizer of the data a checkpoint was trained on: vocab_size, eos_id (None where the data has none),
-    pad_id, encode(text) -> list[int], decode(ids) -> str. Rebuilt from the data module's arguments in the checkpoint;
-    EvalError where the data is not text (MQAR, NIAH, ...) or the checkpoint records none."""
-    data = checkpoint_data(read_checkpoint(checkpoint), checkpoint)
-    if "data_dir" in data and importlib.util.find_spec(SHARDS) is not None:
-        # token shards (atlas_lab.data.shards): the tokenizer saved beside the shards in data_dir
-        return importlib.import_module("atlas_lab.data.shards").load_tokenizer(data["data_dir"])
-    class_path = data.get("_class_path", "")
-    module, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None) if module else None
-    if not (isinstance(cls, type) and issubclass(cls, LMDataModule)):
-        raise EvalError(f"--ckpt_path: {checkpoint} was trained on {class_path or 'data of no recorded class'}, "
-                        "which has no text tokenizer; expected a language model (atlas_lab.data.LMDataModule)")
-    return lm_tokenizer(tokenizer_kind(data["tokenizer"]), data["bpe_vocab_size"], data["data_path"],
-                        data["cache_dir"], data["holdout_fraction"])
+    pad_id, encode(text) -> list[int], decode(ids) -> str. The one the checkpoint carries (the data module's state);
+    for an older checkpoint, the one saved beside its token shards or rebuilt from its data's arguments. EvalError
+    where the data is not text (MQAR, NIAH, ...) or the checkpoint records none."""
+    return text_tokenizer(read_checkpoint(checkpoint), checkpoint)
+
+
+def check_language_model(checkpoint: dict, path: str | Path):
+    """(tokenizer, training length T) of a checkpoint of a language model of text, checked before its model is loaded:
+    EvalError where the data is not text, the model does not predict the next token or its vocabulary is too small."""
+    data = checkpoint_data(checkpoint, path)
+    tokenizer = text_tokenizer(checkpoint, path)
+    hparams = checkpoint["hyper_parameters"]
+    if hparams.get("target", "next_token") != "next_token":
+        raise EvalError(f"--ckpt_path: {path} decodes {hparams['target']!r} targets; expected a next-token model")
+    if tokenizer.vocab_size > hparams["vocab_size"]:
+        raise EvalError(f"--ckpt_path: {path} has a vocabulary of {hparams['vocab_size']} tokens, fewer than its "
+                        f"tokenizer's {tokenizer.vocab_size}")
+    if not isinstance(data.get("seq_len"), int):
+        raise EvalError(f"--ckpt_path: {path} records no training length (the data's seq_len)")
+    return tokenizer, data["seq_len"]
 
 
 @dataclass
@@ -89,17 +151,10 @@ class Checkpoint:
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Checkpoint":
         """Read ``path``; EvalError (one line) for a missing or unreadable file, data that is not text, or a model that
         does not predict the next token."""
+        from ..lit.module import SequenceModel
+
         path = Path(path)
         contents = read_checkpoint(path)
-        data = checkpoint_data(contents, path)
-        tokenizer = checkpoint_tokenizer(path)
-        hparams = contents["hyper_parameters"]
-        if hparams.get("target", "next_token") != "next_token":
-            raise EvalError(f"--ckpt_path: {path} decodes {hparams['target']!r} targets; expected a next-token model")
-        if tokenizer.vocab_size > hparams["vocab_size"]:
-            raise EvalError(f"--ckpt_path: {path} has a vocabulary of {hparams['vocab_size']} tokens, fewer than its "
-                            f"tokenizer's {tokenizer.vocab_size}")
-        if not isinstance(data.get("seq_len"), int):
-            raise EvalError(f"--ckpt_path: {path} records no training length (the data's seq_len)")
+        tokenizer, seq_len = check_language_model(contents, path)
         module = SequenceModel.load_from_checkpoint(path, map_location=device, weights_only=False)
-        return cls(path, module.model.eval(), tokenizer, data["seq_len"], contents.get("mlflow_run"))
+        return cls(path, module.model.eval(), tokenizer, seq_len, contents.get("mlflow_run"))

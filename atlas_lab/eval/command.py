@@ -1,27 +1,33 @@
 """``atlas-lab eval``: a checkpoint scored on lm-evaluation-harness tasks, by position and on S-NIAH, printed and
 logged to MLflow.
 
-Everything is checked first (the checkpoint, the task names, the position file or split and its length, the S-NIAH
-data) and computed next;
-only then is anything written: the results go to the MLflow run that trained the checkpoint where the checkpoint
-records it (``mlflow_run``) and the store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment
+Everything is checked first, the cheapest first: the arguments and that their files exist (before torch, Lightning,
+litdata or the harness is imported: ``arguments.py``), the checkpoint (torch alone), the task names (the harness's
+index), the position file or split and its length, the S-NIAH data. The scores are computed next, and only then is
+anything written: the results go to the MLflow run that trained the checkpoint where the checkpoint records it
+(``mlflow_run``) and the store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment
 ``atlas-lab``, tagged ``atlas_lab.checkpoint`` with the checkpoint's path.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from ..tables import print_table
-from .checkpoint import EvalError, read_checkpoint
-from .harness import AtlasLM
-from .niah import NIAHScores, niah_modules, niah_scores
-from .position import PositionCurve, plot_curve, position_curve, read_sequences
+from .arguments import EvalError, check_arguments
+
+if TYPE_CHECKING:
+    from .niah import NIAHScores
+    from .position import PositionCurve
 
 EXPERIMENT = "atlas-lab"  # the experiment of lightning_config.yaml's fits
 DEFAULT_BUCKETS = 8
@@ -29,11 +35,10 @@ DEFAULT_BUCKETS = 8
 
 def task_manager(tasks: list[str], include_path: str | None):
     """The harness's task index: the YAML files under ``include_path`` (alone: nothing is indexed or downloaded from
-    elsewhere), or the harness's own tasks without it. EvalError for a missing folder or an unknown task name."""
+    elsewhere; a folder: ``check_arguments``), or the harness's own tasks without it. EvalError for an unknown task
+    name."""
     from lm_eval.tasks import TaskManager
 
-    if include_path is not None and not Path(include_path).is_dir():
-        raise EvalError(f"--include-path: no such folder: {include_path}")
     manager = TaskManager(include_path=include_path, include_defaults=include_path is None)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
@@ -68,6 +73,7 @@ def tracking_run(path: Path, tracking_uri: str | None):
 
     from ..store import init_store, resolve_uri, run_exists
     from ..sweep.tracking import experiment_id
+    from .checkpoint import read_checkpoint
 
     recorded = read_checkpoint(path).get("mlflow_run") or {}
     uri = resolve_uri(tracking_uri or recorded.get("tracking_uri"))
@@ -100,37 +106,72 @@ def print_niah(console: Console, scores: list[NIAHScores], path: Path, variant: 
                          "exact match: the greedy answer is the value)", columns, rows, right=columns[1:])
 
 
+def _git_hash() -> str | None:
+    """lm_eval's ``get_git_commit_hash`` (``git describe --always`` in the working directory, else the hash of its
+    .git folder) without git's complaint on stderr outside a repository ("fatal: not a git repository")."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+
+
+@contextlib.contextmanager
+def quiet_git():
+    """``lm_eval.simple_evaluate`` records the git commit of the working directory with ``_git_hash``: quietly."""
+    import lm_eval.evaluator
+
+    saved = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = _git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = saved
+
+
 def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str | None = None,
              limit: int | None = None, batch_size: int = 8, tracking_uri: str | None = None,
              position_file: str | None = None, max_length: int | None = None, buckets: int | None = None,
              niah: list[int] | None = None, console: Console | None = None) -> int:
     """``atlas-lab eval``: the harness's scores of ``tasks``, the NLL by position of ``position_file`` (a text file, a
     .npy array or a prepared split) up to ``max_length`` tokens, and/or S-NIAH at the lengths ``niah``, as tables
-    and in MLflow. Raises EvalError (one line) before writing anything."""
+    and in MLflow. Raises EvalError (one line) before writing anything (module docstring: the order of the checks)."""
     console = console or Console()
-    if not tasks and position_file is None and not niah:
-        raise EvalError("eval: give --tasks a,b (lm-evaluation-harness tasks), --ppl-by-position FILE, --niah "
-                        "LENGTHS, or several")
-    for name, value in (("--max-length", max_length), ("--buckets", buckets)):
-        if position_file is None and value is not None:
-            raise EvalError(f"{name}: used by --ppl-by-position FILE only")
-    if position_file is not None and max_length is None:
-        raise EvalError("--max-length: required with --ppl-by-position FILE: the tokens each sequence reads (e.g. 4 "
-                        "times the training length)")
+    check_arguments(ckpt_path, tasks, include_path, position_file, max_length, buckets, niah)
     buckets = buckets or DEFAULT_BUCKETS
-    manager = task_manager(tasks, include_path) if tasks else None
+    from .checkpoint import check_language_model, read_checkpoint
+
     path = Path(ckpt_path)
-    lm = AtlasLM(ckpt_path, batch_size=batch_size) if tasks or position_file is not None else None
+    contents = read_checkpoint(path)
+    if tasks or position_file is not None:
+        tokenizer, _ = check_language_model(contents, path)
+    if niah:
+        from .niah import check_niah
+
+        check_niah(contents, path)
+    del contents
+    manager = task_manager(tasks, include_path) if tasks else None
     if position_file is not None:  # checked before any score is computed
-        position_rows = read_sequences(position_file, lm.checkpoint.tokenizer, max_length, buckets, limit)
-    modules = niah_modules(ckpt_path, niah, limit, batch_size) if niah else []
+        from .position import read_sequences
+
+        position_rows = read_sequences(position_file, tokenizer, max_length, buckets, limit)
+    if niah:
+        from .niah import niah_modules
+
+        modules = niah_modules(ckpt_path, niah, limit, batch_size)
+    if tasks or position_file is not None:
+        from .harness import AtlasLM
+
+        lm = AtlasLM(ckpt_path, batch_size=batch_size)
 
     metrics, steps, artifacts = {}, {}, {}
     if tasks:
         import lm_eval
 
-        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                          log_samples=False)
+        with quiet_git():
+            results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                              log_samples=False)
         harness_rows = harness_metrics(results)
         print_table(console, f"{path.name}: lm-evaluation-harness", ("task", "metric", "value", "stderr", "samples"),
                     [[t, m, f"{v:.4f}", None if s is None else f"{s:.4f}", n] for t, m, v, s, n in harness_rows],
@@ -139,11 +180,15 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
         artifacts["lm_eval_results.json"] = json.dumps({k: results[k] for k in ("results", "n-samples", "versions")
                                                         if k in results}, indent=2, default=str)
     if position_file is not None:
+        from .position import position_curve
+
         curve = position_curve(lm.checkpoint.model, position_rows, lm.checkpoint.seq_len, buckets, batch_size)
         print_curve(console, curve, lm.checkpoint, position_file)
         steps = {"position/nll": list(zip(curve.edges[:-1], curve.nll)),
                  "position/ppl": list(zip(curve.edges[:-1], curve.ppl))}
     if niah:
+        from .niah import niah_scores
+
         scores = niah_scores(ckpt_path, modules)
         print_niah(console, scores, path, modules[0].variant)
         steps["niah/loss"] = [(s.length, s.loss) for s in scores]
@@ -165,6 +210,8 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
     for name, text in artifacts.items():
         client.log_text(run_id, text, f"eval/{name}")
     if position_file is not None:
+        from .position import plot_curve
+
         with tempfile.TemporaryDirectory() as folder:
             png = Path(folder) / "ppl_by_position.png"
             plot_curve(curve, png, f"{path.name} on {Path(position_file).name}: perplexity by position")

@@ -12,17 +12,18 @@ haystacks of growing length) scored by one ``Trainer.test``.
 """
 from __future__ import annotations
 
-import importlib
 import tempfile
 from dataclasses import dataclass
 
 import torch
 
-from ..data.niah import NIAHDataModule
-from ..lit.module import SequenceModel
-from .checkpoint import EvalError, checkpoint_data, checkpoint_tokenizer, read_checkpoint
+from ..data.tokenizers import describe
+from .checkpoint import EvalError, checkpoint_data, is_data_class, read_checkpoint, text_tokenizer
 
 RESIZED = ("lengths", "train_lengths", "train_size", "batch_size", "num_workers", "_class_path")  # set here
+# S-NIAH-1's words, digits and punctuation: a tokenizer that gives their UTF-8 bytes reads the task as it is written
+PROBE = ("The grass is green. The sky is blue. One of the special magic numbers for rapid-tiger is: 1234567. \n"
+         "What is the special magic number for rapid-tiger mentioned in the provided text?")
 
 
 @dataclass
@@ -39,20 +40,38 @@ class NIAHScores:
     depth_acc: dict[str, float]
 
 
-def _trained_on_niah(data: dict) -> bool:
-    module, _, name = data.get("_class_path", "").rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None) if module else None
-    return isinstance(cls, type) and issubclass(cls, NIAHDataModule)
+def _refuse(path, reads: str) -> EvalError:
+    return EvalError(f"--niah: {path} was trained on {reads}, which does not read S-NIAH's UTF-8 bytes as they are "
+                     "written; expected a checkpoint trained on bytes (atlas-lab data prepare --tokenizer byte, or the "
+                     "lm task's tokenizer: byte) or on S-NIAH")
 
 
-def niah_modules(path: str, lengths: list[int], samples: int | None, batch_size: int) -> list[NIAHDataModule]:
-    """The S-NIAH data modules a checkpoint is scored on, one per length, their test splits built (module docstring).
-    EvalError (one line) for a checkpoint that cannot read the task or a length too short for its texts."""
-    contents = read_checkpoint(path)
-    data, hparams = checkpoint_data(contents, path), contents["hyper_parameters"]
+def check_niah(checkpoint: dict, path) -> tuple[bool, object]:
+    """Whether a checkpoint's contents can be scored on S-NIAH, before its data is built: (trained on S-NIAH, the
+    tokenizer of its text or None). EvalError (one line) for a model that does not predict the next token, or one
+    trained on other text than UTF-8 bytes or on no text."""
+    data, hparams = checkpoint_data(checkpoint, path), checkpoint["hyper_parameters"]
     if hparams.get("target", "next_token") != "next_token":
         raise EvalError(f"--ckpt_path: {path} decodes {hparams['target']!r} targets; expected a next-token model")
-    own = _trained_on_niah(data)
+    if is_data_class(data.get("_class_path", ""), "niah", "NIAHDataModule"):
+        return True, None
+    try:
+        tokenizer = text_tokenizer(checkpoint, path)
+    except EvalError:
+        raise _refuse(path, f"no text ({data.get('_class_path', 'data of no recorded class')})") from None
+    if tokenizer.encode(PROBE) != list(PROBE.encode("utf-8")):
+        raise _refuse(path, describe(tokenizer))
+    return False, tokenizer
+
+
+def niah_modules(path: str, lengths: list[int], samples: int | None, batch_size: int) -> list:
+    """The S-NIAH data modules a checkpoint is scored on, one per length, their test splits built (module docstring).
+    EvalError (one line) for a checkpoint that cannot read the task or a length too short for its texts."""
+    from ..data.niah import NIAHDataModule
+
+    contents = read_checkpoint(path)
+    own, tokenizer = check_niah(contents, path)
+    data, hparams = checkpoint_data(contents, path), contents["hyper_parameters"]
     base = {k: v for k, v in data.items() if k not in RESIZED} if own else {}
     if samples is not None:
         base["eval_size"] = samples
@@ -65,26 +84,20 @@ def niah_modules(path: str, lengths: list[int], samples: int | None, batch_size:
             raise EvalError(f"--niah: {str(e).removeprefix('lengths: ')}") from None
         modules.append(dm)
     ids = modules[0].datasets["test"].input_ids[0]
-    if not own:
-        try:
-            tokenizer = checkpoint_tokenizer(path)
-            reads = f"a {type(tokenizer).__name__} of {tokenizer.vocab_size} tokens"
-        except EvalError:
-            tokenizer, reads = None, f"no text ({data.get('_class_path', 'data of no recorded class')})"
-        if tokenizer is None or tokenizer.encode(modules[0].decode(ids)) != [int(i) for i in ids]:
-            raise EvalError(f"--niah: {path} was trained on {reads}, which does not read S-NIAH's UTF-8 bytes as "
-                            "they are written; expected a checkpoint trained on bytes (atlas-lab data prepare "
-                            "--tokenizer byte, or the lm task's tokenizer: byte) or on S-NIAH")
+    if not own and tokenizer.encode(modules[0].decode(ids)) != [int(i) for i in ids]:
+        raise _refuse(path, describe(tokenizer))
     top = max(int(x.max()) for dm in modules for x in dm.datasets["test"].input_ids)
     if top >= hparams["vocab_size"]:
         raise EvalError(f"--niah: S-NIAH's texts hold token {top}; {path} has a vocabulary of {hparams['vocab_size']}")
     return modules
 
 
-def niah_scores(path: str, modules: list[NIAHDataModule]) -> list[NIAHScores]:
+def niah_scores(path: str, modules: list) -> list[NIAHScores]:
     """Each module's test split scored by ``Trainer.test`` of the checkpoint's SequenceModel, given the module's
     slice names (length × depth bucket); nothing is logged or written."""
     import lightning as L
+
+    from ..lit.module import SequenceModel
 
     scores = []
     with tempfile.TemporaryDirectory() as root:

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.tokenizers import describe
 from ..models import LanguageModel
-from .checkpoint import EvalError
+from .arguments import EvalError, check_buckets
 from .scores import token_scores
 
 
@@ -60,10 +61,6 @@ def same_tokenizer(a, b) -> bool:
     return type(a) is type(b) and (not hasattr(a, "tokenizer") or a.tokenizer.to_str() == b.tokenizer.to_str())
 
 
-def _describe(tokenizer) -> str:
-    return f"{type(tokenizer).__name__} of {tokenizer.vocab_size} tokens"
-
-
 def split_documents(split_dir: str | Path, tokenizer) -> Iterator[np.ndarray]:
     """The documents of a split written by ``atlas-lab data prepare`` (a folder such as DATA_DIR/val), each with its
     <eos>, in the order written. The split's token stream is read back with litdata (StreamingDataset, TokensLoader)
@@ -85,8 +82,8 @@ def split_documents(split_dir: str | Path, tokenizer) -> Iterator[np.ndarray]:
                         f"{', '.join(corpus['splits'])}")
     written = load_tokenizer(split.parent)
     if not same_tokenizer(written, tokenizer):
-        raise EvalError(f"--ppl-by-position: {split} holds tokens of a {_describe(written)} ({split.parent}); the "
-                        f"checkpoint reads text with a {_describe(tokenizer)}: expected a corpus prepared with the "
+        raise EvalError(f"--ppl-by-position: {split} holds tokens of {describe(written)} ({split.parent}); the "
+                        f"checkpoint reads text with {describe(tokenizer)}: expected a corpus prepared with the "
                         "checkpoint's tokenizer")
     try:
         from litdata import StreamingDataset
@@ -129,11 +126,6 @@ def read_sequences(path: str | Path, tokenizer, max_length: int, buckets: int, l
     if Path(path).is_dir():
         return document_sequences(path, tokenizer, max_length, limit)
     return sequences(read_tokens(path, tokenizer), max_length, buckets, limit)
-
-
-def check_buckets(buckets: int, max_length: int) -> None:
-    if not 1 <= buckets <= max_length:
-        raise EvalError(f"--buckets: expected an int in [1, --max-length = {max_length}], got {buckets}")
 
 
 def sequences(tokens: np.ndarray, max_length: int, buckets: int, limit: int | None = None) -> np.ndarray:

@@ -20,14 +20,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
 
+from ..configfiles import ConfigError, check_config_files
 from ..store import init_store, resolve_uri
 from .module import SequenceModel, ValidateAtEnd
 
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
-
-
-class ConfigError(ValueError):
-    """A run configuration that cannot run: one line naming the key, the expectation and the given value."""
 
 
 RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-run: (holds, what is expected)
@@ -66,26 +63,6 @@ def one_line(message: str) -> str:
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
     return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
-
-
-def check_config_files(args: list[str]) -> dict:
-    """Each ``-c``/``--config`` file exists and is valid YAML (the error names the file, line and column);
-    returns {path: its YAML}."""
-    trees = {}
-    for i, arg in enumerate(args):
-        path = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else \
-            arg.split("=", 1)[1] if arg.startswith("--config=") else None
-        if path is None:
-            continue
-        if not Path(path).is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            trees[path] = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    return trees
 
 
 # model.memory is a mapping of MemoryConfig fields: a component's {class_path, init_args} in it stays a mapping for

@@ -1,6 +1,9 @@
 """``atlas-lab eval``: tables printed, results logged to the fit's MLflow run (or a new run tagged with the checkpoint's
 path), and bad input as one line, exit code 2 and nothing written."""
+import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -110,3 +113,35 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(checkpoint, tasks, tmp_
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert [r.info.run_id for r in store_runs(checkpoint)[1]] == [r.info.run_id for r in runs]
+
+
+PROBE = """import json, sys
+from atlas_lab.cli import main
+code = main(json.loads(sys.argv[1]))
+print(json.dumps([code, sorted(m for m in ("lightning", "litdata", "lm_eval.tasks") if m in sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize("args,message,imported", [
+    (["--ckpt_path", "missing.ckpt", "--tasks", "no_such_task"], "--ckpt_path: no such checkpoint file", []),
+    (["--tasks", "no_such_task", "--include-path", "TASKS"], "--tasks: unknown task 'no_such_task'",
+     ["lm_eval.tasks"]),
+    (["--ckpt_path", "mqar.ckpt", "--tasks", "tiny_mc", "--include-path", "TASKS"], "which has no text tokenizer", []),
+    (["--ckpt_path", "mqar.ckpt", "--niah", "512"], "--niah: mqar.ckpt was trained on no text", []),
+    (["--ppl-by-position", "held_out.txt", "--max-length", "500"], "--max-length: 500 needs 501 tokens", []),
+])
+def test_the_checkpoint_is_checked_before_the_tasks_and_both_before_lightning(checkpoint, tasks, tmp_path, args,
+                                                                             message, imported):
+    """In a fresh process: a missing checkpoint is reported before the harness indexes its tasks (without
+    --include-path, its own: half a minute), and every check comes before Lightning or litdata is imported; the
+    harness's task index only where the tasks are checked."""
+    (tmp_path / "held_out.txt").write_text(TEXT)
+    _with_data(checkpoint, tmp_path / "mqar.ckpt", _class_path="atlas_lab.data.MQARDataModule")
+    shutil.copytree(tasks, tmp_path / "TASKS")
+    if "--ckpt_path" not in args:
+        args = ["--ckpt_path", str(checkpoint), *args]
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["eval", *args])], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, imported]
