@@ -118,6 +118,7 @@ class GroupedBatchSampler(BatchSampler):
             raise TypeError(f"GroupedBatchSampler: sampler must be a DistributedSampler, got {type(sampler).__name__}")
         super().__init__(sampler, batch_size, drop_last=False)
         self.group, self.shuffle, self.seed = group, shuffle, seed
+        self.skip = 0  # batches of the next pass not to yield (ResumableDataLoader: the restored position)
 
     def set_epoch(self, epoch: int) -> None:
         """The order depends on (seed, epoch) only, so a run resumed from a checkpoint sees the same batches as an
@@ -140,10 +141,37 @@ class GroupedBatchSampler(BatchSampler):
             batches += [idx[i:i + size] for i in range(0, len(idx), size)]
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        for batch in batches:
+        skip, self.skip = self.skip, 0
+        for batch in batches[skip:]:
             if len(batch) < replicas:
                 batch = np.resize(batch, replicas)
             yield np.array_split(batch, replicas)[rank].tolist()
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a GroupedBatchSampler that knows its position in the pass: ``state_dict()`` = {"epoch",
+    "batches"} (the sampler's epoch and the batches this pass has yielded, counted where they are consumed, not where
+    workers prefetch them); ``load_state_dict`` makes the next pass start after those batches, the order being the
+    same function of (seed, epoch). Lightning saves the training loader's state in a checkpoint and restores it on
+    resume, so a fit resumed mid-epoch trains on exactly the batches the uninterrupted fit would."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.yielded = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.batch_sampler.sampler.epoch, "batches": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A position inside a pass: the next pass continues it; at a pass's end: the next pass is a new one."""
+        self.batch_sampler.set_epoch(state["epoch"])
+        self.batch_sampler.skip = state["batches"] if state["batches"] < len(self) else 0
+
+    def __iter__(self):
+        self.yielded = self.batch_sampler.skip
+        for batch in super().__iter__():
+            self.yielded += 1
+            yield batch
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -169,6 +197,13 @@ class TaskDataModule(L.LightningDataModule):
     def build(self, split: str) -> SequenceDataset:
         raise NotImplementedError
 
+    @property
+    def train_length(self) -> int:
+        """T of the longest training sequence (the model summary counts FLOPs at it)."""
+        self.setup("fit")
+        ids = self.datasets["train"].input_ids
+        return ids.shape[1] if getattr(ids, "ndim", 1) == 2 else max(len(x) for x in ids)
+
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS[stage]:
             if split not in self.datasets:
@@ -186,7 +221,7 @@ class TaskDataModule(L.LightningDataModule):
         shard = DistributedSampler(ds, num_replicas=trainer.world_size if trainer else 1,
                                    rank=trainer.global_rank if trainer else 0, shuffle=False)
         sampler = GroupedBatchSampler(group, self.batch_size, shuffle=train, seed=self.seed, sampler=shard)
-        return DataLoader(ds, batch_sampler=sampler, **common)
+        return ResumableDataLoader(ds, batch_sampler=sampler, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

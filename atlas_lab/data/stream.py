@@ -103,6 +103,11 @@ class StreamingLMDataModule(L.LightningDataModule):
         self.slice_names: list[str] = []
         self.tokenizer = load_tokenizer(self.data_dir)
 
+    @property
+    def train_length(self) -> int:
+        """T of every training window (the model summary counts FLOPs at it)."""
+        return self.seq_len
+
     def dataset(self, split: str, shuffle: bool) -> StreamingDataset:
         return StreamingDataset(str(self.data_dir / split), item_loader=TokensLoader(block_size=self.seq_len + 1),
                                 shuffle=shuffle, seed=self.seed)

@@ -19,10 +19,11 @@ from jsonargparse import ArgumentError, Namespace, set_parsing_settings
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..configfiles import ConfigError, check_config_files
 from ..store import init_store, resolve_uri
-from .module import SequenceModel, ValidateAtEnd
+from .module import CheckpointOnSigterm, SequenceModel, ValidateAtEnd
 
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
 
@@ -161,7 +162,29 @@ class RunLogger(MLFlowLogger):
         super().__init__(*args, tracking_uri=tracking_uri, **kwargs)
 
     def log_hyperparams(self, params, *args, **kwargs) -> None:
-        pass
+        """Called once as the fit starts: a run that is continued (a resumed fit) is RUNNING again, and the last step
+        of each of its metrics is read (``log_metrics``)."""
+        self.logged_until = {}
+        run = self.experiment.get_run(self.run_id)
+        if run.info.status != "RUNNING":
+            self.experiment.update_run(self.run_id, status="RUNNING")
+        for key in run.data.metrics:
+            self.logged_until[key] = max(m.step for m in self.experiment.get_metric_history(self.run_id, key))
+
+    def log_metrics(self, metrics, step=None) -> None:
+        """Lightning's, without the values of a step the run already holds: a fit resumed from a checkpoint older
+        than its last logged step (a process killed after the checkpoint) trains those steps again, to the same
+        values, and each step stays logged once."""
+        until = getattr(self, "logged_until", {})
+        metrics = {k: v for k, v in metrics.items() if (step or 0) > until.get(k, -1)}
+        if metrics:
+            super().log_metrics(metrics, step)
+
+    def finalize(self, status: str = "success") -> None:
+        """A fit ended by a signal (SIGTERM, Ctrl-C) ends its run KILLED, not FAILED."""
+        if status == "failed" and isinstance(sys.exc_info()[1], (SIGTERMException, KeyboardInterrupt)):
+            status = "KILLED"
+        super().finalize(status)
 
 
 def flatten(config, prefix: str = "") -> dict[str, str]:
@@ -388,6 +411,8 @@ class AtlasCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config["validate_at_end"]:  # first: its validation comes before the other callbacks end the fit
             self.trainer.callbacks.insert(0, ValidateAtEnd())
+        if self.subcommand == "fit":
+            self.trainer.callbacks.append(CheckpointOnSigterm())
         logger = self.held_back_logger
         if logger is not None:
             init = logger.get("init_args") or {}
@@ -427,10 +452,15 @@ def command_line(args: list[str]):
 
 def run_cli(args: list[str]) -> AtlasCLI:
     """``atlas-lab fit|validate|test ...``: LightningCLI with the project's defaults; returns the CLI (its
-    trainer, model and data). Raises ConfigError, before anything is written, for a bad configuration."""
+    trainer, model and data). Raises ConfigError, before anything is written, for a bad configuration; a fit stopped
+    by SIGTERM prints one line (where it stopped, how to resume) and exits 143."""
     with command_line(args):
-        return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True,
-                        save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
+        try:
+            return AtlasCLI(SequenceModel, L.LightningDataModule, subclass_mode_data=True,
+                            save_config_callback=SaveConfigToTracking, save_config_kwargs={"overwrite": True})
+        except SIGTERMException as e:  # CheckpointOnSigterm saved the fit
+            print(getattr(e, "stopped", "stopped by SIGTERM"), file=sys.stderr)
+            raise SystemExit(143) from None
 
 
 class _Checked(AtlasCLI):

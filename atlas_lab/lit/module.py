@@ -10,12 +10,15 @@ L tokens by a position embedding + MLP head.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from ..data.base import AnswerMixin
@@ -67,24 +70,43 @@ class LearningRates(L.Callback):
             pl_module.log(f"train/{name}", float(lr), on_step=True, on_epoch=False, batch_size=1)
 
 
+def ends_fit(trainer: L.Trainer) -> bool:
+    """Whether the training batch just run is the fit's last: max_steps reached, or the last batch of the last
+    epoch (max_epochs)."""
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    last_batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches
+    return last_batch and trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+
+
 class ValidateAtEnd(L.Callback):
-    """Validates once more when a fit ends (max_steps, max_epochs, max_time, early stopping) after training steps
-    that no validation has seen, or without any validation: the validation metrics, logged and returned, are then
-    those of the model as trained. A fit whose last step was validated is not validated again. The CLI adds it to
-    every fit unless ``validate_at_end: false``; it runs before other callbacks' ``on_train_end``."""
+    """Validates the fit's last training batch when no validation was due there (max_steps, max_epochs): the
+    validation metrics, logged and returned, are then those of the model as trained, and a short trial gets its
+    metric. It asks Lightning's own loop for that validation (``trainer.should_stop`` after the last batch, which the
+    loop answers with a validation, as it does for early stopping), so the validation is logged at that batch's step
+    and a checkpoint written during it records the loop as any validation step's does. A fit whose last step is
+    validated anyway is not validated twice; max_time and early stopping validate on their own. The CLI adds it to
+    every fit unless ``validate_at_end: false``.
+
+    In an epoch that ``check_val_every_n_epoch`` leaves unvalidated the loop validates on no request: there the
+    validation runs when the fit ends (``on_train_end``), logged at the last batch's step."""
 
     def __init__(self):
         self.validated_at: int | None = None  # the global step of the last validation
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.enable_validation and ends_fit(trainer):
+            trainer.should_stop = True
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             self.validated_at = trainer.global_step
 
     def on_train_end(self, trainer, pl_module):
-        if self.validated_at == trainer.global_step or not trainer.enable_validation:
+        if self.validated_at == trainer.global_step or not trainer.enable_validation or trainer.global_step == 0:
             return
-        # the fit loop's own validation, as it runs one between training batches (every rank decides alike); its
-        # metrics are logged at the step of the last batch, as the loop logs a validation after a batch
+        # the fit loop's own validation, as it runs one between training batches (every rank decides alike), logged
+        # at the step of the last batch; the checkpoint written in it records the loop as it was (resume_state)
         loop = trainer.fit_loop.epoch_loop
         trainer.validating = True
         loop._batches_that_stepped -= 1
@@ -95,21 +117,89 @@ class ValidateAtEnd(L.Callback):
             trainer.training = True
 
 
+class CheckpointOnSigterm(L.Callback):
+    """A fit stopped by SIGTERM (a scheduler's preemption, ``kill``) writes ``last.ckpt`` in each ModelCheckpoint's
+    folder that keeps one: Lightning lets the running batch finish and stops between batches, so the checkpoint
+    resumes the fit as if it had not stopped (``resume_state``). The exception Lightning raises then carries
+    ``stopped``: one line saying where the fit stopped and how to resume it. The CLI adds it to every fit."""
+
+    def on_exception(self, trainer, pl_module, exception):
+        if not isinstance(exception, SIGTERMException):
+            return
+        saved = []
+        for callback in trainer.checkpoint_callbacks:
+            if callback.save_last and callback.dirpath is not None:
+                path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+                trainer.save_checkpoint(path, weights_only=False)
+                saved.append(path)
+        where = f"fit stopped by SIGTERM after step {trainer.global_step}"
+        exception.stopped = (f"{where}; resume it with --ckpt_path={saved[0]}" if saved else
+                             f"{where}; no checkpoint written (no ModelCheckpoint with save_last)")
+
+
+def resume_state(checkpoint: dict, trainer: L.Trainer) -> None:
+    """The fit loop's state in ``checkpoint`` written as Lightning's loop resumes it exactly, wherever the checkpoint
+    was written (a validation, the end of an epoch or of the fit, an interrupt): as after the last training batch's
+    ``on_train_batch_end`` — that batch not yet counted as completed, ``_batches_that_stepped`` one short of the
+    optimizer steps — so that the resumed loop continues with the next batch, logs at the uninterrupted fit's steps
+    and does not validate the last batch again.
+
+    Mid-epoch (max_steps or a signal ended the fit before the epoch's last batch) the epoch stays in progress:
+    Lightning counts it as finished and would start the next epoch, with another order, on resume. After an epoch's
+    last batch the epoch is finished and the next one not begun (the training loader, restored at the end of its
+    pass, starts the next); ``resume_boundary`` fits that state to the resuming trainer. The epoch counter and
+    checkpoint names are then those of the uninterrupted fit."""
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    run = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches of the epoch in progress run so far
+    if fit is None or trainer.global_step == 0 or run == 0:  # between epochs: Lightning's own state resumes
+        return
+    batches = fit["epoch_loop.batch_progress"]
+    for counts in (batches["total"], batches["current"]):
+        counts["ready"] = counts["started"] = counts["processed"]
+        counts["completed"] = counts["processed"] - 1
+    accumulating = run % trainer.accumulate_grad_batches != 0 and run < trainer.num_training_batches
+    fit["epoch_loop.state_dict"]["_batches_that_stepped"] = trainer.global_step - (0 if accumulating else 1)
+    epoch_done = run >= trainer.num_training_batches
+    for counts in (fit["epoch_progress"]["total"], fit["epoch_progress"]["current"]):
+        counts["processed"] = counts["completed"] = counts["started"] - (0 if epoch_done else 1)
+    if epoch_done:
+        batches["is_last_batch"] = True
+        fit["epoch_loop.val_loop.batch_progress"]["is_last_batch"] = True  # the epoch is not counted again
+    checkpoint["epoch_boundary"] = epoch_done
+
+
+def resume_boundary(checkpoint: dict, trainer: L.Trainer) -> None:
+    """A checkpoint written after an epoch's last batch (``resume_state``), fitted to the trainer that resumes it:
+    Lightning restarts its loop in place only for a fit bounded by max_steps; a fit bounded by epochs alone starts
+    the next epoch as new, with every batch that stepped counted."""
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if fit is not None and checkpoint.get("epoch_boundary") and trainer.max_steps == -1:
+        batches = fit["epoch_loop.batch_progress"]
+        for counts in (batches["total"], batches["current"]):
+            counts["completed"] = counts["processed"]
+        fit["epoch_loop.state_dict"]["_batches_that_stepped"] = checkpoint["global_step"]
+        checkpoint["epoch_boundary"] = False
+
+
 class ModelSummary(RichModelSummary):
-    """Lightning's rich model summary, then one line of what a token costs: the forward FLOPs per token of the
-    model's memory and attention cores at the longest training sequence (atlas_lab.memory.cost)."""
+    """Lightning's rich model summary of one training sequence — its FLOPs counted by torch's FlopCounterMode in a
+    forward pass of [1, T] tokens at the data's training length T (``train_length``, every data module has one) —
+    then one line of what a token costs: the forward FLOPs per token of the model's memory and attention cores at
+    that T (atlas_lab.memory.cost)."""
 
     def on_fit_start(self, trainer, pl_module):
-        super().on_fit_start(trainer, pl_module)
-        datasets = getattr(trainer.datamodule, "datasets", {})
-        train = datasets.get("train")
-        if train is None or not trainer.is_global_zero or not isinstance(pl_module, SequenceModel):
-            return
-        ids = train.input_ids
-        T = ids.shape[1] if getattr(ids, "ndim", 1) == 2 else max(len(x) for x in ids)
-        flops = pl_module.model.flops_per_token(T)
-        print(f"forward FLOPs per token at T = {T} (matrix products of the token mixers, all layers): memory "
-              f"{flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}")
+        T = getattr(trainer.datamodule, "train_length", None)
+        if T is None or not isinstance(pl_module, SequenceModel):
+            return super().on_fit_start(trainer, pl_module)
+        pl_module.example_input_array = torch.zeros(1, T, dtype=torch.long)
+        try:
+            super().on_fit_start(trainer, pl_module)
+        finally:
+            pl_module.example_input_array = None
+        if trainer.is_global_zero:
+            flops = pl_module.model.flops_per_token(T)
+            print(f"forward FLOPs per token at T = {T} (matrix products of the token mixers, all layers): memory "
+                  f"{flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}")
 
 
 def _positive(x) -> bool:
@@ -282,11 +372,18 @@ class SequenceModel(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Records the fit's MLflow run in the checkpoint, ``checkpoint["mlflow_run"]`` = {tracking_uri,
         experiment_id, run_id}, so that an evaluation of the checkpoint (``atlas-lab eval``) logs to the run that
-        trained it. Nothing without an MLflow logger."""
+        trained it. Nothing without an MLflow logger. A fit's loop state is written as ``resume_state`` says."""
+        if self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING:
+            resume_state(checkpoint, self._trainer)
         for logger in self.trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
                 checkpoint["mlflow_run"] = {"tracking_uri": logger.experiment.tracking_uri,
                                             "experiment_id": logger.experiment_id, "run_id": logger.run_id}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A fit resumed from ``checkpoint``: its loop state fitted to this trainer (``resume_boundary``)."""
+        if self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING:
+            resume_boundary(checkpoint, self._trainer)
 
     def parameter_groups(self) -> list[dict]:
         """AdamW groups: weight decay on matrices only; memory_lr (if set) on the memory mixers' parameters."""
