@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install test test-all test-numerics demo ui bench bench-tiny gpu-check clean
+.PHONY: install system-deps test test-all test-numerics demo ui bench bench-tiny gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,21 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# The system packages the tests start, installed here and only here (a test never installs anything; one whose
+# part is missing fails with a line naming this target): Debian's PostgreSQL server binaries (the PostgreSQL tests
+# start a server of their own) and Chromium (the UI test drives it headless through Playwright). apt-get, as root;
+# it says what it installs, and installs nothing when both are there.
+SYSTEM_PACKAGES := postgresql chromium
+
+system-deps:
+	@missing=""; \
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then echo "system-deps: $(SYSTEM_PACKAGES) already installed"; exit 0; fi; \
+	echo "system-deps: apt-get install$$missing"; \
+	if [ "$$(id -u)" != 0 ]; then echo "system-deps: needs root (sudo make system-deps)"; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q $$missing
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .

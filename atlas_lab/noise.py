@@ -28,8 +28,8 @@ WARNINGS = [
      "each fit replaces last.ckpt on purpose (lightning_config.yaml: enable_version_counter: false)"),
 ]
 # (logger, regex matched at the line's start, why): single log lines dropped
-DROPPED_LINES = [("lightning.pytorch.utilities.rank_zero", r"💡 Tip: For seamless cloud logging",
-                  "Lightning's advertisement for its litlogger package, on every fit")]
+DROPPED_LINES = [("lightning.pytorch.utilities.rank_zero", r"💡 Tip: For seamless cloud (logging|uploads)",
+                  "Lightning's advertisements for its litlogger and litmodels packages, on every fit and evaluation")]
 # (environment variable, value, why): other packages' own switches, set unless the user has set them
 ENVIRONMENT = [("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true",
                 "MLflow prints '🏃 View run … at <server>' and '🧪 View experiment …' whenever a run ends through a "

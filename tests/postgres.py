@@ -1,9 +1,9 @@
 """A PostgreSQL server of the test run's own: initdb into a temporary folder, started on a free loopback port.
 
-The server binaries come from the Debian ``postgresql`` package (``.ci/run`` installs it) or any ``initdb`` on
-PATH. PostgreSQL refuses to run as root, so under root the server runs as the ``postgres`` user. Without binaries
-(or psycopg) the tests that need it skip with the reason; under CI (``CI`` set) they fail instead, so CI can never
-pass without exercising PostgreSQL.
+The server binaries come from the Debian ``postgresql`` package (the set-up step ``make system-deps`` installs it;
+``.ci/run`` runs it) or any ``initdb`` on PATH. PostgreSQL refuses to run as root, so under root the server runs as
+the ``postgres`` user. Without binaries (or psycopg) the tests that need it fail with a line naming the set-up step,
+so no run can pass without exercising PostgreSQL.
 """
 import glob
 import os
@@ -25,9 +25,7 @@ def _initdb() -> str | None:
 
 
 def unavailable(reason: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"PostgreSQL needed under CI: {reason}")
-    pytest.skip(reason)
+    pytest.fail(f"PostgreSQL server needed: {reason}; run `make system-deps` (as root) first")
 
 
 class Server:
@@ -38,7 +36,7 @@ class Server:
             unavailable("psycopg is not installed (pip install 'atlas-lab[postgres]')")
         initdb = _initdb()
         if initdb is None:
-            unavailable("no PostgreSQL server binaries (initdb) found; apt-get install postgresql")
+            unavailable("no PostgreSQL server binaries (initdb) found")
         self.bin = os.path.dirname(initdb)
         self.user = None
         if os.geteuid() == 0:

@@ -32,6 +32,7 @@ RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-ru
     "seed_everything": (lambda x: isinstance(x, bool) or 0 <= x < 2**32, "true, false or an int in [0, 2^32)"),
     "trainer.accumulate_grad_batches": (lambda x: x >= 1, "an int >= 1"),
     "trainer.check_val_every_n_epoch": (lambda x: x is None or x >= 1, "null or an int >= 1"),
+    "trainer.log_every_n_steps": (lambda x: x is None or x >= 1, "null or an int >= 1 (Lightning's 0 logs no step)"),
 }
 
 

@@ -1,7 +1,7 @@
 """`atlas-lab ui` as a user meets it: a real MLflow server and a real headless Chromium on a finished study.
 
-Chromium is Debian's ``chromium`` (``.ci/run`` installs it; so does this module as root when it is missing) and is
-driven by Playwright. Without it the test skips with the reason; under CI (``CI`` set) it fails instead.
+Chromium is Debian's ``chromium``, installed by the set-up step ``make system-deps`` (``.ci/run`` runs it), driven by
+Playwright. Without it the test fails with a line naming that step.
 """
 import os
 import shutil
@@ -22,14 +22,10 @@ SCREENSHOT = ROOT / "docs" / "ui-runs.png"  # kept up to date by ATLAS_LAB_UPDAT
 
 
 def chromium() -> str:
+    """Debian's chromium, which the set-up step installs (``make system-deps``); a test never installs it."""
     found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env, capture_output=True)
-        found = shutil.which("chromium")
     if found is None:
-        reason = "Debian's chromium is not installed (apt-get install chromium)"
-        pytest.fail(f"under CI: {reason}") if os.environ.get("CI") else pytest.skip(reason)
+        pytest.fail("Debian's chromium is not installed: run `make system-deps` (as root) first")
     return found
 
 
