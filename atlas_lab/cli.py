@@ -172,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                                                    "'atlas-lab[postgres]')")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
     p.add_argument("--retry-failed", action="store_true", help="run failed trials again")
+    p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                   help="change a key of the sweep file, checked as the file's own keys are (repeatable): "
+                        "--set fixed.trainer.max_steps=40 --set repeats=2; a change to what the trials run needs "
+                        "--study")
+    p.add_argument("--study", default=None, metavar="NAME",
+                   help="the study's name instead of the file's (required when --set changes what the trials run, "
+                        "so a shortened study never joins the file's)")
     p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")
     p.add_argument("study")
     p.add_argument("--storage", default=None)
@@ -262,13 +269,16 @@ def command(args) -> int:
                         args.ppl_by_position, args.max_length, args.buckets, args.niah)  # EvalError: one line
     if args.command == "data":
         return data_command(args)
+    from .store import NotWritable, check_writable
     from .sweep import SweepError
+    from .sweep.tracking import ServerError
 
     try:
         if args.command == "sweep":
             from .sweep import run_sweep
 
-            return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed)
+            return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed,
+                             sets=args.sets, study=args.study)
         if args.command == "capacity":
             from .sweep.capacity import capacity_study
 
@@ -277,11 +287,26 @@ def command(args) -> int:
         from .sweep.report import summarize
         from .sweep.study import default_storage, load_existing
 
-        summarize(load_existing(args.storage or default_storage(args.study), args.study), power=args.power)
+        study = load_existing(args.storage or default_storage(args.study), args.study)
+        check_writable(f"runs/sweeps/{args.study}")  # where the report's files go
+        summarize(study, power=args.power)
         return 0
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NotWritable as e:  # checked before anything is written
+        print(f"error: {e.filename}: {e.strerror}; atlas-lab {args.command} writes there (nothing was written)",
+              file=sys.stderr)
+        return 1
+    except ServerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a store that fails during the sweep (a full disk, a server that went away)
+        if isinstance(e, FileNotFoundError):
+            raise  # bad input: one line and exit 2 (main)
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 def data_command(args) -> int:

@@ -148,6 +148,25 @@ def test_median_pruner_prunes_a_hopeless_trial(workdir):
     assert len(by_lr[1e-9].intermediate_values) < 6
 
 
+def test_the_end_of_fit_validation_is_neither_reported_nor_pruned(workdir):
+    """A trial of 12 steps validates on schedule after steps 4, 8 and 12 (epochs of 4 batches); one of 2 steps ends
+    before its first scheduled validation, so the fit validates once more at its end (ValidateAtEnd). The median
+    pruner (warm-up 0) has the first trial's value at validation 0 to judge by, and the short trial's end-of-fit
+    value (2 steps trained) is worse: judged as a validation of the schedule, the short trial would be reported at
+    step 0 and PRUNED, its finished fit thrown away. It completes, with nothing reported; the long trial reports its
+    three scheduled validations, the last of them on its final step."""
+    sweep = write_sweep("end.yaml", metric="val/loss", direction="minimize", grid={"trainer.max_steps": [12, 2]},
+                        pruner={"type": "median", "warmup_epochs": 0},
+                        fixed={"trainer.max_epochs": 10, "model.lr": 1.0e-2})
+    done = subprocess.run([sys.executable, "-m", "atlas_lab.cli", "sweep", sweep], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_steps = {t.params["trainer.max_steps"]: t for t in load().get_trials()}
+    assert by_steps[12].state == TrialState.COMPLETE and sorted(by_steps[12].intermediate_values) == [0, 1, 2]
+    assert by_steps[2].state == TrialState.COMPLETE, by_steps[2].user_attrs
+    assert by_steps[2].intermediate_values == {} and by_steps[2].value > by_steps[12].intermediate_values[0]
+
+
 @pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
 def test_shipped_sweep_files_are_valid(sweep, monkeypatch, tmp_path):
     """Every grid point of every shipped sweep builds its data and model. A sweep on a corpus the user prepares
