@@ -9,29 +9,90 @@ corpus may have moved or gone. A checkpoint written before checkpoints carried t
 (the tokenizer saved beside token shards, or the LM data's tokenizer rebuilt from its arguments) where that is still
 there.
 
-Reading a checkpoint needs torch alone; Lightning is imported when its model is loaded (``Checkpoint.load``).
+Reading a checkpoint needs torch alone; Lightning is imported when its model is loaded (``Checkpoint.load``). What
+``atlas-lab eval`` checks in a checkpoint (its data, tokenizer, target and training length) is read without torch
+first (``peek_checkpoint``), so a checkpoint that cannot be evaluated is refused at once.
 """
 from __future__ import annotations
 
 import importlib
+import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import torch
 
 from ..data.checks import first_line
 from ..data.tokenizers import tokenizer_from_state
 from .arguments import EvalError, check_checkpoint_file
 
 if TYPE_CHECKING:
+    import torch
+
     from ..models import LanguageModel
 
-__all__ = ["Checkpoint", "EvalError", "checkpoint_data", "checkpoint_tokenizer", "read_checkpoint", "text_tokenizer"]
+__all__ = ["Checkpoint", "EvalError", "checkpoint_data", "checkpoint_tokenizer", "peek_checkpoint", "read_checkpoint",
+           "text_tokenizer"]
+
+# what a checkpoint's plain data is made of; anything else (a tensor, a class of another package) is left unread
+PLAIN = {("builtins", name) for name in ("dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "str",
+                                          "bytes", "bytearray", "bool", "slice", "range")} | {
+    ("collections", "OrderedDict"), ("collections", "defaultdict")}
+
+
+class Opaque:
+    """A part of a checkpoint that ``peek_checkpoint`` leaves unread: a tensor, or an object of another package's
+    class. It takes whatever unpickling gives it and keeps nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class _Peek(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        return super().find_class(module, name) if (module, name) in PLAIN else Opaque
+
+    def persistent_load(self, saved_id):  # a tensor's storage: a file of the archive, not read
+        return Opaque()
+
+
+def peek_checkpoint(path: str | Path) -> dict:
+    """A checkpoint's contents without torch (which takes a second to import): its plain data (the hyper-parameters,
+    the data module's arguments and state, the MLflow run, ...), every tensor and object of another class an
+    ``Opaque``. Only builtin containers and values are built, so nothing of the file runs. EvalError where the file is
+    not a checkpoint of torch.save; ``read_checkpoint`` reads it whole."""
+    path = check_checkpoint_file(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if name is None:
+                raise ValueError("no data.pkl in the archive")
+            contents = _Peek(archive.open(name)).load()
+    except Exception as e:  # a zip of something else, truncated, ...: whatever the reader says, as one line
+        raise EvalError(f"--ckpt_path: {path} is not a readable checkpoint ({type(e).__name__}: "
+                        f"{first_line(e)})") from None
+    if not isinstance(contents, dict) or "state_dict" not in contents or "hyper_parameters" not in contents:
+        raise EvalError(f"--ckpt_path: {path} is not a checkpoint of atlas-lab fit (no state_dict and "
+                        "hyper_parameters)")
+    return contents
 
 
 def read_checkpoint(path: str | Path) -> dict:
     """The checkpoint's contents (tensors memory-mapped, on the CPU). EvalError for a missing or unreadable file."""
+    import torch
+
     path = check_checkpoint_file(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)

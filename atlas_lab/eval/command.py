@@ -1,12 +1,13 @@
 """``atlas-lab eval``: a checkpoint scored on lm-evaluation-harness tasks, by position and on S-NIAH, printed and
 logged to MLflow.
 
-Everything is checked first, the cheapest first: the arguments and that their files exist (before torch, Lightning,
-litdata or the harness is imported: ``arguments.py``), the checkpoint (torch alone), the task names (the harness's
-index), the position file or split and its length, the S-NIAH data. The scores are computed next, and only then is
-anything written: the results go to the MLflow run that trained the checkpoint where the checkpoint records it
-(``mlflow_run``) and the store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment
-``atlas-lab``, tagged ``atlas_lab.checkpoint`` with the checkpoint's path.
+Everything is checked first, the cheapest first: the arguments and that their files exist (``arguments.py``), the
+checkpoint's data, tokenizer and model (its plain data, read without torch: ``peek_checkpoint``), the task names (the
+harness's index), the position file or split and its length, the S-NIAH data; nothing of Lightning or litdata is
+imported before a split or the model is read. The scores are computed next, and only then is anything written: the
+results go to the MLflow run that trained the checkpoint where the checkpoint records it (``mlflow_run``) and the
+store holds it, else to a new run ``eval-<checkpoint name>`` in the experiment ``atlas-lab``, tagged
+``atlas_lab.checkpoint`` with the checkpoint's path.
 """
 from __future__ import annotations
 
@@ -140,10 +141,10 @@ def evaluate(ckpt_path: str, tasks: list[str] | None = None, include_path: str |
     console = console or Console()
     check_arguments(ckpt_path, tasks, include_path, position_file, max_length, buckets, niah)
     buckets = buckets or DEFAULT_BUCKETS
-    from .checkpoint import check_language_model, read_checkpoint
+    from .checkpoint import check_language_model, peek_checkpoint
 
     path = Path(ckpt_path)
-    contents = read_checkpoint(path)
+    contents = peek_checkpoint(path)  # its plain data, without torch
     if tasks or position_file is not None:
         tokenizer, _ = check_language_model(contents, path)
     if niah:

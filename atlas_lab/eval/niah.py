@@ -15,8 +15,6 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
-import torch
-
 from ..data.tokenizers import describe
 from .checkpoint import EvalError, checkpoint_data, is_data_class, read_checkpoint, text_tokenizer
 
@@ -96,6 +94,7 @@ def niah_scores(path: str, modules: list) -> list[NIAHScores]:
     """Each module's test split scored by ``Trainer.test`` of the checkpoint's SequenceModel, given the module's
     slice names (length × depth bucket); nothing is logged or written."""
     import lightning as L
+    import torch
 
     from ..lit.module import SequenceModel
 

@@ -19,14 +19,15 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..data.tokenizers import describe
-from ..models import LanguageModel
 from .arguments import EvalError, check_buckets
-from .scores import token_scores
+
+if TYPE_CHECKING:
+    from ..models import LanguageModel
 
 
 def read_tokens(path: str | Path, tokenizer) -> np.ndarray:
@@ -167,6 +168,10 @@ def position_curve(model: LanguageModel, rows: np.ndarray, window: int, buckets:
     """Mean next-token NLL per position bucket over the sequences ``rows`` [S, max_length + 1], each read from an
     empty state through the streaming state in windows of ``window`` (the training length), ``batch_size``
     sequences at a time."""
+    import torch  # here: the sequences are read and checked without it
+
+    from .scores import token_scores
+
     data = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     max_length = data.shape[1] - 1
     device = next(model.parameters()).device

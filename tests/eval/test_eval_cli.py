@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(checkpoint, tasks, tmp_
 PROBE = """import json, sys
 from atlas_lab.cli import main
 code = main(json.loads(sys.argv[1]))
-print(json.dumps([code, sorted(m for m in ("lightning", "litdata", "lm_eval.tasks") if m in sys.modules)]))
+print(json.dumps([code, sorted(m for m in ("torch", "lightning", "litdata", "lm_eval.tasks") if m in sys.modules)]))
 """
 
 
@@ -133,8 +133,8 @@ print(json.dumps([code, sorted(m for m in ("lightning", "litdata", "lm_eval.task
 def test_the_checkpoint_is_checked_before_the_tasks_and_both_before_lightning(checkpoint, tasks, tmp_path, args,
                                                                              message, imported):
     """In a fresh process: a missing checkpoint is reported before the harness indexes its tasks (without
-    --include-path, its own: half a minute), and every check comes before Lightning or litdata is imported; the
-    harness's task index only where the tasks are checked."""
+    --include-path, its own: half a minute), and every check comes before torch (the checkpoint's plain data is read
+    without it), Lightning or litdata is imported; the harness's task index only where the tasks are checked."""
     (tmp_path / "held_out.txt").write_text(TEXT)
     _with_data(checkpoint, tmp_path / "mqar.ckpt", _class_path="atlas_lab.data.MQARDataModule")
     shutil.copytree(tasks, tmp_path / "TASKS")
@@ -145,3 +145,23 @@ def test_the_checkpoint_is_checked_before_the_tasks_and_both_before_lightning(ch
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, imported]
+
+
+def test_the_checkpoints_plain_data_is_read_without_torch(checkpoint, tmp_path):
+    """peek_checkpoint gives what torch.load gives of a checkpoint's plain data (hyper-parameters, the data's arguments
+    and tokenizer, the run), each tensor left unread; a zip archive of something else is one line."""
+    import zipfile
+
+    from atlas_lab.eval import EvalError
+    from atlas_lab.eval.checkpoint import Opaque, peek_checkpoint
+
+    peeked, loaded = peek_checkpoint(checkpoint), torch.load(checkpoint, map_location="cpu", weights_only=False)
+    for key in ("hyper_parameters", "datamodule_hyper_parameters", "LMDataModule", "mlflow_run", "global_step"):
+        assert peeked[key] == loaded[key], key
+    assert peeked["LMDataModule"] == {"tokenizer": {"class": "ByteTokenizer"}}
+    assert list(peeked["state_dict"]) == list(loaded["state_dict"])
+    assert all(isinstance(v, Opaque) for v in peeked["state_dict"].values())
+    with zipfile.ZipFile(tmp_path / "other.ckpt", "w") as archive:
+        archive.writestr("archive/data.pkl", b"not a pickle")
+    with pytest.raises(EvalError, match=r"--ckpt_path: .*other.ckpt is not a readable checkpoint \(UnpicklingError"):
+        peek_checkpoint(tmp_path / "other.ckpt")
