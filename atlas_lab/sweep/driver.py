@@ -357,6 +357,9 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
                       file=sys.stderr, flush=True)
                 return e.code
             return _interrupted(state, e, resume)
+        finally:
+            while _OWN_ENV:
+                os.environ.pop(_OWN_ENV.pop(), None)
 
 
 def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, retry_failed, sets, study) -> int:
@@ -437,7 +440,7 @@ def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, re
     except Interrupted:
         with studies.journal_quiet(storage):  # no worker is killed in the middle of a journal write
             _stop_workers(procs)
-        _end_interrupted_trials(state, server)
+        _end_interrupted_trials(state)
         raise
     except BaseException:
         _stop_workers(procs)
@@ -450,7 +453,7 @@ def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, re
     return 0
 
 
-def _end_interrupted_trials(state: _Run, server) -> None:
+def _end_interrupted_trials(state: _Run) -> None:
     """After an interruption, with the workers dead: their running trials failed and their work enqueued again
     (under the study's lock), their MLflow runs and the parent run ended KILLED; while the tracking server still
     serves them. ``state.stopped``: how many trials were stopped."""

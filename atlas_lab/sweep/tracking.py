@@ -88,18 +88,21 @@ def start_server(backend_uri: str, port: int | None = None, artifacts: str = ART
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            stop_server(proc)
-            raise ServerError(f"mlflow server exited with code {proc.returncode} (log: {log_path})"
-                              f"{_last_line(log_path)}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, uri
-        time.sleep(0.5)
-    stop_server(proc)
-    raise ServerError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path}){_last_line(log_path)}")
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise ServerError(f"mlflow server exited with code {proc.returncode} (log: {log_path})"
+                                  f"{_last_line(log_path)}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return proc, uri
+            time.sleep(0.5)
+        raise ServerError(f"mlflow server on {uri} did not answer within 120 s (log: {log_path})"
+                          f"{_last_line(log_path)}")
+    except BaseException:  # a server that failed, or the command interrupted while it starts: stopped, not left
+        stop_server(proc)
+        raise
 
 
 MODEL_TRAINING = "custom_model_development"  # the MLflow UI's "Model training" experiment kind (not GenAI)
