@@ -79,7 +79,8 @@ class JournalBackend(JournalFileBackend):
         self._starts: dict[int, tuple[int, int]] = {0: (0, 1)}  # record number -> (byte offset, line) to read from
 
     def read_logs(self, log_number_from: int):
-        number = max(n for n in self._starts if n <= log_number_from)
+        number = log_number_from if log_number_from in self._starts else \
+            max(n for n in self._starts if n <= log_number_from)  # Optuna reads on from where it stopped
         offset, line_no = self._starts[number]
         with open(self._file_path, "rb") as f:
             size = os.fstat(f.fileno()).st_size  # what is appended while this reads waits for the next read
