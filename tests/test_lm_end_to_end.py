@@ -159,8 +159,10 @@ def test_text_to_shards_to_a_resumed_ddp_fit_to_evaluations_in_mlflow(workdir, c
     results = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/lm_eval_results.json",
                                                         str(workdir))).read_text())
     assert results["results"]["e2e_mc"]["acc,none"] == acc
-    assert "data_dir: corpus" in Path(client.download_artifacts(run.info.run_id, "config.yaml",
-                                                                 str(workdir))).read_text()
+    # the corpus as the data module recorded it (absolute), typed relative on the command line
+    assert f"data_dir: {workdir / 'corpus'}" in Path(client.download_artifacts(run.info.run_id, "config.yaml",
+                                                                                str(workdir))).read_text()
+    assert run.data.params["data.init_args.data_dir"] == str(workdir / "corpus")
     print(f"\nresumed steps {last['global_step']} of {TOTAL}; harness acc {acc:.4f} = direct "
           f"{direct_accuracy(loaded):.4f}; position NLL by bucket {[round(x, 4) for x in want]} over {count} "
           "held-out documents", file=sys.__stdout__)

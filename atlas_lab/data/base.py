@@ -1,4 +1,4 @@
-"""Shared pieces of the DataModules: datasets of token sequences, batching, seeds and argument checks."""
+"""Shared pieces of the DataModules: datasets of token sequences, batching and seeds (argument checks: checks.py)."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
+from .checks import check
+
 IGNORE_INDEX = -100
 SPLITS = ("train", "val", "test")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",), None: SPLITS}
@@ -16,17 +18,6 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 def split_rng(seed: int, split: str, *stream: int) -> np.random.Generator:
     """An independent generator per (seed, split, stream): splits never share random numbers."""
     return np.random.default_rng([seed, SPLITS.index(split), *stream])
-
-
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not valid; expected one of: {', '.join(map(str, choices))}")
-
-
-def check(condition: bool, name: str, message: str) -> None:
-    """Raise ValueError('name: message') unless condition holds."""
-    if not condition:
-        raise ValueError(f"{name}: {message}")
 
 
 def distinct_integers(rng: np.random.Generator, n: int, k: int, low: int, high: int) -> np.ndarray:

@@ -14,7 +14,8 @@ import torch
 
 from atlas_lab.memory import MemoryConfig, memorize
 
-from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
+from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, distinct_integers, split_rng
+from .checks import check
 
 
 PROBED = MemoryConfig(architecture="linear", chunk_size=1)  # the memory probed unless told otherwise: delta rule

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SPLITS, SequenceDataset, TaskDataModule, check
+from .base import SPLITS, SequenceDataset, TaskDataModule
+from .checks import check
 from .corpus import check_data_path, document_pieces, load_corpus, record_corpus_paths
 from .tokenizers import check_text_data_state, text_data_state, tokenizer_kind
 

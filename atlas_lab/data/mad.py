@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, check, check_choice, distinct_integers, split_rng
+from .base import IGNORE_INDEX, SequenceDataset, TaskDataModule, distinct_integers, split_rng
+from .checks import check, check_choice
 
 TASKS = ("in_context_recall", "noisy_in_context_recall", "fuzzy_in_context_recall", "selective_copying",
          "compression", "memorization")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import IGNORE_INDEX, SPLITS, SequenceDataset, TaskDataModule, check, distinct_integers, split_rng
+from .base import IGNORE_INDEX, SPLITS, SequenceDataset, TaskDataModule, distinct_integers, split_rng
+from .checks import check
 
 
 def multiquery_ar(rng: np.random.Generator, n: int, seq_len: int, num_kv_pairs: int, vocab_size: int,

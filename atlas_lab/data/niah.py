@@ -7,7 +7,8 @@ from importlib import resources
 
 import numpy as np
 
-from .base import AnswerMixin, SequenceDataset, TaskDataModule, check, check_choice, qa_sequence, split_rng
+from .base import AnswerMixin, SequenceDataset, TaskDataModule, qa_sequence, split_rng
+from .checks import check, check_choice
 from .corpus import Haystack, check_data_path, document_pieces, load_corpus, record_corpus_paths
 from .tokenizers import tokenizer_kind
 

@@ -10,7 +10,7 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.item_loader import TokensLoader
 
-from .base import check
+from .checks import check
 from .shards import load_tokenizer, read_corpus
 from .tokenizers import check_text_data_state, text_data_state
 
@@ -67,8 +67,9 @@ class StreamingLMDataModule(L.LightningDataModule):
     as many windows).
     Resuming: Lightning's fit loop saves the training loader's position (StreamingDataLoader.state_dict, under
     checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]) and loads it into the new loader on resume,
-    so a fit resumed from a mid-epoch checkpoint trains on exactly the batches it had not seen; the data module adds
-    no state of its own (a second load_state_dict of the same state would shift litdata's worker order).
+    so a fit resumed from a mid-epoch checkpoint trains on exactly the batches it had not seen; the data module's own
+    state is its tokenizer (``state_dict``: a checkpoint carries it), never the loader's position (a second
+    load_state_dict of the same position would shift litdata's worker order).
 
     Attributes: vocab_size, pad_id, eos_id (from corpus.json); seq_len; tokenizer (``shards.load_tokenizer``);
     bytes_per_token (UTF-8 bytes per token of the validation split, <eos> included: bits per byte =

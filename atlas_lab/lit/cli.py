@@ -20,6 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..configfiles import ConfigError, check_config_files
 from ..store import init_store, resolve_uri
@@ -162,6 +163,7 @@ class RunLogger(MLFlowLogger):
             init_store(tracking_uri)
         super().__init__(*args, tracking_uri=tracking_uri, **kwargs)
 
+    @rank_zero_only
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         """Called once as the fit starts: a run that is continued (a resumed fit) is RUNNING again, and the last step
         of each of its metrics is read (``log_metrics``)."""
@@ -172,6 +174,7 @@ class RunLogger(MLFlowLogger):
         for key in run.data.metrics:
             self.logged_until[key] = max(m.step for m in self.experiment.get_metric_history(self.run_id, key))
 
+    @rank_zero_only
     def log_metrics(self, metrics, step=None) -> None:
         """Lightning's, without the values of a step the run already holds: a fit resumed from a checkpoint older
         than its last logged step (a process killed after the checkpoint) trains those steps again, to the same
@@ -377,6 +380,10 @@ class AtlasCLI(LightningCLI):
                 self.model = self._get(self.config_init, "model")
         finally:
             config["trainer"]["logger"] = logger
+        init = config["data"].get("init_args")
+        for key, value in self.datamodule.hparams.items():  # as the data module records them: paths absolute
+            if init is not None and key in init and isinstance(value, str):
+                init[key] = value
         self.held_back_logger = logger if held_back else None
         if stage is not None:
             self.set_up(stage)
