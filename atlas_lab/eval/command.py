@@ -34,10 +34,39 @@ EXPERIMENT = "atlas-lab"  # the experiment of lightning_config.yaml's fits
 DEFAULT_BUCKETS = 8
 
 
+def harness_task_folder() -> Path:
+    """The folder of lm-evaluation-harness's own task YAML files, found without importing lm_eval."""
+    import importlib.util
+
+    return Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks"
+
+
+def absent_tasks(tasks: list[str], include_path: str | None) -> list[str]:
+    """The task names that appear as no word of any task YAML file (under ``include_path``, else the harness's own,
+    14,000 files): names the harness cannot know, found in under a second (its index parses every file: seconds).
+    A task, group or tag is named literally in the YAML that defines it, so a name absent here is certainly unknown;
+    a name present may still be unknown (``task_manager`` decides). Patterns (``*``, ``?``, ``[``) are left to the
+    index."""
+    import re
+
+    wanted = {t for t in tasks if not re.search(r"[*?\[]", t)}
+    folder = Path(include_path) if include_path else harness_task_folder()
+    for path in folder.rglob("*.y*ml"):
+        if not wanted:
+            break
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            wanted -= set(re.findall(r"[\w.\-:]+", path.read_text(encoding="utf-8")))
+    return [t for t in tasks if t in wanted]
+
+
 def task_manager(tasks: list[str], include_path: str | None):
     """The harness's task index: the YAML files under ``include_path`` (alone: nothing is indexed or downloaded from
     elsewhere; a folder: ``check_arguments``), or the harness's own tasks without it. EvalError for an unknown task
-    name."""
+    name: first for a name no task file holds (``absent_tasks``), before the index is built."""
+    absent = [] if include_path else absent_tasks(tasks, None)  # a folder of the user's is indexed in no time
+    if absent:
+        raise EvalError(f"--tasks: unknown task {', '.join(map(repr, absent))}; no task of lm-evaluation-harness has "
+                        "that name; --include-path DIR reads task YAML files from DIR")
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=include_path, include_defaults=include_path is None)

@@ -126,6 +126,7 @@ print(json.dumps([code, sorted(m for m in ("torch", "lightning", "litdata", "lm_
     (["--ckpt_path", "missing.ckpt", "--tasks", "no_such_task"], "--ckpt_path: no such checkpoint file", []),
     (["--tasks", "no_such_task", "--include-path", "TASKS"], "--tasks: unknown task 'no_such_task'",
      ["lm_eval.tasks"]),
+    (["--tasks", "no_such_task"], "--tasks: unknown task 'no_such_task'; no task of lm-evaluation-harness", []),
     (["--ckpt_path", "mqar.ckpt", "--tasks", "tiny_mc", "--include-path", "TASKS"], "which has no text tokenizer", []),
     (["--ckpt_path", "mqar.ckpt", "--niah", "512"], "--niah: mqar.ckpt was trained on no text", []),
     (["--ppl-by-position", "held_out.txt", "--max-length", "500"], "--max-length: 500 needs 501 tokens", []),
