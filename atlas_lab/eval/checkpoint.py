@@ -156,11 +156,11 @@ def text_tokenizer(checkpoint: dict, path: str | Path):
 
             return load_tokenizer(data["data_dir"])
         if is_data_class(class_path, "lm", "LMDataModule"):  # rebuilt from the arguments (BPE: its cache or corpus)
-            from ..data.lm import lm_tokenizer
-            from ..data.tokenizers import tokenizer_kind
+            from dataclasses import fields
 
-            return lm_tokenizer(tokenizer_kind(data["tokenizer"]), data["bpe_vocab_size"], data["data_path"],
-                                data["cache_dir"], data["holdout_fraction"])
+            from ..data.corpus import TextCorpus
+
+            return TextCorpus(**{f.name: data[f.name] for f in fields(TextCorpus) if f.name in data}).build_tokenizer()
     except ValueError as e:  # the corpus of an older checkpoint moved or gone, a state that does not load, ...
         raise EvalError(f"--ckpt_path: {path} carries no tokenizer that can be read ({first_line(e)}); a checkpoint of "
                         "atlas-lab fit carries its tokenizer since this version: fit it again") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Literal, Optional
 
 import lightning as L
 import torch
@@ -24,11 +24,10 @@ from torch import nn
 from ..data.base import AnswerMixin
 from ..layers import MemoryMixer
 from ..memory.cost import flops_text
-from ..models import PRESETS, LanguageModel
+from ..models import LanguageModel, ModelConfig
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
 
 STAGES = ("val", "test")
-PresetName = Literal[tuple(PRESETS)]  # every preset name; the parser lists them on a bad value
 
 
 class TokenReadout(nn.Module):
@@ -206,10 +205,6 @@ def _positive(x) -> bool:
     return x > 0
 
 
-def _at_least_one(x) -> bool:
-    return isinstance(x, int) and x >= 1
-
-
 def _non_negative_int(x) -> bool:
     return isinstance(x, int) and x >= 0
 
@@ -221,11 +216,8 @@ RANGES = {  # argument: (holds, what is expected); None passes where the signatu
     "betas": (lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"),
     "warmup_steps": (_non_negative_int, "an int >= 0"),
     "min_lr_ratio": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
-    "schedule_steps": (_at_least_one, "null or an int >= 1"),
-    "d_model": (_at_least_one, "an int >= 1"),
-    "n_layers": (_at_least_one, "an int >= 1"),
-    "swa_window": (_at_least_one, "an int >= 1"),
-    "max_len": (_at_least_one, "an int >= 1"),
+    "schedule_steps": (lambda x: isinstance(x, int) and x >= 1, "null or an int >= 1"),
+    "max_len": (lambda x: isinstance(x, int) and x >= 1, "an int >= 1"),
     "eval_piece": (_non_negative_int, "an int >= 0 (0: one call)"),
 }
 
@@ -239,21 +231,14 @@ def check_ranges(**values) -> None:
 
 
 class SequenceModel(L.LightningModule):
-    """A preset language model trained with AdamW (linear warm-up, cosine decay).
+    """A language model (``ModelConfig``: a preset at a given size) trained with AdamW (linear warm-up, cosine decay).
+
+    ``SequenceModel(vocab_size, preset, d_model=..., lr=...)``: after vocab_size, the model's arguments are
+    ModelConfig's fields (atlas_lab/models/lm.py: preset, memory, layers, d_model, n_layers, n_heads, ...), given by
+    name or, in its order, by position; the CLI lists them as ``model.<field>``.
 
     Args:
         vocab_size: linked from the data module.
-        preset: the named model (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
-        memory: changes to the preset's memory (MemoryConfig fields, e.g. ``{window: 16, optimizer: gd}``; a
-            component's option as ``optimizer.ns_steps`` or ``optimizer: {name: muon, ns_steps: 3}``).
-        layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag, mac, or a
-            one-memory-layer preset such as mamba2; or {kind: memory, memory: {chunk_size: 64}}, a layer whose memory
-            differs from the others').
-        d_model, n_layers, n_heads, swa_window, tie_embeddings: the backbone's size.
-        memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
-            e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
-        persistent_tokens: persistent memory (Titans §3.3): learnable key/value pairs every attention layer's queries
-            attend to besides their window (the hybrids' SWA, MAG's attention branch); 0: none.
         memory_lr: the peak learning rate of the memory mixers' parameters (memory layers and MAG's memory branch:
             projections, gates, initial memory weights); null: lr. Models without memory layers ignore it, so one
             config can give attention and memory layers the rates each trains best at.
@@ -269,30 +254,23 @@ class SequenceModel(L.LightningModule):
             document_start is read in one call).
     """
 
-    def __init__(self, vocab_size: int = 256, preset: PresetName = "atlas", memory: Optional[dict[str, Any]] = None,
-                 layers: Optional[list[Union[str, dict[str, Any]]]] = None, d_model: int = 128, n_layers: int = 4,
-                 n_heads: int = 8,
-                 swa_window: int = 64, tie_embeddings: bool = True, memory_heads: Optional[int] = None,
-                 persistent_tokens: int = 0, lr: float = 1e-3, memory_lr: Optional[float] = None,
-                 weight_decay: float = 0.1,
-                 betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
-                 schedule_steps: Optional[int] = None,
-                 target: Literal[tuple(READOUTS)] = "next_token",
-                 slice_names: Optional[list[str]] = None, bytes_per_token: Optional[float] = None,
-                 max_len: int = 4096, generate_answers: bool = True, eval_piece: int = 0):
+    def __init__(self, vocab_size: int = 256, *model_args, lr: float = 1e-3, memory_lr: Optional[float] = None,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100,
+                 min_lr_ratio: float = 0.1, schedule_steps: Optional[int] = None,
+                 target: Literal[tuple(READOUTS)] = "next_token", slice_names: Optional[list[str]] = None,
+                 bytes_per_token: Optional[float] = None, max_len: int = 4096, generate_answers: bool = True,
+                 eval_piece: int = 0, **model_kwargs):
         super().__init__()
         check_ranges(lr=lr, memory_lr=memory_lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps,
-                     min_lr_ratio=min_lr_ratio, schedule_steps=schedule_steps, d_model=d_model, n_layers=n_layers,
-                     swa_window=swa_window, max_len=max_len, eval_piece=eval_piece)
-        self.save_hyperparameters()
+                     min_lr_ratio=min_lr_ratio, schedule_steps=schedule_steps, max_len=max_len, eval_piece=eval_piece)
         try:
-            self.model = LanguageModel(vocab_size, preset, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                       memory=memory, layers=layers, swa_window=swa_window,
-                                       tie_embeddings=tie_embeddings, memory_heads=memory_heads,
-                                       persistent_tokens=persistent_tokens)
+            config = ModelConfig(*model_args, **model_kwargs)
+            self.model = LanguageModel(vocab_size, **vars(config))
         except ValueError as e:  # its messages start with the argument's name: here an argument of model
             raise ValueError(f"model.{e}") from None
-        self.readout = READOUTS[target](d_model, max_len, vocab_size)
+        self.save_hyperparameters()
+        self.hparams.update(vars(config))  # every field of the model, defaults included: a checkpoint rebuilds it
+        self.readout = READOUTS[target](config.d_model, max_len, vocab_size)
         self.token_metrics = nn.ModuleDict({s: TokenMetrics(bytes_per_token) for s in STAGES})
         self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \
             else None

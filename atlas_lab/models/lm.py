@@ -7,6 +7,9 @@ with ``document_start``: each document as a sequence of its own (models/document
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -42,26 +45,77 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x)), cache
 
 
-class LanguageModel(nn.Module):
-    """A named model (``preset``) at a given size. input_ids: [B, T] -> logits [B, T, vocab_size].
+PresetName = Literal[tuple(PRESETS)]  # every preset name: the CLI's parser lists them on a bad value
 
-    preset: a name from ``atlas_lab.models.PRESETS``; memory: overrides of its MemoryConfig fields
-    (e.g. {"window": 16, "optimizer": "gd"}), every memory layer's; layers: overrides its layer pattern (cycled over
-    n_layers; a layer is a kind or {"kind": kind, "memory": changes of that layer's memory}: presets.layer_entry).
-    n_heads: heads of attention and, unless memory_heads is given, of the memories (memory layers and the
-    memory branch of MAG); head dim = d_model / heads. persistent_tokens: learnable key/value pairs that every
-    attention layer's queries (SWA, full, MAG's branch) attend to besides their window (Titans' persistent memory).
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+@dataclass
+class ModelConfig:
+    """A named model at a given size: LanguageModel's arguments after vocab_size (SequenceModel's ``model.*``).
+
+    Args:
+        preset: the named model (atlas, titans, omeganet, deltanet, transformer, ...; see ``atlas-lab presets``).
+        memory: changes to the preset's memory, every memory layer's (MemoryConfig fields, e.g. ``{window: 16,
+            optimizer: gd}``; a component's option as ``optimizer.ns_steps`` or ``optimizer: {name: muon,
+            ns_steps: 3}``).
+        layers: overrides the preset's layer pattern, cycled over n_layers (memory, attention, swa, mag, mac, or a
+            one-memory-layer preset such as mamba2; or {kind: memory, memory: {chunk_size: 64}}, a layer whose memory
+            differs from the others': presets.layer_entry).
+        d_model: the width of the residual stream.
+        n_layers: the blocks.
+        n_heads: heads of attention and, unless memory_heads is given, of the memories (memory layers and MAG's
+            memory branch); head dim = d_model / heads.
+        swa_window: the window of sliding-window attention (and MAC's segment length).
+        mlp_hidden: the SwiGLU's hidden width (null: 8/3 d_model rounded up to a multiple of 16).
+        tie_embeddings: the LM head shares the embedding's weights.
+        memory_heads: heads of the memory layers when they differ from the attention's n_heads (null: n_heads);
+            e.g. attention heads of 16 dims next to memory heads of 4, whose polynomial features stay small.
+        persistent_tokens: persistent memory (Titans §3.3): learnable key/value pairs every attention layer's queries
+            attend to besides their window (the hybrids' SWA, MAG's attention branch); 0: none.
     """
 
-    def __init__(self, vocab_size: int, preset: str = "atlas", d_model: int = 128, n_layers: int = 4,
-                 n_heads: int = 8, memory: dict | None = None, layers: list[str] | None = None,
-                 swa_window: int = 64, mlp_hidden: int | None = None, tie_embeddings: bool = True,
-                 memory_heads: int | None = None, persistent_tokens: int = 0):
+    preset: PresetName = "atlas"
+    memory: Optional[dict[str, Any]] = None
+    layers: Optional[list[Union[str, dict[str, Any]]]] = None
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 8
+    swa_window: int = 64
+    mlp_hidden: Optional[int] = None
+    tie_embeddings: bool = True
+    memory_heads: Optional[int] = None
+    persistent_tokens: int = 0
+
+    def __post_init__(self):
+        """ValueError ``<field>: expected ..., got ...`` for a size out of its range."""
+        for name, least in (("d_model", 1), ("n_layers", 1), ("swa_window", 1), ("persistent_tokens", 0)):
+            if not _count(getattr(self, name), least):
+                raise ValueError(f"{name}: expected an int >= {least}, got {getattr(self, name)!r}")
+        if self.mlp_hidden is not None and not _count(self.mlp_hidden, 1):
+            raise ValueError(f"mlp_hidden: expected null or an int >= 1, got {self.mlp_hidden!r}")
+        for key in ("n_heads", "memory_heads"):
+            heads = getattr(self, key)
+            if heads is not None and (not _count(heads, 1) or self.d_model % heads):
+                raise ValueError(f"{key}: d_model={self.d_model} must be divisible by {key}={heads}")
+
+
+class LanguageModel(nn.Module):
+    """A named model at a given size (``ModelConfig``). input_ids: [B, T] -> logits [B, T, vocab_size].
+
+    ``LanguageModel(vocab_size, preset, d_model=..., ...)``: the arguments after vocab_size are ModelConfig's fields;
+    ``config`` holds them.
+    """
+
+    def __init__(self, vocab_size: int, *args, **kwargs):
         super().__init__()
-        memory_heads = memory_heads or n_heads
-        for key, heads in (("n_heads", n_heads), ("memory_heads", memory_heads)):
-            if heads < 1 or d_model % heads:
-                raise ValueError(f"{key}: d_model={d_model} must be divisible by {key}={heads}")
+        self.config = config = ModelConfig(*args, **kwargs)
+        preset, memory, layers, d_model, n_heads = config.preset, config.memory, config.layers, config.d_model, \
+            config.n_heads
+        n_layers, swa_window, persistent_tokens = config.n_layers, config.swa_window, config.persistent_tokens
+        memory_heads = config.memory_heads or n_heads
         pattern, memory_config = resolve_preset(preset, memory)
         pattern = [layer_entry(e) for e in (layers or pattern)]  # (kind, the layer's memory changes)
         # a layer may also be named after a single-memory-layer preset: a memory layer with that preset's memory
@@ -76,7 +130,7 @@ class LanguageModel(nn.Module):
             if changes and k not in MEMORY_KINDS and k not in layer_presets:
                 raise ValueError(f"layers: a {k} layer has no memory; its changes {sorted(changes)} do not apply")
 
-        def config(kind, changes):  # the layer's memory: its preset's (or the model's), its changes, the overrides
+        def layer_memory(kind, changes):  # its preset's memory (or the model's), its changes, the overrides
             if kind in layer_presets:
                 return resolve_preset(kind, memory, changes)[1]
             return resolve_preset(preset, memory, changes)[1] if changes else memory_config
@@ -90,7 +144,7 @@ class LanguageModel(nn.Module):
             if kind in ("attention", "swa"):
                 return Attention(d_model, n_heads, window=swa_window if kind == "swa" else None,
                                  persistent=persistent_tokens)
-            c = config(kind, changes)
+            c = layer_memory(kind, changes)
             if kind == "mac":  # segments of the SWA window's length
                 return MAC(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
             if kind == "mag":
@@ -99,10 +153,10 @@ class LanguageModel(nn.Module):
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(mixer(k, changes), d_model, mlp_hidden) for k, changes in layer_list)
+        self.blocks = nn.ModuleList(Block(mixer(k, changes), d_model, config.mlp_hidden) for k, changes in layer_list)
         self.norm = nn.RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
-        if tie_embeddings:
+        if config.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None,

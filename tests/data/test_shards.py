@@ -7,7 +7,8 @@ import pytest
 from helpers import chunk_tokens
 
 from atlas_lab.cli import main
-from atlas_lab.data.shards import BPEFileTokenizer, ByteEOSTokenizer, load_tokenizer, prepare
+from atlas_lab.data.shards import load_tokenizer, prepare
+from atlas_lab.data.tokenizers import BPEFileTokenizer, ByteEOSTokenizer
 
 WORDS = ["alpha", "beta", "gamma", "naïve", "δέλτα", "日本語", "end.", "\n", "<eos>"]  # "<eos>" as text, not a token
 

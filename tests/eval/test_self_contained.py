@@ -14,8 +14,8 @@ from lm_eval.api.instance import Instance
 from mlflow.tracking import MlflowClient
 
 from atlas_lab.cli import main
-from atlas_lab.data.shards import BPEFileTokenizer, load_tokenizer
-from atlas_lab.data.tokenizers import BPETokenizer
+from atlas_lab.data.shards import load_tokenizer
+from atlas_lab.data.tokenizers import BPEFileTokenizer, BPETokenizer
 from atlas_lab.eval import AtlasLM, Checkpoint, checkpoint_tokenizer
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",

@@ -62,6 +62,23 @@ def test_shard_config_keys_are_the_model_and_trainer_arguments(experiment, tmp_p
         assert model.num_parameters() == PAPER_SIZES[experiment]
 
 
+def test_the_model_keys_are_the_fields_of_model_config_and_its_checkpoint_rebuilds_them(workdir):
+    """`model.<field>` for every ModelConfig field (LanguageModel's arguments, written once), beside SequenceModel's
+    own; the module's hyper-parameters hold every field, so a checkpoint rebuilds the same LanguageModel."""
+    import dataclasses
+
+    from atlas_lab.lit import SequenceModel
+    from atlas_lab.models import ModelConfig
+
+    cli = check_config([*tiny_mqar(), "--model.mlp_hidden=24", "--model.persistent_tokens=2"])
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert set(fields) <= set(cli.config["model"].keys()) and cli.model.model.config.mlp_hidden == 24
+    assert {k: cli.model.hparams[k] for k in fields} == dataclasses.asdict(cli.model.model.config)
+    rebuilt = SequenceModel(**{k: v for k, v in cli.model.hparams.items() if not k.startswith("_")})
+    assert rebuilt.model.config == cli.model.model.config
+    assert SequenceModel(16, "gla", d_model=8, n_heads=2).model.config.preset == "gla"  # by position, as LanguageModel
+
+
 def test_a_run_is_tracked_in_mlflow_with_its_resolved_config(workdir):
     cli = run_cli(["fit", *tiny_mqar(logger=True), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
                    "--trainer.callbacks=[{class_path: atlas_lab.lit.module.LearningRates}]"])
