@@ -4,6 +4,7 @@ DEVICE: where the memory and kernel tests put their tensors — pytest's ``--dev
 cpu), e.g. ``pytest tests/memory --device cuda`` (benchmarks/gpu_check.py runs them that way on a GPU)."""
 import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -112,18 +113,29 @@ def compare(a, b, tol, what):
 # with every input and intermediate moved by O(u) (u = 2⁻²⁴), so its relative distance from the float64 value is one
 # draw from a spread that f's conditioning at x sets (Adam's m / √(v + ε²), quintic Newton–Schulz and LN's division
 # by a small std widen it a hundredfold), and a fast path must land within SPREAD × the largest of 1 + DRAWS samples
-# of that spread, taken by the float32 reference on x and on copies of x moved by one ulp (never below u).
+# of that spread, taken by the float32 reference on x and on copies of x moved by one ulp (never below u). A spread
+# may have two modes — a nudge that crosses a near-degenerate step (Adam where v ≈ 0) lands up to 10× farther — which
+# four samples can all miss: a quantity above its bound by at most WIDER_MODE (16×, against the 9.1× measured below)
+# is sampled again, 1 + MORE_DRAWS times, before it fails; one farther off (a wrong path: O(1)) fails at once.
 #
 # SPREAD was measured, not tuned: over the 11,658 quantities of the float32 equivalence tests, with MKL's default
 # path and MKL_CBWR=COMPATIBLE, the chunked path's error is at most 3.0× the largest sample (99.9 % below 1.9×; the
 # unperturbed reference's own error alone, the old yardstick, is exceeded up to 30×); the tail falls about tenfold
-# per unit, so at 8× a false failure is expected less than once in 10⁴ runs of the suite. A bound of USEFUL or more
-# could not tell a wrong result (a chunk boundary moved, a gate dropped: off by O(1)) from rounding: such a quantity
-# (27 of the 11,658, all Adam gradients under lp or huber) is left to the float64 comparisons, and the output never
-# may be (tests/memory/test_memory_equivalence.py::test_float32_comparison_fails_on_a_wrong_path shows the bound
+# per unit, so at 8× a false failure is expected less than once in 10⁴ runs of the suite. On a processor whose MKL
+# takes its AVX-512 path (the 8,619 quantities checked of tests/memory and tests/kernels' float32 tests; MKL_CBWR=AVX2
+# on it: at most 2.6×) one configuration stood out at 9.2× (gated_mlp, taylor, l2, window 1, adam: output, grad.q,
+# W1): its reference spread is bimodal, 16 of 41 nudges in a mode 9× wider than the other, none among its first 4.
+# With the second sampling its ratio is 1.0, and every quantity's is at most 4.2 there, 2.6 under MKL_CBWR=AVX2 and
+# 4.4 under COMPATIBLE (ATLAS_LAB_SPREAD_LOG=FILE writes each quantity's ratio to its final sample to FILE: how
+# these figures were taken). A bound of USEFUL
+# or more could not tell a wrong result (a chunk boundary moved, a gate dropped: off by O(1)) from rounding: such a
+# quantity (27 of the 11,658, all Adam gradients under lp or huber) is left to the float64 comparisons, and the output
+# never may be (tests/memory/test_memory_equivalence.py::test_float32_comparison_fails_on_a_wrong_path shows the bound
 # still catching a moved chunk boundary).
 U32 = 2.0 ** -24
 DRAWS = 3
+MORE_DRAWS = 32
+WIDER_MODE = 16.0
 SPREAD = 8.0
 USEFUL = 1e-2
 
@@ -158,17 +170,29 @@ def float32_spread(reference, problem, oracle, what, first=None, draws=DRAWS) ->
 
 def compare_float32(fast, reference, problem, oracle, what):
     """``fast(problem)`` against the float64 ``oracle`` within the error model above: SPREAD × the float32
-    ``reference``'s spread (``float32_spread``), at least SPREAD·u; a quantity whose bound reaches USEFUL is left to
-    the float64 tests (never the output). ``fast`` and ``reference`` map a problem to a result (a ``run`` triple or a
-    dict of tensors). A quantity that overflows float32 in the reference (float64 magnitudes beyond ~1e35 on a
-    diverging problem) must overflow in the fast path too. Returns {quantity: (error, bound)} of those compared."""
+    ``reference``'s spread (``float32_spread``; 1 + MORE_DRAWS samples where 1 + DRAWS leave a quantity above its
+    bound), at least SPREAD·u; a quantity whose bound reaches USEFUL is left to the float64 tests (never the
+    output). ``fast`` and ``reference`` map a problem to a result (a ``run`` triple or a dict of tensors). A
+    quantity that overflows float32 in the reference (float64 magnitudes beyond ~1e35 on a diverging problem) must
+    overflow in the fast path too. Returns {quantity: (error, bound)} of those compared."""
     result, first = fast(problem), reference(problem)
     errors(result, first, what, finite_where_b_is=True)  # presence, and non-finite exactly where the reference is
     finite = {n for n, x in quantities(first).items() if x is not None and torch.isfinite(x).all()}
-    spread = float32_spread(reference, problem, oracle, what, first)
-    bound = {n: SPREAD * max(spread[n], U32) for n in finite}
-    assert "output" not in bound or bound["output"] < USEFUL, f"{what}: the float32 output cannot be checked: {bound}"
     got = errors(result, oracle, what, check_finite=False)
+
+    def bounds(spread):
+        return {n: SPREAD * max(spread[n], U32) for n in finite}
+
+    spread = float32_spread(reference, problem, oracle, what, first)
+    over = {got[n] / b for n, b in bounds(spread).items() if b < USEFUL and got[n] > b}
+    if over and max(over) <= WIDER_MODE:  # within a second mode the first samples may have missed: sample it
+        spread = float32_spread(reference, problem, oracle, what, first, draws=MORE_DRAWS)
+    bound = bounds(spread)
+    assert "output" not in bound or bound["output"] < USEFUL, f"{what}: the float32 output cannot be checked: {bound}"
+    if os.environ.get("ATLAS_LAB_SPREAD_LOG"):  # how SPREAD is measured: error / largest sample, and whether checked
+        with open(os.environ["ATLAS_LAB_SPREAD_LOG"], "a") as log:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+            log.writelines(f"{got[n] / max(spread[n], U32):.4g}\t{bound[n] < USEFUL}\t{test}\t{n}\n" for n in finite)
     checked = {n: (got[n], b) for n, b in bound.items() if b < USEFUL}
     bad = {n: e for n, e in checked.items() if not e[0] <= e[1]}
     assert not bad, f"{what}: (error, bound = {SPREAD:g} × the float32 reference's spread) exceeded: {bad}"
