@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import yaml
-from jsonargparse import ArgumentError, Namespace, set_parsing_settings
+from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback, instantiate_class
 from lightning.pytorch.loggers import MLFlowLogger
@@ -48,7 +48,11 @@ def _expected(kind: str) -> str:
 
 def one_line(message: str) -> str:
     """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
-    was expected (every alternative), and the value given."""
+    was expected (every alternative), and the value given.
+
+    The one place that reads jsonargparse's text: jsonargparse 4.53 reports a bad value as an ``ArgumentError``
+    whose only content is that text (its causes are ``ValueError``s of text too), with no key, type or value to
+    read apart."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
     key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
     missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
@@ -67,10 +71,6 @@ def one_line(message: str) -> str:
         return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
     return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
 
-
-# model.memory is a mapping of MemoryConfig fields: a component's {class_path, init_args} in it stays a mapping for
-# MemoryConfig to build (and to name the key in a bad one), not an object jsonargparse builds on its own
-set_parsing_settings(validate_subclass_spec_in_any=False, instantiate_subclass_spec_in_any=False)
 
 # keys of earlier versions -> their name now
 RENAMED = {"model.mixer": "model.preset"}
@@ -101,15 +101,6 @@ def check_renamed(args: list[str], trees: dict) -> None:
                                                                                   else f" (in {where})"))
 
 
-def plain(value):
-    """A value with every jsonargparse Namespace in it turned into a dict."""
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return [plain(v) for v in value] if isinstance(value, list) else value
-
-
 def component_options(args: list[str]) -> tuple[list[str], dict]:
     """The command line without its ``--model.memory.<component>.<option>`` arguments, and those as
     {"<component>.<option>": value} (YAML values), to be applied after the config files and the other arguments:
@@ -127,6 +118,17 @@ def component_options(args: list[str]) -> tuple[list[str], dict]:
             options[match.group(1)] = yaml.safe_load(value)
         i += 1
     return rest, options
+
+
+def read_command_line(args: list[str]) -> tuple[list[str], dict]:
+    """The command line as the parser takes it, and the memory components' options it holds (``component_options``),
+    after a key renamed since an earlier version is refused (``check_renamed``, the command line and its config files).
+
+    The one place that reads the command line before the parser: jsonargparse 4.53 has no key that names its
+    replacement, and it reads ``--model.memory.optimizer.ns_steps=3`` into a component the config files give (a
+    name or a mapping) by replacing it with ``{ns_steps: '3'}``, not by adding the option."""
+    check_renamed(args, check_config_files(args))
+    return component_options(args)
 
 
 def _reason(e: Exception) -> str:
@@ -266,6 +268,20 @@ def task_name(config) -> str:
     return str(config["data"].get("class_path", "data")).rsplit(".", 1)[-1].removesuffix("DataModule").lower()
 
 
+def readable_checkpoint(path: str) -> None:
+    """ConfigError unless ``path`` loads as LightningCLI loads a checkpoint's hyper-parameters (``torch.load``, weights
+    only); memory-mapped, so the tensors are not read."""
+    import torch
+
+    try:
+        torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:
+        try:  # the reason torch gives without mmap (mmap first refuses any file that is not a zip archive)
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConfigError(f"--ckpt_path: {path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
+
+
 def resumed_run(ckpt_path: str | None, tracking_uri: str | None) -> str | None:
     """The MLflow run a fit resumed from ``ckpt_path`` continues: the run its checkpoint records
     (``SequenceModel.on_save_checkpoint``) where that run is in the store ``tracking_uri``; else None (a new run)."""
@@ -303,22 +319,27 @@ class AtlasCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
+        """LightningCLI's parse of the command line as ``read_command_line`` gives it, a bad value as its one line
+        (``one_line``), the memory components' options added, and the run checked (``check_run``) before LightningCLI
+        reads the hyper-parameters of a ``--ckpt_path`` checkpoint."""
         options = {}
         if isinstance(args, list) or args is None:
-            args = sys.argv[1:] if args is None else args
-            check_renamed(args, check_config_files(args))
-            args, options = component_options(args)
+            args, options = read_command_line(sys.argv[1:] if args is None else args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
             raise ConfigError(one_line(str(e))) from None
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
-        memory = config["model"].get("memory")
-        if memory or options:  # plain mappings (jsonargparse reads a class_path inside one as a Namespace)
-            config["model"]["memory"] = {**plain(memory or {}), **options}
+        if options:
+            config["model"]["memory"] = {**(config["model"].get("memory") or {}), **options}
+        self.check_run(config)
+
+    def check_run(self, config) -> None:
+        """The run options Lightning takes unchecked (``RUN_RANGES``) and the checkpoint to score or resume."""
         for key, (holds, expected) in RUN_RANGES.items():
             if not holds(config.get(key)):
                 raise ConfigError(f"{key}: expected {expected}, got {config.get(key)!r}")
+        self.check_checkpoint(config)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -339,17 +360,6 @@ class AtlasCLI(LightningCLI):
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
                 logger["class_path"] = f"{__name__}.{RunLogger.__name__}"
 
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI reads the model's hyper-parameters from ``--ckpt_path`` right after parsing: check it first,
-        and make an unreadable checkpoint a ConfigError."""
-        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
-        self.check_checkpoint(config)
-        try:
-            super()._parse_ckpt_path()
-        except Exception as e:
-            raise ConfigError(f"--ckpt_path: {config.get('ckpt_path')} is not a readable checkpoint "
-                              f"({type(e).__name__}: {e})") from None
-
     def check_checkpoint(self, config) -> None:
         """validate/test score a checkpoint (``--ckpt_path``), or a freshly built model given ``--untrained=true``."""
         ckpt, untrained = config.get("ckpt_path"), config.get("untrained", False)
@@ -364,6 +374,8 @@ class AtlasCLI(LightningCLI):
             raise ConfigError(f"{subcommand}: --untrained applies to validate and test only")
         if ckpt is not None and ckpt not in ("best", "last", "hpc") and "://" not in ckpt and not Path(ckpt).is_file():
             raise ConfigError(f"--ckpt_path: no such checkpoint file: {ckpt}")
+        if ckpt is not None and Path(ckpt).is_file():
+            readable_checkpoint(ckpt)
 
     def build(self, stage: str | None) -> None:
         """Build data and model, with the logger held back (it creates the MLflow store); with a stage, set the

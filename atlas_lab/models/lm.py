@@ -8,7 +8,7 @@ with ``document_start``: each document as a sequence of its own (models/document
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
 import torch
 from torch import nn
@@ -46,6 +46,9 @@ class Block(nn.Module):
 
 
 PresetName = Literal[tuple(PRESETS)]  # every preset name: the CLI's parser lists them on a bad value
+# a memory field's value as YAML writes it: data, never an object a parser builds (a component's class_path stays a
+# mapping, which MemoryConfig builds and names in a bad one)
+MemoryValue = Union[bool, int, float, str, None, list, dict]
 
 
 def _count(value, least: int) -> bool:
@@ -78,8 +81,8 @@ class ModelConfig:
     """
 
     preset: PresetName = "atlas"
-    memory: Optional[dict[str, Any]] = None
-    layers: Optional[list[Union[str, dict[str, Any]]]] = None
+    memory: Optional[dict[str, MemoryValue]] = None
+    layers: Optional[list[Union[str, dict[str, MemoryValue]]]] = None
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 8
