@@ -269,13 +269,15 @@ def command(args) -> int:
                         args.ppl_by_position, args.max_length, args.buckets, args.niah)  # EvalError: one line
     if args.command == "data":
         return data_command(args)
-    from .store import NotWritable, check_writable
-    from .sweep import SweepError
-    from .sweep.tracking import ServerError
+    from .store import NotWritable, ServerError, check_writable
+    from .sweep.spec import SweepError  # the sweep file's checks: no Optuna, MLflow or Lightning imported yet
 
     try:
         if args.command == "sweep":
-            from .sweep import run_sweep
+            from .sweep.spec import load_sweep
+
+            load_sweep(args.file, args.sets, args.study)  # the file and its --set, before the driver's imports
+            from .sweep.driver import run_sweep
 
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed,
                              sets=args.sets, study=args.study)
@@ -284,10 +286,14 @@ def command(args) -> int:
 
             capacity_study(args.file, args.tracking_uri)
             return 0
-        from .sweep.report import summarize
-        from .sweep.study import default_storage, load_existing
+        from .sweep.spec import default_storage, require_storage
 
-        study = load_existing(args.storage or default_storage(args.study), args.study)
+        storage = args.storage or default_storage(args.study)
+        require_storage(storage, args.study)  # before Optuna is imported
+        from .sweep.report import summarize
+        from .sweep.study import load_existing
+
+        study = load_existing(storage, args.study)
         check_writable(f"runs/sweeps/{args.study}")  # where the report's files go
         summarize(study, power=args.power)
         return 0

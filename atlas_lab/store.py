@@ -26,6 +26,10 @@ SQLITE = "sqlite:///"
 LOCK_SUFFIX = ".atlas-lab.lock"
 
 
+class ServerError(RuntimeError):
+    """The tracking server did not start: the message names its log and the log's last line."""
+
+
 def resolve_uri(uri: str | None, create: bool = True) -> str:
     """The tracking URI (default ``DEFAULT_TRACKING_URI``) with a relative SQLite path made absolute, so that every
     process, whatever its folder, finds the same file (MLflow also caches stores by URI within a process);

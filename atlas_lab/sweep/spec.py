@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from ..store import store_file
+
 TOP_KEYS = ("study", "base", "metric", "direction", "summary", "sampler", "trials", "repeats", "pruner", "grid",
             "search", "fixed", "baseline", "tune", "marks")
 SUMMARIES = ("final", "best", "mean", "steps_to")
@@ -501,3 +503,17 @@ def _tune(path, raw, sampler, grid, fixed) -> tuple[dict[str, list], int]:
     if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= TUNE_REPEAT:
         _fail(path, "tune.seeds", f"expected an int from 1 to {TUNE_REPEAT}, got {seeds!r}")
     return dict(values), seeds
+
+
+def default_storage(study: str) -> str:
+    """Where a study's journal lives unless --storage says otherwise: runs/optuna/<study>.journal."""
+    return str(Path("runs") / "optuna" / f"{study}.journal")
+
+
+def require_storage(url: str, name: str) -> None:
+    """SweepError unless the storage ``url`` of study ``name`` exists (a journal file or SQLite database: checked
+    here, before Optuna is imported; a database URL: when it is opened). Creates nothing."""
+    path = store_file(url)
+    if path is not None and not path.is_file():
+        raise SweepError(f"report: no study named {name!r}: the storage {url} does not exist (--storage: the journal "
+                         f"file or database URL the sweep used)")

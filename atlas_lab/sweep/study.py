@@ -25,8 +25,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from ..store import try_file_lock
-from .locks import JournalFlock, StorageLock, is_postgres, store_file
-from .spec import TUNE_REPEAT, SweepError, SweepSpec
+from .locks import JournalFlock, StorageLock, is_postgres
+from .spec import TUNE_REPEAT, SweepError, SweepSpec, default_storage, require_storage  # noqa: F401  (default_storage: re-exported)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -40,10 +40,6 @@ def grace_seconds() -> float:
     """How long a heartbeat may stand still before its trial is lost (``ATLAS_LAB_HEARTBEAT_GRACE_SECONDS``,
     default six beats)."""
     return float(os.environ.get("ATLAS_LAB_HEARTBEAT_GRACE_SECONDS", str(6 * heartbeat_seconds())))
-
-
-def default_storage(study: str) -> str:
-    return str(Path("runs") / "optuna" / f"{study}.journal")
 
 
 def shown(url: str) -> str:
@@ -160,10 +156,7 @@ def open_storage(url: str):
 def load_existing(url: str, name: str) -> optuna.Study:
     """An existing study, opened for reading only: a missing journal file or SQLite database, a database without
     Optuna's tables or a study that is not there is a SweepError, and nothing is created on the way."""
-    path = store_file(url)
-    if path is not None and not path.is_file():
-        raise SweepError(f"report: no study named {name!r}: the storage {url} does not exist (--storage: the journal "
-                         f"file or database URL the sweep used)")
+    require_storage(url, name)
     import sqlalchemy.exc
 
     try:

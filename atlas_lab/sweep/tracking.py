@@ -17,7 +17,7 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from ..store import init_store, resolve_uri, run_exists  # noqa: F401  (init_store: re-exported for driver.py and the tests)
+from ..store import ServerError, init_store, resolve_uri, run_exists  # noqa: F401  (init_store: re-exported for driver.py and the tests)
 
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
@@ -27,10 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class ServerError(RuntimeError):
-    """The tracking server did not start: the message names its log and the log's last line."""
 
 
 # The guard between the command and its tracking server: it starts the server in a session of its own (the server's
