@@ -316,6 +316,9 @@ class AtlasCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         strict = {"exit_on_error": False}  # a parse error raises, and becomes one ConfigError line
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in ("fit", "validate", "test", "predict")}})
+        # the model configures its own AdamW and schedule (SequenceModel.configure_optimizers): no --optimizer or
+        # --lr_scheduler options to override it
+        kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
@@ -388,8 +391,8 @@ class AtlasCLI(LightningCLI):
         try:
             with config_errors():
                 self.config_init = self.parser.instantiate(self.config)
-                self.datamodule = self._get(self.config_init, "data")
-                self.model = self._get(self.config_init, "model")
+                built = self.config_init[self.subcommand] if self.subcommand else self.config_init
+                self.datamodule, self.model = built["data"], built["model"]
         finally:
             config["trainer"]["logger"] = logger
         init = config["data"].get("init_args")
@@ -426,7 +429,6 @@ class AtlasCLI(LightningCLI):
         the MLflow store (a trainer that refuses its arguments writes nothing either)."""
         self.build({"fit": "fit", "validate": "validate", "test": "test"}.get(self.subcommand))
         with config_errors():
-            self._add_configure_optimizers_method_to_model(self.subcommand)
             self.trainer = self.instantiate_trainer()
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config["validate_at_end"]:  # first: its validation comes before the other callbacks end the fit
