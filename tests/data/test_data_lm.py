@@ -140,3 +140,30 @@ def test_bad_arguments(cache):
         LMDataModule(tokenizer="bpe", bpe_vocab_size=100)
     with pytest.raises(ValueError, match="seq_len"):
         LMDataModule(seq_len=0)
+
+
+@pytest.mark.parametrize("name", ["LMDataModule", "NIAHDataModule", "BABILongDataModule"])
+def test_every_text_task_takes_the_corpus_arguments_of_text_corpus(name, tmp_path):
+    """The corpus arguments, written once (TextCorpus), are each text task's options on the command line
+    (data.init_args.<field>) and its recorded hyper-parameters (data_path and cache_dir absolute)."""
+    import dataclasses
+
+    from jsonargparse import ArgumentParser
+
+    import atlas_lab.data
+    from atlas_lab.data.corpus import TextCorpus
+
+    cls = getattr(atlas_lab.data, name)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "data")
+    fields = {f.name: f.default for f in dataclasses.fields(TextCorpus)}
+    defaults = parser.get_defaults()["data"]
+    assert {k: defaults[k] for k in fields} == fields
+    (tmp_path / "text.txt").write_text("To be, or not to be.\n" * 200)
+    args = parser.parse_args(["--data.data_path=text.txt", "--data.holdout_fraction=0.1", "--data.cache_dir=c"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        dm = cls(**args["data"].as_dict())
+    assert {k: dm.hparams[k] for k in fields} == {**fields, "data_path": str(tmp_path / "text.txt"),
+                                                   "holdout_fraction": 0.1, "cache_dir": str(tmp_path / "c")}
+    assert dm.vocab_size == 257 and dm.text.kind.name == "byte"
