@@ -9,23 +9,20 @@ from rich.console import Console
 
 from .tables import print_table
 
-GATE_SYMBOLS = {"alpha": "α", "eta": "η", "theta": "θ", "gamma": "γ", "erase": "e", "write": "w"}
-
-
 def gates_text(config) -> str:
-    """Learned gates by symbol (``_t,c``: one per channel), constants as symbol=value (θ only where the optimiser
-    uses it; the erase and write gates only where they are not 1; n_h, the steps per token, where it is not 1)."""
+    """The learning rule's gates: learned ones by symbol (``_t,c``: one per channel), constants as symbol=value (θ only
+    where the optimiser uses it; a gate that is 1 by default, gdn2's erase and write, only where it is not 1), then what
+    the rule adds (n_h: DeltaProduct's steps per token; R: the tokens between resets)."""
     parts = []
-    for g, sym in GATE_SYMBOLS.items():
-        value = getattr(config, g)
-        if g == "theta" and not config.components()[3].uses_theta or g in ("erase", "write") and value == 1.0:
+    rule = config.rule()
+    for spec in rule.gates(config, config.components()[3]).values():
+        value = spec.value
+        if not spec.used or value == spec.neutral:
             continue
-        per = ",c" if g in config.channel_gates else ""
-        parts.append(f"{sym}_t{per}" if value == "learned" else f"{sym}_h" if value == "head_decay" else
-                     f"{sym}={value:g}")
-    if config.steps_per_token > 1:  # DeltaProduct: η (and the other write gates) per step
-        parts.append(f"n_h={config.steps_per_token}")
-    return " ".join(parts)
+        per = ",c" if spec.axis != "head" else ""
+        parts.append(f"{spec.symbol}_t{per}" if value == "learned" else f"{spec.symbol}_h" if value == "head_decay"
+                     else f"{spec.symbol}={value:g}")
+    return " ".join(parts + [rule.describe()] if rule.describe() else parts)
 
 
 PRESET_COLUMNS = ("preset", "layers", "architecture", "feature map", "attentional bias", "window", "chunk",

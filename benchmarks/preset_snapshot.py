@@ -5,7 +5,8 @@
 
 A refactor that must not change behaviour (the model, its initialisation, the order of its floating-point
 operations) leaves every tensor equal; the comparison prints one line per preset and exits 1 on any difference.
-Float64, one thread, d_model 32, 2 layers, 2 heads, T 19 (a partial chunk for every chunk size in use).
+Float64, one thread, d_model 32, 2 heads, every layer of the preset's pattern (at least 2: HOPE's four levels),
+T 70 (a partial chunk for every chunk size in use, and TNT's local memories reset at token 64).
 """
 import argparse
 import sys
@@ -17,8 +18,9 @@ from atlas_lab.models import PRESETS, LanguageModel
 
 def snapshot(name: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    model = LanguageModel(vocab_size=37, preset=name, d_model=32, n_layers=2, n_heads=2, swa_window=8).double()
-    ids = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(1))
+    layers = max(2, len(PRESETS[name]["layers"]))
+    model = LanguageModel(vocab_size=37, preset=name, d_model=32, n_layers=layers, n_heads=2, swa_window=8).double()
+    ids = torch.randint(0, 37, (2, 70), generator=torch.Generator().manual_seed(1))
     logits = model(ids)[0]  # (logits, cache)
     logits.square().mean().backward()
     out = {"logits": logits.detach()}

@@ -1,11 +1,11 @@
 """The memory mixer: a token mixer whose state is a memory trained while it reads (docs/memory.md §2, §8).
 
 x -> q, k, v projections -> short causal conv + SiLU -> L2-normalised q, k per head
-  -> data-dependent gates α, η, θ, γ, erase, write (one scalar per head per token; per head and channel for the
-     config's channel_gates) -> memorize(...)
+  -> data-dependent gates: the learning rule's (α, η, θ, γ; gdn2's erase, write), one scalar per head per token
+     (per head and channel where the rule learns them per channel) -> memorize(...)
   -> per-head RMSNorm -> ⊙ SiLU(W_g x) -> output projection.
-With n_h = config.steps_per_token > 1 (Gated DeltaProduct, arXiv 2502.10297) the layer projects n_h keys, values
-and write gates (η, γ, erase, write: STEP_GATES) per token, one query, α and θ.
+With a rule of n_h > 1 steps per token (deltaproduct, arXiv 2502.10297) the layer projects n_h keys, values and
+gates of a step (η, γ) per token, one query, α and θ.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..memory import CHANNEL_GATES, GATE_INIT, GATES, STEP_GATES, MemoryConfig, memorize
+from ..memory import MemoryConfig, memorize
 from ..memory.state import PENDING_GATES
 from .conv import ShortConv
 
@@ -39,27 +39,30 @@ class MemoryMixer(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d = head_dim or d_model // n_heads
         inner = n_heads * d
-        self.steps = n = config.steps_per_token
+        self.learning_rule = config.rule()
+        self.steps = n = self.learning_rule.steps_per_token
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, width, bias=False) for width in (inner, n * inner,
                                                                                                     n * inner))
         self.q_conv, self.k_conv, self.v_conv = (ShortConv(width, conv_size) for width in (inner, n * inner, n * inner))
         self.mem, self.feature_map, self.bias, self.optimizer = config.components()
         # the config memorize reads: the same one, with its components built once
         self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
-                                        attentional_bias=self.bias, optimizer=self.optimizer)
+                                        attentional_bias=self.bias, optimizer=self.optimizer,
+                                        learning_rule=self.learning_rule)
         D = self.feature_map.dim(d)
+        self.gate_specs = self.learning_rule.gates(config, self.optimizer)
         # the learned gates and their outputs per head: 1, or one per channel of the gate's axis (D keys, d values)
-        self.learned_gates = {g: ({"key": D, "value": d}[CHANNEL_GATES[g]] if g in config.channel_gates else 1)
-                              for g in GATES
-                              if getattr(config, g) == "learned" and (g != "theta" or self.optimizer.uses_theta)}
-        # one block of outputs per gate: per head (and channel), per step for the gates of a write
-        self.gate_sizes = [(n if g in STEP_GATES else 1) * n_heads * width for g, width in self.learned_gates.items()]
+        self.learned_gates = {g: {"head": 1, "key": D, "value": d}[spec.axis] for g, spec in self.gate_specs.items()
+                              if spec.value == "learned" and spec.used}
+        # one block of outputs per gate: per head (and channel), per step for the gates of a step
+        self.gate_sizes = [(n if self.gate_specs[g].per_step else 1) * n_heads * width
+                           for g, width in self.learned_gates.items()]
         self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes)) if self.learned_gates else None
         if self.gate_proj is not None:
             nn.init.normal_(self.gate_proj.weight, std=0.02)
             with torch.no_grad():
                 for bias, g in zip(self.gate_proj.bias.split(self.gate_sizes), self.learned_gates):
-                    bias.fill_(_logit(GATE_INIT[g]))
+                    bias.fill_(_logit(self.gate_specs[g].init))
         d_out = d + int(config.normalize)
         self.initial_weights = nn.ParameterDict(
             {n: nn.Parameter(w) for n, w in self.mem.init_weights(n_heads, D, d, d_out).items()})
@@ -78,9 +81,8 @@ class MemoryMixer(nn.Module):
         return F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
 
     def gates(self, x: torch.Tensor) -> dict:
-        """{gate: [B, T, H(, C)] tensor or constant}; [B, T·n_h, H(, C)] for the STEP_GATES with n_h steps per token."""
-        c = self.config
-        out = {g: (None if g == "theta" and not self.optimizer.uses_theta else getattr(c, g)) for g in GATES}
+        """{gate: [B, T, H(, C)] tensor or constant}; [B, T·n_h, H(, C)] for a gate per step with n_h steps per token."""
+        out = {g: (spec.value if spec.used else None) for g, spec in self.gate_specs.items()}
         if out["alpha"] == "head_decay":  # RetNet: α_h = 1 − 2^(−5−h)
             h = torch.arange(self.n_heads, device=x.device, dtype=torch.float64)
             out["alpha"] = (1 - 2.0 ** (-5 - h)).to(torch.promote_types(x.dtype, torch.float32)).expand(
@@ -88,10 +90,10 @@ class MemoryMixer(nn.Module):
         if self.gate_proj is not None:
             z = self.gate_proj(x).sigmoid()
             for (g, width), value in zip(self.learned_gates.items(), z.split(self.gate_sizes, -1)):
-                steps = self.steps if g in STEP_GATES else 1
+                steps = self.steps if self.gate_specs[g].per_step else 1
                 value = value.unflatten(-1, (steps, self.n_heads, width)).flatten(1, 2)  # [B, T·steps, H, width]
                 value = value if width > 1 else value.squeeze(-1)
-                out[g] = value * (c.eta_max if g == "eta" else 1.0)
+                out[g] = value * self.gate_specs[g].scale
         return out
 
     def forward(self, x: torch.Tensor, cache: dict | None = None):
@@ -130,7 +132,7 @@ class MemoryMixer(nn.Module):
             o, state = memorize(
                 exact(q), exact(k), exact(v), self.rule,
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
-                coefficients=exact(coefficients), impl="auto", **{g: exact(value) for g, value in gates.items()})
+                coefficients=exact(coefficients), impl="auto", gates={g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "state": state}
 
@@ -147,7 +149,7 @@ class MemoryMixer(nn.Module):
         pending_gates = len(PENDING_GATES) * self.n_heads if c.read == "chunk" else 0
         mid_chunk = 0 if c.chunk_size == 1 else weights + pending_gates
         conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
-        reset = 0 if c.reset_every is None else weights  # the W_0 a reset returns to
+        reset = 0 if self.learning_rule.reset_every is None else weights  # the W_0 a reset returns to
         return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv + reset)
 
     def _cached_floats_per_token(self) -> int:  # per step of the rule

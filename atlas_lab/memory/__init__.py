@@ -6,7 +6,9 @@ from .feature_maps import FEATURE_MAPS, FeatureMap, Identity, Polynomial, Taylor
 from .memories import (ACTIVATIONS, MEMORIES, GatedMLPMemory, LinearMemory, Memory, MLPMemory, ModuleMemory,
                        build_memory)
 from .attentional_biases import ATTENTIONAL_BIASES, L2, Dot, Huber, Lp, AttentionalBias, build_attentional_bias
-from .config import CHANNEL_GATES, COMPONENTS, GATE_INIT, GATES, STEP_GATES, Gate, MemoryConfig
+from .config import COMPONENTS, Gate, MemoryConfig
+from .learning_rules import (KDA, GDN2, LEARNING_RULES, ChunkCommit, DeltaProduct, GateSpec, LearningRule, Online,
+                             build_learning_rule)
 from .op import memorize
 from .optimizers import (GD, NS_COEFFICIENTS, OPTIMIZERS, Adam, KLRetention, LinearRule, LqRetention, MemoryOptimizer,
                          Momentum, Muon, TransformedAccumulator, TransformedMomentum, build_optimizer, newton_schulz)
@@ -14,11 +16,12 @@ from .state import MemoryState
 
 __all__ = [
     "memorize", "check_against_reference", "MemoryState", "newton_schulz", "polynomial", "taylor_coefficients",
-    "MemoryConfig", "Gate", "GATES", "CHANNEL_GATES", "STEP_GATES", "GATE_INIT", "COMPONENTS",
+    "MemoryConfig", "Gate", "COMPONENTS",
+    "LearningRule", "GateSpec", "Online", "KDA", "GDN2", "DeltaProduct", "ChunkCommit", "build_learning_rule",
     "Component", "Memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory", "build_memory",
     "FeatureMap", "Identity", "Polynomial", "Taylor", "build_feature_map",
     "AttentionalBias", "L2", "Dot", "Huber", "Lp", "build_attentional_bias",
     "MemoryOptimizer", "LinearRule", "TransformedMomentum", "TransformedAccumulator", "GD", "Momentum", "Muon", "Adam",
     "LqRetention", "KLRetention", "build_optimizer",
-    "FEATURE_MAPS", "MEMORIES", "ATTENTIONAL_BIASES", "OPTIMIZERS", "NS_COEFFICIENTS", "ACTIVATIONS",
+    "FEATURE_MAPS", "MEMORIES", "LEARNING_RULES", "ATTENTIONAL_BIASES", "OPTIMIZERS", "NS_COEFFICIENTS", "ACTIVATIONS",
 ]

@@ -27,6 +27,8 @@ class AttentionalBias(Component):
 class L2(AttentionalBias):
     """ℓ = ½‖y − v‖² (the delta rule's)."""
 
+    delta_rule = True  # ∇ℓ = y − v: with a linear map and gd, the gated delta rule (delta_rule.py)
+
     def loss(self, y, v):
         return 0.5 * ((y - v) ** 2).sum(-1)
 
@@ -39,6 +41,8 @@ class L2(AttentionalBias):
 
 class Dot(AttentionalBias):
     """ℓ = −⟨y, v⟩ (linear attention's; its gradient does not depend on the weights)."""
+
+    weight_free_gradient = True
 
     def loss(self, y, v):
         return -(y * v).sum(-1)

@@ -1,6 +1,6 @@
 """``check_against_reference``: one call that checks a component (or a combination) against the oracle.
 
-A random problem (gates, initial weights, T not a multiple of the chunk, an Omega window) goes through the fast path
+A random problem (every gate of the learning rule, initial weights, T not a multiple of the chunk, an Omega window) goes through the fast path
 and through ``reference``; outputs, final weights and the gradients of a loss on the outputs with respect to q, k, v,
 the gates and the initial weights must agree (docs/components.md).
 """
@@ -13,6 +13,8 @@ from .op import memorize
 
 # the problem a check reads: an Omega window of 3 and chunks of 3 over T = 8 tokens (a partial last chunk)
 CHECKED = MemoryConfig(window=3, chunk_size=3)
+# the range each gate is drawn from (a rule's other gates: [0.5, 1])
+RANGES = {"alpha": (0.8, 1.0), "eta": (0.05, 0.5), "theta": (0.3, 0.9), "gamma": (0.2, 1.0)}
 
 
 def _rel(a, b):
@@ -33,9 +35,15 @@ def check_against_reference(config: MemoryConfig | None = None, *, T=8, B=2, H=2
 
     config = (config or CHECKED).replace("check", **changes)
     mem, fmap, obj, opt = config.components("check")
-    q, k, v = rnd(B, T, H, d), torch.nn.functional.normalize(rnd(B, T, H, d), dim=-1), 0.5 * rnd(B, T, H, d)
-    gates = dict(alpha=rnd(B, T, H, lo=0.8, hi=1.0), eta=rnd(B, T, H, lo=0.05, hi=0.5),
-                 theta=rnd(B, T, H, lo=0.3, hi=0.9), gamma=rnd(B, T, H, lo=0.2, hi=1.0))
+    rule = config.rule("check")
+    n_h = rule.steps_per_token
+    q = rnd(B, T, H, d)
+    k, v = torch.nn.functional.normalize(rnd(B, T * n_h, H, d), dim=-1), 0.5 * rnd(B, T * n_h, H, d)
+    gates = {}
+    for name, spec in rule.gates(config, opt).items():  # every gate of the rule, on its axis and rows
+        lo, hi = RANGES.get(name, (0.5, 1.0))
+        width = {"head": (), "key": (fmap.dim(d),), "value": (d,)}[spec.axis]
+        gates[name] = rnd(B, T * (n_h if spec.per_step else 1), H, *width, lo=lo, hi=hi)
     W0 = mem.init_weights(H, fmap.dim(d), d, d, generator=g, dtype=dtype)
     W0 = {n: (w if w.abs().sum() > 0 else 0.1 * rnd(*w.shape)) for n, w in W0.items()}  # a non-zero start
     leaves = {"q": q, "k": k, "v": v, **gates, **{f"W0.{n}": w for n, w in W0.items()}}
@@ -44,7 +52,7 @@ def check_against_reference(config: MemoryConfig | None = None, *, T=8, B=2, H=2
     weight = rnd(B, T, H, d)
     results = {}
     for which in (impl, "reference"):
-        o, state = memorize(q, k, v, config, impl=which, **gates, initial_state={n: w for n, w in W0.items()})
+        o, state = memorize(q, k, v, config, impl=which, gates=gates, initial_state={n: w for n, w in W0.items()})
         grads = torch.autograd.grad((o * weight).sum(), list(leaves.values()), allow_unused=True)
         results[which] = (o, state.weights, grads)
     (o, W, G), (o_ref, W_ref, G_ref) = results[impl], results["reference"]

@@ -80,3 +80,15 @@ def build(kind: str, registry: dict, spec, base: type, where: str | None = None)
     if name not in registry:
         raise ValueError(f"{where}: unknown {kind} {name!r}; valid choices: {choices}")
     return _construct(registry[name], options, name, where)
+
+
+def declares(component, capability: str, over: str) -> bool:
+    """Whether ``component`` provides ``capability`` (a closed form: a method or a flag its class defines) for the
+    ``over`` it has (the method whose result the closed form reproduces: ``update``, ``loss``, ``forward``). The
+    capability counts only where it is defined at or below the class that defines ``over``: a subclass that overrides
+    ``update`` without declaring a closed form again runs its own ``update``, not its parent's closed form."""
+    def owner(name):
+        return next((cls for cls in type(component).__mro__ if name in vars(cls)), None)
+
+    has, base = owner(capability), owner(over)
+    return has is not None and base is not None and issubclass(has, base) and bool(getattr(component, capability))

@@ -40,11 +40,11 @@ def _chunks(T: int, chunk_size: int, window):
     return out
 
 
-def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
+def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient, channels):
     """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks). ``gradient``: the FLOPs
     of the window gradients per window token."""
     if c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, bias, opt):
-        total, block = 0, delta_rule_block("alpha" in c.channel_gates)
+        total, block = 0, delta_rule_block("alpha" in channels)
         for first in range(0, T, block):
             n = min(block, T - first)
             total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
@@ -67,7 +67,7 @@ def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
     return total
 
 
-def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient):
+def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient, channels):
     """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per completed chunk."""
     size = sum(o * i for o, i in shapes.values())
     total = 0
@@ -87,9 +87,11 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
     memory, or an optimiser without a closed in-chunk form or gates per channel outside the exact delta rule (they
     run token by token: adam)."""
     mem, fmap, bias, opt = config.components()
+    rule = config.rule()
+    channels = [g for g, spec in rule.gates(config, opt).items() if spec.axis != "head"]  # gates per channel
     if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
         return None
-    if config.channel_gates and config.read == "token" and not (config.chunk_size == 1 and config.window == 1
+    if channels and config.read == "token" and not (config.chunk_size == 1 and config.window == 1
                                                                  and delta_rule_applies(mem, bias, opt)):
         return None
     D = fmap.dim(head_dim)
@@ -99,8 +101,8 @@ def memory_flops(config, head_dim: int, T: int) -> float | None:
     first = mem.phi_weights(D, head_dim, d_v)
     gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for n, (o, i) in shapes.items()
                                                                      if n not in first)
-    steps = T * config.steps_per_token  # the rule runs n_h steps per token, each with its read (op.py)
-    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, steps, gradient) / T
+    steps = T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read (op.py)
+    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, steps, gradient, channels) / T
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:

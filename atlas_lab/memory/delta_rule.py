@@ -3,9 +3,9 @@
     u_t = η_t (v_t − W_{t−1} Diag(f_t) φ(k_t)),   W_t = W_{t−1} Diag(α_t) + u_t φ(k_t)ᵀ,   y_t = W_t φ(q_t)
 
 with α_t one retention per head (α_t I) or one per key channel (KDA), and W_{t−1} Diag(f_t) the weights the
-gradient is taken at: f_t = 1 at the state (gradient_at="state", the Titans form), f_t = α_t at the retained weights
-(gradient_at="retained": the form of Gated DeltaNet's and KDA's papers and of fla), times an erase gate e_t
-(Gated DeltaNet-2; its write gate is already in v_t). η_t is already multiplied by the window weight γ_t of c = 1.
+gradient is taken at (the learning rule's evaluation scale): f_t = 1 at the state (gradient_at="state", the Titans
+form), f_t = α_t at the retained weights (gradient_at="retained": the form of Gated DeltaNet's and KDA's papers and of
+fla), times an erase gate e_t (Gated DeltaNet-2; its write gate is already in v_t). η_t is already multiplied by the window weight γ_t of c = 1.
 ``reference`` runs it token by token and ``chunked`` at chunk size 1 would do the same; here it runs a block of C
 tokens at a time (the WY / UT form of DeltaNet). With c_t = Σ_{s≤t} log α_s inside the block (a vector over the key
 channels for a retention per channel), k̃_t = f_t ⊙ k_t (the erase key) and W_0 the state before the block:
@@ -29,17 +29,17 @@ from __future__ import annotations
 import torch
 
 from .causal import causal_operands
-from .memories import LinearMemory
-from .attentional_biases import L2
-from .optimizers import GD
+from .components import declares
 
 BLOCK = 64
 CHANNEL_BLOCK = 16  # per-channel decays: a block holds an [N, n, n, D] tensor of them
 
 
 def delta_rule_applies(mem, bias, optimizer) -> bool:
-    """The components of the delta rule: a linear memory, the l2 bias, gd (at chunk size 1, window 1)."""
-    return isinstance(mem, LinearMemory) and isinstance(bias, L2) and isinstance(optimizer, GD)
+    """The components of the delta rule, as they declare it: a linear map (linear), the l2 bias, gd (at chunk size 1,
+    window 1). A subclass that overrides ``forward``, ``loss`` or ``update`` without declaring it again runs its own."""
+    return (declares(mem, "linear_map", "forward") and declares(bias, "delta_rule", "loss")
+            and declares(optimizer, "delta_rule", "update"))
 
 
 def delta_rule_block(channels: bool) -> int:

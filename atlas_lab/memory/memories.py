@@ -118,6 +118,8 @@ class Memory(Component):
 class LinearMemory(Memory):
     """M(k) = W φ(k); W: [d_v, D], zeros at start unless given."""
 
+    linear_map = True  # y = W φ(k): gates per key channel scale W's columns; the delta rule's memory
+
     def __repr__(self):
         return "linear"
 

@@ -1,12 +1,13 @@
 """``memorize``: the public entry point of the memory engine."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
 
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
-from .config import CHANNEL_GATES, GATES, STEP_GATES, MemoryConfig
+from .config import MemoryConfig
 from .optimizers import start as optimizer_start
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
@@ -32,16 +33,16 @@ def _choice(key, value, choices):
         raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
-def _gate(name, value, config, used, B, T, H, like, channels=None):
-    """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the config's constant). A gate the rule
-    does not read (θ of a rule without momentum) may stay unset: it is 0. A gate learned per channel (``channels``
-    of them: the config's channel_gates) is [B·H, T, C], from a [B, T, H, C] tensor or a number."""
+def _gate(name, gate, value, B, T, H, like, channels=None):
+    """A gate as [B·H, T]: a [B, T, H] tensor, a Python number, or None (the rule's value: a constant). A gate the
+    rule does not read (θ of a rule without momentum) may stay unset: it is 0. A gate learned per channel (``channels``
+    of them) is [B·H, T, C], from a [B, T, H, C] tensor or a number."""
     shape, per = ((B, T, H), ()) if channels is None else ((B, T, H, channels), (channels,))
     dims = "B, T, H" if channels is None else "B, T, H, C"
     if value is None:
-        value = getattr(config, name)
+        value = gate.value
         if not isinstance(value, (int, float)):
-            if used:
+            if gate.used:
                 raise ValueError(f"memorize: gate {name} is {value!r} in the config; pass its values (a [{dims}] "
                                  f"tensor or a number)")
             value = 0.0
@@ -58,6 +59,21 @@ def _gate(name, value, config, used, B, T, H, like, channels=None):
     return value.to(like.dtype).transpose(1, 2).reshape(B * H, T, *per)
 
 
+def _given_gates(rule_gates, gates, keywords):
+    """The gates of one call: the mapping ``gates`` and the online rule's keyword forms (alpha=, eta=, …), each gate
+    given once; a name the rule does not have is an error listing those it has."""
+    gates = dict(gates or {})
+    for name, value in keywords.items():
+        if value is not None:
+            if gates.get(name) is not None:
+                raise ValueError(f"memorize: gate {name} given twice (gates={{{name!r}: ...}} and {name}=)")
+            gates[name] = value
+    unknown = sorted(set(gates) - set(rule_gates))
+    if unknown:
+        raise ValueError(f"memorize: the learning rule has no gate(s) {unknown}; its gates: {', '.join(rule_gates)}")
+    return {name: gates.get(name) for name in rule_gates}
+
+
 def _set(value, configured) -> bool:
     """Whether a gate that is 1 by default (erase, write) acts: a tensor, or a number other than 1."""
     value = configured if value is None else value
@@ -69,15 +85,6 @@ def _at_first_step(gate, steps):
     [N, T·n_h(, C)]."""
     ones = torch.ones_like(gate).unsqueeze(2).expand(-1, -1, steps - 1, *gate.shape[2:])
     return torch.cat([gate.unsqueeze(2), ones], 2).flatten(1, 2)
-
-
-def _times(a, b):
-    """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
-    if a.dim() < b.dim():
-        a = a.unsqueeze(-1)
-    elif b.dim() < a.dim():
-        b = b.unsqueeze(-1)
-    return a * b
 
 
 def _check_qkv(q, k, v, steps=1):
@@ -156,24 +163,24 @@ def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W, per_toke
     return paths[impl]
 
 
-def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=None, theta=None, gamma=None,
-             erase=None, write=None, coefficients=None, initial_state=None, impl="chunked", **changes):
+def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=None, eta=None, theta=None,
+             gamma=None, coefficients=None, initial_state=None, impl="chunked", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
-    q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState). With config.steps_per_token
-    n_h > 1 (DeltaProduct) k, v and the gates η, γ, erase, write have T·n_h rows ([B, T·n_h, H, ·]: token t's steps
-    at t·n_h .. t·n_h + n_h − 1), q, α and θ T: token t runs n_h steps of the rule, α_t and θ_t at the first, and
-    reads after the last (read="chunk": before the first).
+    q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState). With a learning rule of n_h > 1
+    steps per token (deltaproduct) k, v and the gates per step (η, γ) have T·n_h rows ([B, T·n_h, H, ·]: token t's
+    steps at t·n_h .. t·n_h + n_h − 1), q, α and θ T: token t runs n_h steps of the rule, α_t and θ_t at the first,
+    and reads after the last (read="chunk": before the first).
 
     config:       the memory (MemoryConfig: components, window, chunk_size, read, normalize, checkpoint); None:
                   MemoryConfig(). ``changes`` are fields of it changed for this call, in MemoryConfig.replace's
                   form: memorize(q, k, v, architecture="linear", optimizer={"name": "muon", "ns_steps": 3}).
-    alpha, eta, theta, gamma: retention, inner learning rate, momentum decay, window weight; each a [B, T, H]
-                  tensor, a number, or None: the config's constant (a gate "learned" in the config must be given;
-                  θ only where the optimizer reads it). A gate of the config's channel_gates is a [B, T, H, D]
-                  tensor (D = dim φ(k): α, erase per key channel) or [B, T, H, d_v] (write), or a number.
-    erase, write: Gated DeltaNet-2's gates (config.erase, config.write; 1 by default): token t's gradient is taken
-                  at W_{t−1} Diag(e_t) (times α_t with gradient_at="retained"), and its value is w_t ⊙ v_t.
+    gates:        {name: value} for the learning rule's gates (config.rule().gates: α, η, θ, γ; gdn2 adds erase
+                  and write); each a [B, T, H] tensor, a number, or None/absent: the rule's constant (a gate
+                  "learned" must be given; θ only where the optimizer reads it). A gate the rule learns per channel
+                  is a [B, T, H, D] tensor (D = dim φ(k): α, erase per key channel) or [B, T, H, d_v] (write).
+    alpha, eta, theta, gamma: the same four gates as keywords (the online rule's form: gates={"alpha": a} and
+                  alpha=a are one call).
     coefficients: the polynomial feature map's a_i ≥ 0, shape [p+1] (None: 1/i!).
     initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
@@ -203,14 +210,16 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
     if not isinstance(config, MemoryConfig):
         raise TypeError(f"memorize: config must be a MemoryConfig or None; got {type(config).__name__}")
     config = config.replace("memorize", **changes) if changes else config.validate("memorize")
-    if config.reset_every is not None:
-        return _with_resets(q, k, v, config, dict(zip(GATES, (alpha, eta, theta, gamma, erase, write))),
-                            coefficients, initial_state, impl)
-    steps = config.steps_per_token
+    mem, fmap, bias, optimizer = config.components("memorize")
+    rule = config.rule("memorize")
+    specs = rule.gates(config, optimizer)
+    given = _given_gates(specs, gates, dict(alpha=alpha, eta=eta, theta=theta, gamma=gamma))
+    if rule.reset_every is not None:
+        return _with_resets(q, k, v, config, rule, specs, given, coefficients, initial_state, impl)
+    steps = rule.steps_per_token
     _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
-    mem, fmap, bias, optimizer = config.components("memorize")
     window, chunk_size, read, normalize = config.window, config.chunk_size, config.read, config.normalize
     D = fmap.dim(d_k)
     d_out = d_v + int(normalize)
@@ -220,25 +229,18 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
         return fmap(x, coefficients)
 
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
-    channels = {g: {"key": D, "value": d_v}[CHANNEL_GATES[g]] for g in config.channel_gates}
-    gates = {g: _gate(g, val, config, g != "theta" or optimizer.uses_theta, B, T * steps if g in STEP_GATES else T,
-                      H, q, channels.get(g))
-             for g, val in zip(GATES, (alpha, eta, theta, gamma, erase, write))}
+    channels = {g: {"key": D, "value": d_v}[spec.axis] for g, spec in specs.items() if spec.axis != "head"}
+    tensors = {g: _gate(g, spec, given[g], B, T * steps if spec.per_step else T, H, q, channels.get(g))
+               for g, spec in specs.items()}
     if steps > 1:  # the rule runs on the T·n_h steps: q read after a token's last step, α and θ at its first
         q_ = q_.repeat_interleave(steps, 1)
-        for g in ("alpha", "theta"):
-            gates[g] = _at_first_step(gates[g], steps)
-    if _set(write, config.write):  # the value each token writes: w_t ⊙ v_t
-        v_ = v_ * (gates["write"] if "write" in channels else gates["write"].unsqueeze(-1))
-    # the weights W_{t−1} Diag(f_t) token t's gradient is taken at (None: at the state W̃)
-    erased, scale = _set(erase, config.erase), None
-    if erased and chunk_size != 1:
-        raise ValueError(f"memorize: an erase gate takes each token's gradient at its own weights W̃ Diag(e_t): it "
-                         f"needs chunk_size 1 (got {chunk_size})")
-    if config.gradient_at == "retained":
-        scale = _times(gates["alpha"], gates["erase"]) if erased else gates["alpha"]
-    elif erased:
-        scale = gates["erase"]
+        tensors = {g: x if specs[g].per_step else _at_first_step(x, steps) for g, x in tensors.items()}
+    # which gates that are 1 by default act (a tensor, or a number other than 1: gdn2's erase and write)
+    acts = {g: _set(given[g], spec.value) for g, spec in specs.items()}
+    alpha_, eta_, theta_, gamma_, scale, v_ = rule.inputs(tensors, v_, acts)
+    if scale is not None and chunk_size != 1:
+        raise ValueError(f"memorize: {rule!r} takes each token's gradient at its own weights "
+                         f"({rule.evaluation_point}): it needs chunk_size 1 (got {chunk_size})")
 
     if normalize:  # z_t is one more row of W, learnt on the constant value 1
         v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
@@ -288,7 +290,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
 
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
-    g_all = torch.cat([cache_g, gates["gamma"]], 1)
+    g_all = torch.cat([cache_g, gamma_], 1)
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
@@ -298,7 +300,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
         if implementation is memorize_chunked:
             options["checkpoint"] = config.checkpoint
         y, W, S, W_eval, offset, pending = implementation(
-            q_, k_all, v_all, g_all, gates["alpha"], gates["eta"], gates["theta"], mem=mem, phi=phi,
+            q_, k_all, v_all, g_all, alpha_, eta_, theta_, mem=mem, phi=phi,
             bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
             offset=offset, pending=pending, **options)
 
@@ -321,12 +323,15 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, alpha=None, eta=Non
     return o, state
 
 
-def _with_resets(q, k, v, config, gates, coefficients, initial_state, impl):
+def _with_resets(q, k, v, config, rule, specs, gates, coefficients, initial_state, impl):
     """``memorize`` with config.reset_every = R: the state returns to W_0 before tokens R, 2R, … of the stream, so
     each segment of R tokens is read from W_0 by the rule without resets. The state carries W_0 and the tokens read
     since the last reset. The segments between the first and the last of a call are independent of the rest and
     are read as one batch of B·n sequences."""
-    R, steps, inner = config.reset_every, config.steps_per_token, dataclasses.replace(config, reset_every=None)
+    R, steps = rule.reset_every, rule.steps_per_token
+    no_resets = copy.copy(rule)
+    no_resets.reset_every = None
+    inner = dataclasses.replace(config, learning_rule=no_resets)
     _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
     mem, fmap = config.components("memorize")[:2]
@@ -358,12 +363,12 @@ def _with_resets(q, k, v, config, gates, coefficients, initial_state, impl):
         def part(x, rows=1):  # tokens lo..hi of a [B, T·rows, …] input as [B·count, (hi − lo)·rows / count, …]
             return x[:, lo * rows:hi * rows].reshape(B * count, (hi - lo) * rows // count, *x.shape[2:])
 
-        given = {g: part(x, steps if g in STEP_GATES else 1) if isinstance(x, torch.Tensor) else x
+        given = {g: part(x, steps if specs[g].per_step else 1) if isinstance(x, torch.Tensor) else x
                  for g, x in gates.items()}
         start = state if lo == 0 and done else {n_: w.unsqueeze(1).expand(B, count, *w.shape[1:]).flatten(0, 1)
                                                  for n_, w in W0.items()}
-        o, last = memorize(part(q), part(k, steps), part(v, steps), inner, coefficients=coefficients,
-                           initial_state=start, impl=impl, **given)
+        o, last = memorize(part(q), part(k, steps), part(v, steps), inner, gates=given, coefficients=coefficients,
+                           initial_state=start, impl=impl)
         outputs.append(o.reshape(B, hi - lo, *o.shape[2:]))
         if count == 1:
             state = last

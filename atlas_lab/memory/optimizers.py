@@ -205,6 +205,8 @@ class TransformedMomentum(MemoryOptimizer):
 class GD(LinearRule):
     """W_t = α_t W_{t−1} − η_t g_t."""
 
+    delta_rule = True  # with a linear map and the l2 bias at chunk 1: the gated delta rule (delta_rule.py)
+
     def update(self, w, s, g, alpha, eta, theta):
         return _bc(alpha, w) * w - _bc(eta, w) * g, None
 

@@ -82,23 +82,23 @@ PRESETS: dict[str, dict] = {
     # weights, chunk 1 (the exact rule, in WY blocks). Departs from Kimi Linear's layer: α = σ(w·x + b) per channel
     # (its α = exp(−exp(A) softplus(·)) comes through a low-rank projection), β = σ(·), no 1/√d_k on q; the short
     # conv, L2-normalised q, k and the output gate and norm are the mixer's.
-    "kda": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, channel_gates=("alpha",),
-                                                  chunk_size=1, gradient_at="retained")),
+    "kda": dict(layers=["memory"], memory=_memory("linear", "l2", learning_rule="kda", alpha=_L, eta=_L,
+                                                  chunk_size=1)),
     # Gated DeltaNet-2 (GDN-2; defined by flash-linear-attention 0.6, fla/ops/gdn2: no paper is cited there): KDA with
     # separate erase and write gates, S_t = (I − k_t (b_t ⊙ k_t)ᵀ) Diag(α_t) S_{t−1} + k_t (w_t ⊙ v_t)ᵀ, i.e. W_t =
     # P_t − ∇ℓ(P_t Diag(b_t); k_t, w_t ⊙ v_t) with P_t = W_{t−1} Diag(α_t): the gradient (η = 1) at the retained
     # weights times the erase gate b per key channel, of the value times the write gate w per value channel; chunk 1.
     # b = w = β·1 is KDA. Gates σ(w·x + b) as every learned gate here.
-    "gated_deltanet2": dict(layers=["memory"], memory=_memory(
-        "linear", "l2", alpha=_L, eta=1.0, erase=_L, write=_L, channel_gates=("alpha", "erase", "write"),
-        chunk_size=1, gradient_at="retained")),
+    "gated_deltanet2": dict(layers=["memory"], memory=_memory("linear", "l2", learning_rule="gdn2", alpha=_L, eta=1.0,
+                                                              chunk_size=1)),
     # Gated DeltaProduct (Siems et al., "DeltaProduct", arXiv 2502.10297): n_h = 2 delta-rule (Householder) steps per
     # token, S_t = (∏_{j=n_h..1} (I − β_{t,j} k_{t,j} k_{t,j}ᵀ)) α_t S_{t−1} + …, i.e. W_{t,0} = α_t W_{t−1}, W_{t,j} =
     # W_{t,j−1} − β_{t,j} ∇ℓ(W_{t,j−1}; k_{t,j}, v_{t,j}), W_t = W_{t,n_h}, y_t = W_t q_t: gd at the retained weights,
     # chunk 1, steps_per_token 2. Departs from the paper's layer: α, β = σ(w·x + b) (no β ∈ [0, 2] negative
     # eigenvalues, no Mamba-style exp(−exp(A) softplus(·)) decay), no 1/√d_k on q; conv, norms, output gate the mixer's.
-    "gated_deltaproduct": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, steps_per_token=2,
-                                                                 chunk_size=1, gradient_at="retained")),
+    "gated_deltaproduct": dict(layers=["memory"], memory=_memory(
+        "linear", "l2", learning_rule={"name": "deltaproduct", "householder_steps": 2}, alpha=_L, eta=_L,
+        chunk_size=1)),
     "swla": dict(layers=["memory"], memory=_memory("linear", "dot", feature_map="polynomial", window=_WINDOW,
                                                    alpha=_L, eta=_L, gamma=_L, eta_max=0.1)),
     # deep (MLP) memory
@@ -162,8 +162,8 @@ PRESETS: dict[str, dict] = {
     # window equals the chunk (2,048): `--model.swa_window=2048` (the model's own default is 64).
     "lact": dict(layers=["mag"], memory=_memory(
         {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot", optimizer="muon",
-        alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L, chunk_size=_LACT_CHUNK,
-        read="chunk")),
+        learning_rule="chunk_commit", alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,
+        chunk_size=_LACT_CHUNK, read="chunk")),
     # HOPE's continuum memory system (CMS; Behrouz et al., "Nested Learning: The Illusion of Deep Learning
     # Architectures", NeurIPS 2025, §7.1, eqs. 70–71): a chain of MLP blocks y_t = MLP^(f_k)(… MLP^(f_1)(x_t)), block ℓ
     # updated only at the end of each chunk of C^(ℓ) tokens with the sum of its tokens' steps taken at the weights the
@@ -187,9 +187,10 @@ PRESETS: dict[str, dict] = {
     # layers in turn (the paper sums their reads in one layer, with several local memories of different chunks); its
     # Q-K projection of the local queries onto the span of the chunk's keys, and the stage-2 fine-tuning at smaller
     # chunks, are not included.
-    "tnt": dict(layers=[dict(kind="memory"), dict(kind="memory", memory=dict(chunk_size=_TNT_LOCAL,
-                                                                             reset_every=_TNT_GLOBAL))],
-                memory=_memory("mlp", "l2", alpha=_L, eta=_L, eta_max=_STABLE_ETA_MAX, chunk_size=_TNT_GLOBAL)),
+    "tnt": dict(layers=[dict(kind="memory"), dict(kind="memory", memory=dict(
+        chunk_size=_TNT_LOCAL, learning_rule={"name": "chunk_commit", "reset_every": _TNT_GLOBAL}))],
+                memory=_memory("mlp", "l2", learning_rule="chunk_commit", alpha=_L, eta=_L, eta_max=_STABLE_ETA_MAX,
+                               chunk_size=_TNT_GLOBAL)),
 }
 
 

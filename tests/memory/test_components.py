@@ -7,7 +7,8 @@ import torch
 
 from atlas_lab.cli import main
 from atlas_lab.memory import (GD, L2, Adam, Huber, KLRetention, Lp, LqRetention, MemoryOptimizer, Muon, AttentionalBias,
-                              TransformedAccumulator, TransformedMomentum, MemoryConfig, check_against_reference)
+                              TransformedAccumulator, TransformedMomentum, MemoryConfig, check_against_reference,
+                              GateSpec, Online, memorize)
 from atlas_lab.memory.chunked import _chunk_accumulated, _chunk_linear, _chunk_stepwise, _chunk_transformed, chunk_route
 
 
@@ -158,3 +159,41 @@ def test_a_component_option_from_the_command_line_joins_the_component_of_the_con
                         "--model.memory.optimizer.ns_steps=2"])
     optimizer = cli.model.model.blocks[0].mixer.optimizer
     assert (type(optimizer), optimizer.ns_steps, optimizer.ns_coefficients) == (Muon, 2, "cubic")
+
+
+class ValueGate(Online):
+    """A user's rule (docs/components.md): a learned gate ω per head scales the value each token writes, ω_t v_t."""
+
+    def gates(self, config, optimizer):
+        return {**super().gates(config, optimizer),
+                "omega": GateSpec("ω", "learned", 0.5, lambda x: x >= 0, ">= 0", per_step=True)}
+
+    def inputs(self, gates, v, acts):
+        return super().inputs(gates, v * gates["omega"].unsqueeze(-1), acts)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(architecture="linear", optimizer="momentum", read="chunk")])
+def test_a_users_learning_rule_is_checked_in_one_call(changes):
+    """A rule that is not built in, given as an object, passes the one-call check; it is the online rule on ω ⊙ v."""
+    errors = check_against_reference(learning_rule=ValueGate(), **changes)
+    assert max(errors.values()) < 1e-10
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 5, 2, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    omega = torch.rand(1, 5, 2, generator=g, dtype=torch.float64)
+    config = MemoryConfig(learning_rule=ValueGate(), window=2, chunk_size=2)
+    mine = memorize(q, k, v, config, gates={"omega": omega})[0]
+    plain = memorize(q, k, v * omega.unsqueeze(-1), config.replace(learning_rule="online"))[0]
+    assert torch.equal(mine, plain)
+    with pytest.raises(ValueError, match=r"the learning rule has no gate\(s\) \['erase'\]; its gates: alpha, eta"):
+        memorize(q, k, v, config, gates={"omega": omega, "erase": 0.5})
+
+
+def test_learning_rules_are_named_like_the_other_components():
+    rule = MemoryConfig(learning_rule={"class_path": "atlas_lab.memory.learning_rules.DeltaProduct",
+                                       "init_args": {"householder_steps": 3}}).rule()
+    assert (repr(rule), rule.steps_per_token) == ("deltaproduct", 3)
+    with pytest.raises(ValueError, match="learning_rule.householder: deltaproduct does not take 'householder'"):
+        MemoryConfig(learning_rule={"name": "deltaproduct", "householder": 3}).validate()
+    changed = MemoryConfig(architecture="linear", alpha="learned").replace(**{"learning_rule": "kda",
+                                                                               "learning_rule.gradient_at": "state"})
+    assert changed.learning_rule == {"name": "kda", "gradient_at": "state"}

@@ -1,5 +1,6 @@
 """Gated DeltaProduct (arXiv 2502.10297): the `gated_deltaproduct` preset's memory against flash-linear-attention's
-naive recurrence, and the engine's steps per token (``steps_per_token``) against the oracle through the registries.
+naive recurrence, and the engine's steps per token (the ``deltaproduct`` learning rule's ``householder_steps``) against
+the oracle through the registries.
 
 fla's token t: S ← e^{g_t} S, then for j = 1..n_h S ← S + β_{t,j} k_{t,j} (v_{t,j} − S ᵀk_{t,j})ᵀ, o_t = Sᵀ q_t; its
 k, v, β are [B, T·n_h, H, ·] (token t's steps at rows t·n_h + j). That is our W = Sᵀ with α_t = e^{g_t} at the first
@@ -38,7 +39,8 @@ def problem(dtype, n_h, seed=0):
 
 
 def preset(n_h):
-    return resolve_preset("gated_deltaproduct")[1].replace(steps_per_token=n_h)
+    return resolve_preset("gated_deltaproduct")[1].replace(learning_rule={"name": "deltaproduct",
+                                                                        "householder_steps": n_h})
 
 
 def ours(impl, config):
@@ -93,7 +95,7 @@ def test_a_broken_part_fails_the_identity(broken):
     delta rule on the steps), the first step's gradient taken before the decay, or the read after the first step."""
     x = problem(torch.float64, 2)
     if broken == "gradient before the decay":
-        model = ours("chunked", preset(2).replace(gradient_at="state"))
+        model = ours("chunked", preset(2).replace(learning_rule={"name": "deltaproduct", "gradient_at": "state"}))
     else:
         def model(x):  # the plain rule (one step per token) on the 2T steps, every step read
             o, state = memorize(x["q"].repeat_interleave(2, 1), x["k"], x["v"], preset(1),
@@ -120,8 +122,8 @@ def test_steps_per_token_chunked_equals_reference(optimizer, window, architectur
     """Two steps per token with every optimiser, both gradient points, a linear and a deep memory, through the
     registries: outputs, state and gradients, float64, 7 tokens (14 steps)."""
     options = dict(config=MemoryConfig(architecture=architecture, optimizer=optimizer, window=window, alpha="learned",
-                                       eta="learned", gamma="learned", steps_per_token=2, chunk_size=1,
-                                       gradient_at=gradient_at))
+                                       eta="learned", gamma="learned", chunk_size=1,
+                                       learning_rule={"name": "deltaproduct", "gradient_at": gradient_at}))
     p = step_problem(architecture=architecture)
     compare(run(p, "chunked", **options), run(p, "reference", **options), 1e-8, str(options))
 
@@ -132,8 +134,8 @@ def test_steps_per_token_streams(config):
     blocks) and a momentum rule with a window of 3 steps (the state carries the window's steps and the momentum)."""
     x = problem(torch.float64, 2)
     config = preset(2) if config == "gated_deltaproduct" else MemoryConfig(
-        architecture="linear", optimizer="momentum", window=3, alpha="learned", eta="learned", steps_per_token=2,
-        chunk_size=1)
+        architecture="linear", optimizer="momentum", window=3, alpha="learned", eta="learned",
+        learning_rule="deltaproduct", chunk_size=1)
 
     def call(lo, hi, state):
         return memorize(x["q"][:, lo:hi], x["k"][:, 2 * lo:2 * hi], x["v"][:, 2 * lo:2 * hi], config,
@@ -159,8 +161,9 @@ def test_layer_projects_n_h_keys_values_and_etas_per_token():
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(steps_per_token=2, chunk_size=4), "steps_per_token: 2 steps per token take each step"),
-    (dict(steps_per_token=0), "steps_per_token: expected an int >= 1"),
+    (dict(learning_rule="deltaproduct", chunk_size=4), "chunk_size: deltaproduct takes each token's gradient at its"),
+    (dict(learning_rule={"name": "deltaproduct", "householder_steps": 0}), "householder_steps: expected an int >= 1"),
+    (dict(steps_per_token=2), r"steps_per_token: owned by the learning rule now; write learning_rule: \{name: delta"),
 ])
 def test_bad_steps_per_token_is_named(changes, message):
     with pytest.raises(ValueError, match=message):

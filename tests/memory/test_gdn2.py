@@ -42,7 +42,7 @@ def ours(impl, config=None):
     config = config or resolve_preset("gated_deltanet2")[1]
 
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], erase=x["erase"], write=x["write"],
+        o, state = memorize(x["q"], x["k"], x["v"], config, gates={n: x[n] for n in ("alpha", "erase", "write")},
                             initial_state={"W": x["W0"]}, impl=impl)
         return with_gradients(x, o, state.weights["W"])
     return f
@@ -86,7 +86,8 @@ def test_a_broken_gate_fails_the_identity(broken):
         else:
             beta = x["erase"].mean(-1, keepdim=True)
             gates = {"erase": beta.expand_as(x["erase"]), "write": beta.expand_as(x["write"])}
-        return memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], initial_state={"W": x["W0"]}, **gates)[0]
+        return memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], initial_state={"W": x["W0"]},
+                        gates=gates)[0]
 
     assert helpers.rel_err(model(x), fla(x)["output"]) > 1e-3
 
@@ -97,8 +98,8 @@ def test_a_broken_gate_fails_the_identity(broken):
 def test_erase_and_write_gates_chunked_equal_reference(optimizer, window, channels, gradient_at):
     """Erase and write gates, per head or per channel, with every optimiser and both gradient points, through the
     registries at chunk 1: outputs, state and gradients, float64."""
-    config = MemoryConfig(architecture="linear", optimizer=optimizer, window=window, alpha="learned", erase="learned",
-                          write="learned", channel_gates=channels, chunk_size=1, gradient_at=gradient_at)
+    config = MemoryConfig(architecture="linear", optimizer=optimizer, window=window, alpha="learned", chunk_size=1,
+                          learning_rule={"name": "gdn2", "per_channel": channels, "gradient_at": gradient_at})
     p = make_problem(d_k=4, d_v=3)
     g = torch.Generator().manual_seed(1)
     for name, width in (("alpha", 4), ("erase", 4), ("write", 3)):
@@ -108,7 +109,7 @@ def test_erase_and_write_gates_chunked_equal_reference(optimizer, window, channe
 
     def go(impl):
         o, state = memorize(p["q"], p["k"], p["v"], config, impl=impl, initial_state=p["initial_state"],
-                            **{n: p[n] for n in ("alpha", "eta", "theta", "gamma", "erase", "write")})
+                            gates={n: p[n] for n in ("alpha", "eta", "theta", "gamma", "erase", "write")})
         return with_gradients({n: t for n, t in p.items() if isinstance(t, torch.Tensor)}, o, state.weights["W"])
     compare(go("chunked"), go("reference"), 1e-8, str(config))
 
@@ -117,9 +118,11 @@ def test_write_gate_is_the_value_it_writes():
     """write = w is the rule on the values w ⊙ v, with any memory and chunk (the engine gates v before the rule)."""
     p = make_problem(architecture="mlp")
     w = torch.rand(2, 7, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(helpers.DEVICE)
-    options = dict(architecture="mlp", chunk_size=3, window=2, write="learned")
-    a = run({**p, "v": p["v"]}, "chunked", config=MemoryConfig(**options), write=w)
-    b = run({**p, "v": p["v"] * w.unsqueeze(-1)}, "chunked", config=MemoryConfig(**{**options, "write": 1.0}))
+    rule = {"name": "gdn2", "erase": 1.0, "write": "learned", "gradient_at": "state", "per_channel": []}
+    options = dict(architecture="mlp", chunk_size=3, window=2, learning_rule=rule)
+    a = run({**p, "v": p["v"]}, "chunked", config=MemoryConfig(**options), gates={"write": w})
+    b = run({**p, "v": p["v"] * w.unsqueeze(-1)}, "chunked",
+            config=MemoryConfig(**{**options, "learning_rule": {**rule, "write": 1.0}}))
     assert helpers.rel_err(a[0], b[0]) < 1e-12
 
 
@@ -134,8 +137,12 @@ def test_gated_deltanet2_layer_learns_its_gates_per_channel():
 
 
 def test_an_erase_gate_needs_chunk_one():
-    with pytest.raises(ValueError, match="erase: an erase gate takes each token's gradient at its own weights"):
-        MemoryConfig(erase="learned", chunk_size=4).validate()
+    rule = {"name": "gdn2", "gradient_at": "state", "per_channel": []}
+    with pytest.raises(ValueError, match=r"chunk_size: gdn2 takes each token's gradient at its own weights \(W̃ Diag"):
+        MemoryConfig(learning_rule=rule, chunk_size=4).validate()
     q = torch.zeros(1, 3, 1, 4)
-    with pytest.raises(ValueError, match="memorize: an erase gate .* needs chunk_size 1"):
-        memorize(q, q, q, chunk_size=4, erase=torch.ones(1, 3, 1))
+    with pytest.raises(ValueError, match=r"memorize: gdn2 takes each token's gradient .* needs chunk_size 1"):
+        memorize(q, q, q, chunk_size=4, learning_rule={**rule, "erase": 1.0, "write": 1.0},
+                 gates={"erase": torch.ones(1, 3, 1)})
+    with pytest.raises(ValueError, match=r"erase: owned by the learning rule now; write learning_rule: \{name: gdn2"):
+        MemoryConfig().replace(erase="learned")

@@ -1,6 +1,6 @@
 """Kimi Delta Attention (KDA, arXiv 2510.26692): the `kda` preset's memory against flash-linear-attention's naive
-recurrence, and the engine's gates per channel (``channel_gates``) and gradients at the retained weights
-(``gradient_at="retained"``) against the oracle through the registries.
+recurrence, and the learning rule's gates per channel (``kda``: α per key channel) and gradients at the retained
+weights (``gradient_at="retained"``) against the oracle through the registries.
 
 fla's S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t is our W = Sᵀ with α_t = e^{g_t}
 per key channel and η_t = β_t (scale 1: the memory layers do not scale q).
@@ -75,14 +75,14 @@ def test_a_broken_gate_fails_the_identity(broken):
     DeltaNet's decay) or the gradient taken before the decay (the Titans form) is off by far more than its bound."""
     x = problem(torch.float64)
     if broken == "alpha per head":
-        config = resolve_preset("kda")[1].replace(channel_gates=())
+        config = resolve_preset("kda")[1].replace(learning_rule={"name": "kda", "per_channel": []})
 
         def model(x):
             o, state = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"].mean(-1), eta=x["beta"],
                                 initial_state={"W": x["W0"]})
             return with_gradients(x, o, state.weights["W"])
     else:
-        model = ours("chunked", resolve_preset("kda")[1].replace(gradient_at="state"))
+        model = ours("chunked", resolve_preset("kda")[1].replace(learning_rule={"name": "kda", "gradient_at": "state"}))
     assert helpers.errors(model(x), fla(x), broken)["output"] > 1e-3
 
 
@@ -92,7 +92,8 @@ def test_channel_gates_chunked_equals_reference(optimizer, window, chunk_size, g
     """α per key channel with every optimiser (the chunked path runs ``update`` token by token) and both gradient
     points, through the registries: outputs, state and gradients, float64. T = 7: a partial last chunk of 3."""
     options = dict(config=MemoryConfig(architecture="linear", optimizer=optimizer, window=window, alpha="learned",
-                                       channel_gates=["alpha"], chunk_size=chunk_size, gradient_at=gradient_at))
+                                       learning_rule={"name": "kda", "gradient_at": gradient_at},
+                                       chunk_size=chunk_size))
     p = make_problem(d_k=4)
     p["alpha"] = (0.8 + 0.2 * torch.rand(2, 7, 2, 4, generator=torch.Generator().manual_seed(1),
                                          dtype=torch.float64)).to(helpers.DEVICE).requires_grad_(True)
@@ -104,7 +105,8 @@ def test_retained_gradient_is_the_decayed_step(read):
     """gradient_at="retained" with per-head gates, both reads: the reference token loop is, by hand, W_t = P − η_t
     (P k_t − v_t) k_tᵀ with P = α_t W_{t−1}; a chunk-start read reads W_{t−1}, a token read W_t."""
     p = make_problem(T=9)
-    options = dict(architecture="linear", attentional_bias="l2", chunk_size=1, gradient_at="retained", read=read)
+    options = dict(architecture="linear", attentional_bias="l2", chunk_size=1, read=read,
+                   learning_rule={"name": "online", "gradient_at": "retained"})
     for impl in IMPLS:
         o, state = memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], gamma=1.0,
                             initial_state=p["initial_state"], impl=impl, **options)
@@ -142,11 +144,15 @@ def test_kda_layer_learns_one_retention_per_key_channel():
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(channel_gates=["eta"]), "channel_gates: expected a list of learned gates among alpha"),
-    (dict(channel_gates=["alpha"], alpha=0.9), "channel_gates: expected a list of learned gates"),
-    (dict(channel_gates=["alpha"], alpha="learned", architecture="mlp"), "needs architecture linear"),
-    (dict(gradient_at="retained", chunk_size=4), "gradient_at: 'retained' takes each token's gradient"),
-    (dict(gradient_at="decayed"), "gradient_at: unknown value 'decayed'"),
+    (dict(learning_rule={"name": "kda", "per_channel": ["eta"]}), "per_channel: expected gates among alpha"),
+    (dict(learning_rule="kda", alpha=0.9, chunk_size=1, architecture="linear"),
+     "alpha: kda learns alpha per channel: expected 'learned'"),
+    (dict(learning_rule="kda", alpha="learned", architecture="mlp", chunk_size=1), "needs architecture linear"),
+    (dict(learning_rule={"name": "online", "gradient_at": "retained"}, chunk_size=4),
+     r"chunk_size: online takes each token's gradient at its own weights \(α_t ⊙ W_\{t−1\}\)"),
+    (dict(learning_rule={"name": "online", "gradient_at": "decayed"}), "gradient_at: unknown value 'decayed'"),
+    (dict(channel_gates=["alpha"]), "channel_gates: owned by the learning rule now; write learning_rule: kda"),
+    (dict(gradient_at="retained"), r"gradient_at: owned by the learning rule now; write learning_rule: \{name: online"),
 ])
 def test_bad_channel_gates_and_gradient_points_are_named(changes, message):
     with pytest.raises(ValueError, match=message):

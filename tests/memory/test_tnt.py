@@ -27,7 +27,8 @@ NAMES = ("W1", "W2")
 
 def local(C, R):
     """The preset's local memory with chunk C and reset period R, a hidden width of E·d_v."""
-    return resolve_preset("tnt", layer_changes={"chunk_size": C, "reset_every": R, "architecture.expansion": E})[1]
+    return resolve_preset("tnt", layer_changes={"chunk_size": C, "architecture.expansion": E, "learning_rule": {
+        "name": "chunk_commit", "reset_every": R}})[1]
 
 
 def problem(dtype, seed=0):
@@ -98,7 +99,9 @@ def test_a_broken_reset_fails_the_identity(broken):
 
 
 @pytest.mark.parametrize("config", [local(2, 6), MemoryConfig(architecture="linear", optimizer="momentum",
-                                                              window=3, theta=0.9, chunk_size=3, reset_every=9)])
+                                                              window=3, theta=0.9, chunk_size=3,
+                                                              learning_rule={"name": "chunk_commit",
+                                                                             "reset_every": 9})])
 def test_streaming_across_resets_equals_one_call(config):
     """Pieces of 7, 2, 3 and 11 tokens (cut inside a chunk, at a reset of R = 9 and of R = 6) equal one call, for the
     deep memory and for a linear one with momentum and an Omega window (both cleared by a reset)."""
@@ -113,12 +116,16 @@ def test_streaming_across_resets_equals_one_call(config):
     inputs = {n: x[n] for n in ("q", "k", "v", "alpha", "eta", *(NAMES if deep else ()))}
     assert_pieces_equal_one_call(call, inputs, weights, cuts=((0, 7), (7, 9), (9, 12), (12, 23)))
     _, state = call(0, 23, weights)
-    assert state.since_reset == 23 % config.reset_every
+    assert state.since_reset == 23 % config.rule().reset_every
 
 
 def test_reset_every_is_checked():
-    with pytest.raises(ValueError, match="reset_every: expected null or a multiple of chunk_size=4"):
-        MemoryConfig(chunk_size=4, reset_every=6).validate()
+    with pytest.raises(ValueError, match="learning_rule.reset_every: expected a multiple of chunk_size=4"):
+        MemoryConfig(chunk_size=4, learning_rule={"name": "chunk_commit", "reset_every": 6}).validate()
+    with pytest.raises(ValueError, match="reset_every: expected null or an int >= 1"):
+        MemoryConfig(learning_rule={"name": "chunk_commit", "reset_every": 0}).validate()
+    with pytest.raises(ValueError, match=r"reset_every: owned by the learning rule now; write learning_rule: \{name: chunk"):
+        MemoryConfig().replace(reset_every=64)
     x = problem(torch.float64)
     _, plain = memorize(x["q"], x["k"], x["v"], local(2, None), alpha=x["alpha"], eta=x["eta"])
     with pytest.raises(ValueError, match="initial_state must carry the initial weights"):
@@ -129,7 +136,7 @@ def test_tnt_preset_alternates_global_and_local_memories():
     """The global memory on chunks of 64 without resets, the local one on chunks of 8 reset every 64, in turn."""
     model = LanguageModel(64, "tnt", d_model=16, n_layers=4, n_heads=2)
     configs = [b.mixer.config for b in model.blocks]
-    assert [(c.chunk_size, c.reset_every) for c in configs] == [(64, None), (8, 64)] * 2
-    assert configs[1] == configs[0].replace(chunk_size=8, reset_every=64)
+    assert [(c.chunk_size, c.rule().reset_every) for c in configs] == [(64, None), (8, 64)] * 2
+    assert configs[1] == configs[0].replace(chunk_size=8, learning_rule={"name": "chunk_commit", "reset_every": 64})
     assert (configs[0].architecture, configs[0].attentional_bias, configs[0].optimizer, configs[0].read) == (
         "mlp", "l2", "gd", "token")

@@ -1,0 +1,257 @@
+"""Learning rules: how a memory's write is gated and scheduled (docs/components.md, docs/memory.md §3).
+
+A learning rule owns its gates (name, symbol, the axis each is learned on: one per head, per key channel or per
+value channel, one per token or per step, the sigmoid it starts at when learned, the range a constant must keep),
+what it allows (chunk sizes, read modes, the memories it scales) and what it does to the engine's inputs:
+
+    W_t = α_t ⊙ W_{t−1} − η_t Σ_{i∈window(t)} γ_i ∇ℓ(W_{t−1} Diag(f_t); φ(k_i), w_i ⊙ v_i)      (the optimizer's step)
+
+with f_t the point a token's gradient is taken at (``evaluation_scale``: 1, α_t, e_t or α_t ⊙ e_t), w_t the write
+gate, n_h steps of it per token (``steps_per_token``) and a return to W_0 every R tokens (``reset_every``).
+
+    online        the rule of the paper: α, η, θ, γ per head (MemoryConfig's gates; today's default)
+    kda           Kimi Delta Attention: α per key channel, gradients at the retained weights α_t ⊙ W_{t−1}
+    gdn2          Gated DeltaNet-2: KDA with an erase gate e_t (key channels) and a write gate w_t (value channels)
+    deltaproduct  Gated DeltaProduct: n_h Householder (delta-rule) steps per token
+    chunk_commit  LaCT's and TNT's chunk-parallel memories: a chunk's tokens share W̃; TNT's local memories return
+                  to W_0 every ``reset_every`` tokens
+
+A rule is given like the other components (components.py): "kda", {name: deltaproduct, householder_steps: 3}, a
+class_path, or an object; a user's own is one LearningRule subclass (docs/components.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .components import Component, build
+
+AXES = ("head", "key", "value")  # a gate per head, per key channel (D = dim φ(k)) or per value channel (d_v)
+READS = ("token", "chunk")  # y_t after token t's step | at the weights its chunk started from (docs/memory.md §4.1)
+
+
+def _fraction(x):
+    return 0 <= x <= 1
+
+
+def _fraction_below_one(x):
+    return 0 <= x < 1
+
+
+def _non_negative(x):
+    return x >= 0
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """One gate of a rule.
+
+    value:    "learned" (σ(w·x + b) per token, times ``scale``), a constant, or "head_decay" (α only: RetNet's
+              fixed α_h = 1 − 2^(−5−h))
+    init:     a learned gate's σ at initialisation; holds, expected: the range of a constant
+    axis:     head (one per head) | key (one per key channel, D) | value (one per value channel, d_v)
+    per_step: one per step of the rule (n_h per token), else one per token, acting at the token's first step
+    used:     whether the rule reads it (θ only where the optimizer has momentum): an unused gate is not learned
+    scale:    the largest value of a learned gate (η_max for η)
+    neutral:  the constant at which the gate does nothing (1 for gdn2's erase and write: not shown), or None
+    """
+
+    symbol: str
+    value: Any
+    init: float
+    holds: Callable[[float], bool]
+    expected: str
+    axis: str = "head"
+    per_step: bool = False
+    used: bool = True
+    scale: float = 1.0
+    neutral: float | None = None
+
+
+class LearningRule(Component):
+    """The online rule (one step per token, gates per head, gradients at W̃, no resets); subclasses change one thing.
+
+    ``gates(config, optimizer)`` -> {name: GateSpec}; ``check(config, linear_map, where)`` raises for what the rule does
+    not allow (optimizer: the config's, linear_map: whether its memory is y = W φ(k)); ``inputs(gates, v, acts)`` -> the engine's (α, η, θ, γ, f, v): gates [N, T(, C)], f the evaluation
+    scale (None: at W̃), v the values each step writes."""
+
+    gradient_at = "state"  # state: g_t at W̃ (Titans) | retained: at α_t ⊙ W_{t−1} (chunk 1: KDA, GDN, fla)
+    steps_per_token = 1  # n_h
+    reset_every = None  # R: W returns to W_0 before tokens R, 2R, … (None: never)
+    per_channel: tuple[str, ...] = ()  # the gates learned per channel (their axis: CHANNEL_AXIS)
+    reads = READS
+
+    def gates(self, config, optimizer) -> dict[str, GateSpec]:
+        """The online rule's gates: MemoryConfig.alpha, eta, theta, gamma (θ read only by a rule with momentum)."""
+        return {"alpha": GateSpec("α", config.alpha, 0.999, _fraction, "in [0, 1]", self._axis("alpha")),
+                "eta": GateSpec("η", config.eta, 0.5, _non_negative, ">= 0", per_step=True, scale=config.eta_max),
+                "theta": GateSpec("θ", config.theta, 0.9, _fraction_below_one, "in [0, 1)", used=optimizer.uses_theta),
+                "gamma": GateSpec("γ", config.gamma, 0.9, _non_negative, ">= 0", per_step=True)}
+
+    def _axis(self, name):
+        return CHANNEL_AXIS[name] if name in self.per_channel else "head"
+
+    def check(self, config, optimizer, linear_map: bool, where: str) -> None:
+        """ValueError naming the key when the config asks for what this rule does not allow."""
+        if config.read not in self.reads:
+            raise ValueError(f"{where}.read: {self!r} reads {' or '.join(self.reads)} (got {config.read!r})")
+        if self.needs_chunk_one and config.chunk_size != 1:
+            raise ValueError(f"{where}.chunk_size: {self!r} takes each token's gradient at its own weights "
+                             f"({self.evaluation_point}): it needs chunk_size 1 (got {config.chunk_size})")
+        if self.reset_every is not None and self.reset_every % config.chunk_size:
+            raise ValueError(f"{where}.learning_rule.reset_every: expected a multiple of chunk_size="
+                             f"{config.chunk_size} (a reset falls on a chunk boundary), got {self.reset_every!r}")
+        if self.per_channel and not linear_map:
+            raise ValueError(f"{where}.learning_rule: {self!r} learns {', '.join(self.per_channel)} per channel, "
+                             f"which scales the columns of a linear memory's W; needs architecture linear")
+        specs = self.gates(config, optimizer)
+        for name in self.per_channel:
+            if specs[name].value != "learned":
+                raise ValueError(f"{where}.{name}: {self!r} learns {name} per channel: expected 'learned', got "
+                                 f"{specs[name].value!r}")
+
+    @property
+    def needs_chunk_one(self) -> bool:
+        return self.gradient_at == "retained" or self.steps_per_token > 1
+
+    @property
+    def evaluation_point(self) -> str:
+        return "α_t ⊙ W_{t−1}" if self.gradient_at == "retained" else "W̃"
+
+    def evaluation_scale(self, gates, acts):
+        """f_t [N, T(, C)]: token t's gradient at W_{t−1} Diag(f_t); None: at W̃."""
+        return gates["alpha"] if self.gradient_at == "retained" else None
+
+    def inputs(self, gates, v, acts):
+        """The engine's (α, η, θ, γ, f, v) from this rule's gates {name: [N, T(·n_h), (C)]} and values v [N, T, d]."""
+        return gates["alpha"], gates["eta"], gates["theta"], gates["gamma"], self.evaluation_scale(gates, acts), v
+
+    def describe(self) -> str:
+        """What `atlas-lab presets` adds after the gates ('' for the online rule)."""
+        return ""
+
+    def __repr__(self):
+        return NAMES.get(type(self), type(self).__name__)
+
+
+def _check_gradient_at(gradient_at):
+    if gradient_at not in ("state", "retained"):
+        raise ValueError(f"gradient_at: unknown value {gradient_at!r}; valid choices: state, retained")
+    return gradient_at
+
+
+class Online(LearningRule):
+    """The paper's rule: gates per head, one step per token; gradient_at="retained" (chunk 1) takes token t's
+    gradient at α_t ⊙ W_{t−1} (Gated DeltaNet's paper and fla's form: decay first, then the step)."""
+
+    def __init__(self, gradient_at: str = "state"):
+        self.gradient_at = _check_gradient_at(gradient_at)
+
+
+CHANNEL_AXIS = {"alpha": "key", "erase": "key", "write": "value"}  # the gates a rule may learn per channel
+
+
+def _channels(per_channel, allowed):
+    per_channel = tuple(per_channel)
+    if any(g not in allowed for g in per_channel):
+        raise ValueError(f"per_channel: expected gates among {', '.join(allowed)}, got {list(per_channel)!r}")
+    return per_channel
+
+
+class KDA(Online):
+    """Kimi Delta Attention: W_t = W_{t−1} Diag(α_t) − η_t ∇ℓ(W_{t−1} Diag(α_t)): α per key channel (D of them per
+    head), the gradient at the retained weights (chunk 1). per_channel=() is Gated DeltaNet's per-head α."""
+
+    def __init__(self, gradient_at: str = "retained", per_channel: tuple = ("alpha",)):
+        super().__init__(gradient_at)
+        self.per_channel = _channels(per_channel, ("alpha",))
+
+
+class GDN2(Online):
+    """Gated DeltaNet-2: W_t = P_t − η_t ∇ℓ(P_t Diag(e_t); k_t, w_t ⊙ v_t), P_t = W_{t−1} Diag(α_t) — an erase gate e_t
+    where the gradient is taken (chunk 1) and a write gate w_t on the value. erase, write: "learned" or a constant
+    (1: none); per_channel: the gates learned per channel (α and e per key channel, w per value channel)."""
+
+    def __init__(self, erase: Any = "learned", write: Any = "learned", gradient_at: str = "retained",
+                 per_channel: tuple = ("alpha", "erase", "write")):
+        super().__init__(gradient_at)
+        self.erase, self.write = erase, write
+        self.per_channel = _channels(per_channel, tuple(CHANNEL_AXIS))
+
+    def gates(self, config, optimizer):
+        return {**super().gates(config, optimizer),
+                "erase": GateSpec("e", self.erase, 0.5, _non_negative, ">= 0", self._axis("erase"), per_step=True,
+                                  neutral=1.0),
+                "write": GateSpec("w", self.write, 0.5, _non_negative, ">= 0", self._axis("write"), per_step=True,
+                                  neutral=1.0)}
+
+    @property
+    def needs_chunk_one(self):
+        return super().needs_chunk_one or self.erase != 1.0
+
+    @property
+    def evaluation_point(self):
+        return "W_{t−1} Diag(α_t ⊙ e_t)" if self.gradient_at == "retained" else "W̃ Diag(e_t)"
+
+    def evaluation_scale(self, gates, acts):
+        if not acts["erase"]:
+            return super().evaluation_scale(gates, acts)
+        return _times(gates["alpha"], gates["erase"]) if self.gradient_at == "retained" else gates["erase"]
+
+    def inputs(self, gates, v, acts):
+        if acts["write"]:  # the value each token writes: w_t ⊙ v_t
+            v = v * (gates["write"] if gates["write"].dim() == 3 else gates["write"].unsqueeze(-1))
+        return super().inputs(gates, v, acts)
+
+
+class DeltaProduct(Online):
+    """Gated DeltaProduct: n_h = householder_steps delta-rule steps per token, W_{t,0} = α_t W_{t−1}, W_{t,j} =
+    W_{t,j−1} − η_{t,j} ∇ℓ(W_{t,j−1}; k_{t,j}, v_{t,j}) (chunk 1): k, v, η and γ have n_h rows per token, q, α and θ
+    one (α, θ act at the first step); read token reads after the last step, read chunk before the first."""
+
+    def __init__(self, householder_steps: int = 2, gradient_at: str = "retained"):
+        super().__init__(gradient_at)
+        if not isinstance(householder_steps, int) or isinstance(householder_steps, bool) or householder_steps < 1:
+            raise ValueError(f"householder_steps: expected an int >= 1, got {householder_steps!r}")
+        self.steps_per_token = householder_steps
+
+    def describe(self):
+        return f"n_h={self.steps_per_token}"
+
+
+class ChunkCommit(Online):
+    """The chunk-parallel rule of LaCT and TNT: a chunk's tokens take their gradients at the weights W̃ it started
+    from (with read chunk: one commit per chunk); reset_every R (TNT's local memories, a multiple of chunk_size):
+    the state returns to W_0 (a fresh optimiser state, an empty window) before tokens R, 2R, …, so the segments of
+    R tokens are independent."""
+
+    def __init__(self, reset_every: int | None = None):
+        super().__init__("state")
+        if reset_every is not None and (not isinstance(reset_every, int) or isinstance(reset_every, bool)
+                                        or reset_every < 1):
+            raise ValueError(f"reset_every: expected null or an int >= 1, got {reset_every!r}")
+        self.reset_every = reset_every
+
+    def describe(self):
+        return "" if self.reset_every is None else f"R={self.reset_every}"
+
+
+def _times(a, b):
+    """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
+    if a.dim() < b.dim():
+        a = a.unsqueeze(-1)
+    elif b.dim() < a.dim():
+        b = b.unsqueeze(-1)
+    return a * b
+
+
+LEARNING_RULES = {"online": Online, "kda": KDA, "gdn2": GDN2, "deltaproduct": DeltaProduct,
+                  "chunk_commit": ChunkCommit}
+NAMES = {cls: name for name, cls in LEARNING_RULES.items()}
+
+
+def build_learning_rule(spec, where: str = "learning_rule") -> LearningRule:
+    """A learning rule from a short-hand ("kda"), a short-hand with options ({name: deltaproduct,
+    householder_steps: 3}), a LearningRule or a class_path dict."""
+    return build("learning_rule", LEARNING_RULES, spec, LearningRule, where)
+
