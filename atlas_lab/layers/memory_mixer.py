@@ -81,7 +81,8 @@ class MemoryMixer(nn.Module):
         return F.softplus(self.raw_coefficients) if self.raw_coefficients is not None else None
 
     def gates(self, x: torch.Tensor) -> dict:
-        """{gate: [B, T, H(, C)] tensor or constant}; [B, T·n_h, H(, C)] for a gate per step with n_h steps per token."""
+        """{gate: [B, T, H(, C)] tensor or constant}; [B, T·n_h, H(, C)] for a gate per step (n_h steps per
+        token)."""
         out = {g: (spec.value if spec.used else None) for g, spec in self.gate_specs.items()}
         if out["alpha"] == "head_decay":  # RetNet: α_h = 1 − 2^(−5−h)
             h = torch.arange(self.n_heads, device=x.device, dtype=torch.float64)

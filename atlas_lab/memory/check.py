@@ -1,8 +1,8 @@
 """``check_against_reference``: one call that checks a component (or a combination) against the oracle.
 
-A random problem (every gate of the learning rule, initial weights, T not a multiple of the chunk, an Omega window) goes through the fast path
-and through ``reference``; outputs, final weights and the gradients of a loss on the outputs with respect to q, k, v,
-the gates and the initial weights must agree (docs/components.md).
+A random problem (every gate of the learning rule, initial weights, T not a multiple of the chunk, an Omega window)
+goes through the fast path and through ``reference``; outputs, final weights and the gradients of a loss on the
+outputs with respect to q, k, v, the gates and the initial weights must agree (docs/components.md).
 """
 from __future__ import annotations
 

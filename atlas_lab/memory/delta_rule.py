@@ -5,7 +5,8 @@
 with α_t one retention per head (α_t I) or one per key channel (KDA), and W_{t−1} Diag(f_t) the weights the
 gradient is taken at (the learning rule's evaluation scale): f_t = 1 at the state (gradient_at="state", the Titans
 form), f_t = α_t at the retained weights (gradient_at="retained": the form of Gated DeltaNet's and KDA's papers and of
-fla), times an erase gate e_t (Gated DeltaNet-2; its write gate is already in v_t). η_t is already multiplied by the window weight γ_t of c = 1.
+fla), times an erase gate e_t (Gated DeltaNet-2; its write gate is already in v_t). η_t is already multiplied by
+the window weight γ_t of c = 1.
 ``reference`` runs it token by token and ``chunked`` at chunk size 1 would do the same; here it runs a block of C
 tokens at a time (the WY / UT form of DeltaNet). With c_t = Σ_{s≤t} log α_s inside the block (a vector over the key
 channels for a retention per channel), k̃_t = f_t ⊙ k_t (the erase key) and W_0 the state before the block:

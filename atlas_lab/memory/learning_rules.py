@@ -72,8 +72,9 @@ class LearningRule(Component):
     """The online rule (one step per token, gates per head, gradients at W̃, no resets); subclasses change one thing.
 
     ``gates(config, optimizer)`` -> {name: GateSpec}; ``check(config, linear_map, where)`` raises for what the rule does
-    not allow (optimizer: the config's, linear_map: whether its memory is y = W φ(k)); ``inputs(gates, v, acts)`` -> the engine's (α, η, θ, γ, f, v): gates [N, T(, C)], f the evaluation
-    scale (None: at W̃), v the values each step writes."""
+    not allow (optimizer: the config's, linear_map: whether its memory is y = W φ(k)); ``inputs(gates, v, acts)``
+    -> the engine's (α, η, θ, γ, f, v): gates [N, T(, C)], f the evaluation scale (None: at W̃), v the values each
+    step writes."""
 
     gradient_at = "state"  # state: g_t at W̃ (Titans) | retained: at α_t ⊙ W_{t−1} (chunk 1: KDA, GDN, fla)
     steps_per_token = 1  # n_h

@@ -124,7 +124,8 @@ def test_reset_every_is_checked():
         MemoryConfig(chunk_size=4, learning_rule={"name": "chunk_commit", "reset_every": 6}).validate()
     with pytest.raises(ValueError, match="reset_every: expected null or an int >= 1"):
         MemoryConfig(learning_rule={"name": "chunk_commit", "reset_every": 0}).validate()
-    with pytest.raises(ValueError, match=r"reset_every: owned by the learning rule now; write learning_rule: \{name: chunk"):
+    with pytest.raises(ValueError,
+                       match=r"reset_every: owned by the learning rule now; write learning_rule: \{name: chunk"):
         MemoryConfig().replace(reset_every=64)
     x = problem(torch.float64)
     _, plain = memorize(x["q"], x["k"], x["v"], local(2, None), alpha=x["alpha"], eta=x["eta"])
