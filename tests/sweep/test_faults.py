@@ -43,7 +43,7 @@ def running_with_runs(n: int):
     return running if len(running) >= n else None
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [pytest.param("SIGINT", marks=pytest.mark.slow), "SIGTERM"])  # one path: ~50 s each
 def test_an_interrupted_sweep_stops_cleanly_and_the_next_command_finishes_it(sig, workdir):
     """2 points, 2 workers (so a tracking server), trials of 60 epochs: the signal arrives once both run. The command
     prints one line (what finished, the command that resumes), exits 128 + the signal within seconds, and leaves

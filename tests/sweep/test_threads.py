@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 from sweep_helpers import load, sweep_command, trials_now, wait_for, write_sweep
 
 
+@pytest.mark.slow  # two sweeps side by side: ~30 s; the thread arithmetic stays in the default suite
 def test_workers_of_two_sweeps_share_the_cores(workdir, tmp_path_factory, monkeypatch):
     """Sweep a starts alone (OMP_NUM_THREADS not set) and trains with every core; sweep b starts beside it: b's
     worker trains with cores // 2, and a's follows within seconds, mid-fit (each trial records its thread counts,
