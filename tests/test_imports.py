@@ -24,6 +24,7 @@ RANKS = {
     "tables": 0,
     "noise": 0,
     "configfiles": 0,  # the run's -c files, checked before Lightning is imported (lit.cli and cli import it)
+    "exports": 0,  # the names of data, eval and sweep imported when first used
     "layers": 1,
     "models": 2,
     "lit": 3,

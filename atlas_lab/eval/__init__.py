@@ -10,7 +10,8 @@ Importing this package registers the harness's model ``atlas-lab`` by name (lm_e
 when first used, so ``atlas-lab eval`` checks its arguments before torch, Lightning or the harness load.
 """
 import os
-from importlib import import_module
+
+from ..exports import lazy_exports
 
 for _name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
     os.environ.setdefault(_name, "1")
@@ -27,15 +28,4 @@ EXPORTS = {"AtlasLM": "harness", "Checkpoint": "checkpoint", "EvalError": "argum
            "checkpoint_tokenizer": "checkpoint", "PositionCurve": "position", "ppl_by_position": "position",
            "token_scores": "scores"}
 __all__ = sorted(EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
