@@ -83,6 +83,12 @@ def peek_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # a zip of something else, truncated, ...: whatever the reader says, as one line
         raise EvalError(f"--ckpt_path: {path} is not a readable checkpoint ({type(e).__name__}: "
                         f"{first_line(e)})") from None
+    return of_fit(contents, path)
+
+
+def of_fit(contents, path: str | Path) -> dict:
+    """``contents`` of a file read as a checkpoint, if it is one of atlas-lab fit (a dict with state_dict and
+    hyper_parameters); else EvalError."""
     if not isinstance(contents, dict) or "state_dict" not in contents or "hyper_parameters" not in contents:
         raise EvalError(f"--ckpt_path: {path} is not a checkpoint of atlas-lab fit (no state_dict and "
                         "hyper_parameters)")
@@ -98,11 +104,8 @@ def read_checkpoint(path: str | Path) -> dict:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as e:  # not a torch zip file, truncated, ...: whatever torch says, as one line
         raise EvalError(f"--ckpt_path: {path} is not a readable checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
-        raise EvalError(f"--ckpt_path: {path} is not a checkpoint of atlas-lab fit (no state_dict and "
-                        "hyper_parameters)")
-    return checkpoint
+                        f"{first_line(e)})") from None
+    return of_fit(checkpoint, path)
 
 
 def checkpoint_data(checkpoint: dict, path: str | Path) -> dict:
