@@ -238,6 +238,26 @@ def assert_pieces_equal_one_call(call, inputs: dict, state, cuts=((0, 17), (17, 
         assert rel_err(a, b) < tol
 
 
+def prepared_corpus(root, documents: int) -> str:
+    """A byte corpus of ``documents`` random documents of 10–200 bytes from "abcdefgh .\\n" (seed 0), written to
+    root/docs.jsonl and prepared by ``atlas-lab data prepare``'s ``prepare`` into root/corpus (20 % held out, chunks
+    of ~1 KB); returns that folder."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from atlas_lab.data.shards import prepare
+
+    root = Path(root)
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh .\n"), size=rng.integers(10, 200)))})
+             for _ in range(documents)]
+    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    prepare([str(root / "docs.jsonl")], str(root / "corpus"), holdout_fraction=0.2, chunk_bytes=1024)
+    return str(root / "corpus")
+
+
 def chunk_tokens(split_dir) -> list:
     """The token stream of every litdata chunk of a prepared split, in index.json's order, read from the chunk files
     as litdata's writer lays them out: uint32 item count n, uint32 offsets [n + 1] (from the file's start), then the

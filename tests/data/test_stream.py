@@ -5,23 +5,16 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import chunk_tokens
+from helpers import chunk_tokens, prepared_corpus
 
 from atlas_lab.cli import main
-from atlas_lab.data.shards import prepare
 from atlas_lab.data.stream import StreamingLMDataModule
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """80 documents of 10–200 bytes (byte tokens), chunks of ~512 tokens."""
-    root = tmp_path_factory.mktemp("stream")
-    rng = np.random.default_rng(0)
-    lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh .\n"), size=rng.integers(10, 200)))})
-             for _ in range(80)]
-    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    prepare([str(root / "docs.jsonl")], str(root / "corpus"), holdout_fraction=0.2, chunk_bytes=1024)
-    return str(root / "corpus")
+    return prepared_corpus(tmp_path_factory.mktemp("stream"), 80)
 
 
 def expected_windows(split_dir, seq_len: int) -> np.ndarray:

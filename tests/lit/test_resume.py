@@ -8,18 +8,17 @@ loader workers.
 What differs, by design: a fit stopped where no validation was due validates its last step (validate_at_end), so
 the resumed run holds that one validation more, at the stop's step; with validate_at_end false the runs are equal.
 """
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from atlas_lab.data.shards import prepare
+from helpers import prepared_corpus
+
 from atlas_lab.lit.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,13 +176,7 @@ def test_a_fit_stopped_by_a_signal_resumes_as_if_never_stopped(tmp_path, uninter
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
     """60 documents of 10-200 bytes (byte tokens), 20 % held out."""
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh .\n"), size=rng.integers(10, 200)))})
-             for _ in range(60)]
-    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    prepare([str(root / "docs.jsonl")], str(root / "corpus"), holdout_fraction=0.2, chunk_bytes=1024)
-    return str(root / "corpus")
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), 60)
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])

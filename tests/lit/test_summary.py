@@ -1,15 +1,14 @@
 """The model summary counts the FLOPs of one training sequence for every data module: the in-memory tasks and the
 streaming shards alike, on a fresh fit and on a resumed one."""
-import json
 import re
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import prepared_corpus
+
 from atlas_lab.cli import main
-from atlas_lab.data.shards import prepare
 from atlas_lab.lit.module import SequenceModel
 
 
@@ -49,11 +48,7 @@ def test_an_mqar_fit_and_its_resumption_count_flops(workdir, capfd):
 
 
 def test_a_streaming_fit_counts_flops(workdir, capfd):
-    rng = np.random.default_rng(0)
-    lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh .\n"), size=rng.integers(10, 200)))})
-             for _ in range(40)]
-    (workdir / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    prepare([str(workdir / "docs.jsonl")], str(workdir / "corpus"), holdout_fraction=0.2, chunk_bytes=1024)
+    prepared_corpus(workdir, 40)
     capfd.readouterr()
     assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/lm_tiny_shards.yaml",
                  f"--data.init_args.data_dir={workdir / 'corpus'}", "--data.init_args.seq_len=31",
