@@ -137,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in RUN_COMMANDS:  # one run through LightningCLI
-        from .configfiles import ConfigError, check_config_files
+        from .configfiles import ConfigError, check_config_files, check_values
 
-        try:
-            check_config_files(argv[1:])  # before Lightning is imported: a missing or broken file is one line at once
+        try:  # before Lightning is imported: a missing or broken file, a bad model or trainer value is one line at once
+            check_values(argv[1:], check_config_files(argv[1:]))
             from .lit.cli import run_cli
 
             run_cli(argv)

@@ -1,9 +1,11 @@
-"""The config files of ``atlas-lab fit|validate|test`` (``-c FILE``), checked without importing Lightning: the command
-checks them before it imports the LightningCLI (``atlas_lab.lit.cli``), so a missing or broken file is one line at
-once; the CLI reads them again for the keys renamed since an earlier version."""
+"""The config files of ``atlas-lab fit|validate|test`` (``-c FILE``) and the model's values, checked without importing
+Lightning: the command checks them before it imports the LightningCLI (``atlas_lab.lit.cli``, ~3.5 s of imports), so a
+missing or broken file or a bad model value is one line at once; the CLI's parser checks everything again."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Literal, Optional, Union
 
 import yaml
 
@@ -35,3 +37,102 @@ def check_config_files(args: list[str]) -> dict:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
     return trees
+
+
+def _expected(kind: str) -> str:
+    """A jsonargparse type as a person writes it: ``typing.Literal['a', 'b']`` -> 'a', 'b'; ``<class 'int'>`` -> int."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", kind)
+    if literal:
+        return literal.group(1)
+    cls = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", kind)
+    return {"NoneType": "null"}.get(cls.group(1), cls.group(1)) if cls else kind
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
+    was expected (every alternative), and the value given.
+
+    The one place that reads jsonargparse's text: jsonargparse 4.53 reports a bad value as an ``ArgumentError``
+    whose only content is that text (its causes are ``ValueError``s of text too), with no key, type or value to
+    read apart."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
+    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
+                        message, re.M)
+    if keys and missing:  # a class that cannot be imported: name it, not one of the Union's alternatives
+        return f"{key}: class_path '{missing.group(1)}' cannot be imported ({missing.group(2).strip()})"
+    causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
+    causes = [c for c in causes if not c.startswith("Expected a") and not c.startswith("Problem with")]
+    if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
+        return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
+    expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
+                                  for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
+    given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
+    if not keys or not expected:
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
+    return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
+
+
+# Lightning's Trainer arguments whose types name no Lightning class (Trainer.__init__'s annotations, lightning 2.6;
+# tests/test_bad_input.py holds this table to the installed Lightning's signature): checked before it is imported
+TRAINER_VALUES = {
+    "devices": Union[list[int], str, int], "num_nodes": int,
+    "precision": Union[Literal[64, 32, 16], Literal["transformer-engine", "transformer-engine-float16", "16-true",
+                                                    "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true"],
+                       Literal["64", "32", "16", "bf16"], None],
+    "fast_dev_run": Union[int, bool], "max_epochs": Optional[int], "min_epochs": Optional[int],
+    "max_steps": int, "min_steps": Optional[int], "limit_train_batches": Union[int, float, None],
+    "limit_val_batches": Union[int, float, None], "limit_test_batches": Union[int, float, None],
+    "limit_predict_batches": Union[int, float, None], "overfit_batches": Union[int, float],
+    "check_val_every_n_epoch": Optional[int], "num_sanity_val_steps": Optional[int],
+    "log_every_n_steps": Optional[int], "enable_checkpointing": Optional[bool], "enable_progress_bar": Optional[bool],
+    "enable_model_summary": Optional[bool], "accumulate_grad_batches": int,
+    "gradient_clip_val": Union[int, float, None], "gradient_clip_algorithm": Optional[str],
+    "deterministic": Union[bool, Literal["warn"], None], "benchmark": Optional[bool], "inference_mode": bool,
+    "use_distributed_sampler": bool, "detect_anomaly": bool, "barebones": bool, "sync_batchnorm": bool,
+    "reload_dataloaders_every_n_epochs": int, "enable_autolog_hparams": bool, "model_registry": Optional[str],
+}
+
+
+def section(args: list[str], trees: dict, name: str, keys) -> dict:
+    """The ``keys`` of section ``name`` as the run will see them: a config file's ``<name>:`` keys and
+    ``--<name>.<key>=value`` (or ``--<name>.<key> value``, a YAML value), in the command line's order; other keys are
+    left out."""
+    out = {}
+    for i, arg in enumerate(args):  # in the command line's order, as the CLI's parser applies them
+        key, equals, value = arg.partition("=")
+        value = value if equals else args[i + 1] if i + 1 < len(args) else ""
+        if key in ("-c", "--config"):
+            tree = trees.get(value).get(name) if isinstance(trees.get(value), dict) else None
+            out.update({k: v for k, v in tree.items() if k in keys} if isinstance(tree, dict) else {})
+        elif key.startswith(f"--{name}.") and key.removeprefix(f"--{name}.") in keys:
+            out[key.removeprefix(f"--{name}.")] = yaml.safe_load(value)
+    return out
+
+
+def check_values(args: list[str], trees: dict) -> None:
+    """The model's values (ModelConfig's types and ranges) and the trainer's (``TRAINER_VALUES``) through
+    jsonargparse's public parser, before Lightning is imported: a bad preset, size or step count is the line the CLI's
+    parser would give, in ~1 s (torch's import) instead of ~4 s. What this cannot see (other keys, the memory's
+    options) the CLI checks."""
+    from dataclasses import fields
+
+    from jsonargparse import ArgumentError, ArgumentParser
+
+    from .models.lm import ModelConfig
+
+    model = section(args, trees, "model", {f.name for f in fields(ModelConfig)})
+    trainer = section(args, trees, "trainer", TRAINER_VALUES)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ModelConfig, "model")
+    for key, kind in TRAINER_VALUES.items():
+        parser.add_argument(f"--trainer.{key}", type=kind)
+    try:
+        values = parser.parse_object({"model": model, "trainer": trainer})
+    except ArgumentError as e:
+        raise ConfigError(one_line(str(e))) from None
+    try:
+        ModelConfig(**vars(values.model))
+    except ValueError as e:
+        raise ConfigError(f"model.{e}") from None

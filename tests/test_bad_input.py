@@ -358,6 +358,52 @@ def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
     assert sorted(p for p in Path(".").rglob("*")) == before  # no run, no store, no checkpoint
 
 
+EARLY_VALUES = {  # a model or trainer value a config file or argument gets wrong, and the line it must give
+    "preset": ("--model.preset=atlass", "model.preset: expected 'transformer', 'swa'"),
+    "trainer type": ("--trainer.max_epochs=three", "trainer.max_epochs: expected int or null; got three"),
+    "trainer flag": ("--trainer.enable_progress_bar=maybe", "trainer.enable_progress_bar: expected bool or null"),
+    "type": ("--model.d_model=abc", "model.d_model: expected int; got abc"),
+    "range": ("--model.n_layers=0", "model.n_layers: expected an int >= 1, got 0"),
+    "heads": ("--model.n_heads=5", "model.n_heads: d_model=16 must be divisible by n_heads=5"),
+}
+
+
+@pytest.mark.parametrize("case", list(EARLY_VALUES))
+def test_a_bad_model_or_trainer_value_is_its_line_before_lightning_is_imported(case):
+    """The model's and trainer's values are checked before the LightningCLI (~3.5 s of imports) is imported, with the
+    parser's own line; the value of the last config file or argument is the one checked (a file's preset is
+    overridden by TINY_RUN's)."""
+    arg, message = EARLY_VALUES[case]
+    code = ("import sys; from atlas_lab.cli import main; code = main(sys.argv[1:]); "
+            "print(code, 'lightning' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, "fit", *TINY_RUN, arg], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+
+
+def test_the_trainer_values_checked_early_are_lightnings_own():
+    """configfiles.TRAINER_VALUES is the installed Lightning's Trainer signature: each type as Lightning annotates it,
+    and every argument whose type names only builtins is in the table (a Lightning upgrade that changes one fails
+    here, not in a user's run)."""
+    import inspect
+    import typing
+
+    from lightning.pytorch import Trainer
+
+    from atlas_lab.configfiles import TRAINER_VALUES
+
+    def builtin(kind) -> bool:
+        args = typing.get_args(kind)
+        if typing.get_origin(kind) is typing.Literal:
+            return True
+        return all(map(builtin, args)) if args else kind in (int, float, bool, str, type(None))
+
+    signature = {n: p.annotation for n, p in inspect.signature(Trainer.__init__).parameters.items() if n != "self"}
+    assert {n: k for n, k in signature.items() if builtin(k)} == TRAINER_VALUES
+
+
 def test_validate_and_test_score_the_last_fit_or_an_explicitly_untrained_model(workdir):
     """`last.ckpt` is the last fit's, whatever ran before (no last-v1.ckpt), each run is named after its config,
     checkpoints follow trainer.default_root_dir, and --untrained=true scores a freshly built model."""

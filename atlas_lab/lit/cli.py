@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from ..configfiles import ConfigError, check_config_files
+from ..configfiles import ConfigError, check_config_files, one_line
 from ..store import init_store, resolve_uri
 from .module import CheckpointOnSigterm, SequenceModel, ValidateAtEnd
 
@@ -35,41 +35,6 @@ RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-ru
     "trainer.check_val_every_n_epoch": (lambda x: x is None or x >= 1, "null or an int >= 1"),
     "trainer.log_every_n_steps": (lambda x: x is None or x >= 1, "null or an int >= 1 (Lightning's 0 logs no step)"),
 }
-
-
-def _expected(kind: str) -> str:
-    """A jsonargparse type as a person writes it: ``typing.Literal['a', 'b']`` -> 'a', 'b'; ``<class 'int'>`` -> int."""
-    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", kind)
-    if literal:
-        return literal.group(1)
-    cls = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", kind)
-    return {"NoneType": "null"}.get(cls.group(1), cls.group(1)) if cls else kind
-
-
-def one_line(message: str) -> str:
-    """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
-    was expected (every alternative), and the value given.
-
-    The one place that reads jsonargparse's text: jsonargparse 4.53 reports a bad value as an ``ArgumentError``
-    whose only content is that text (its causes are ``ValueError``s of text too), with no key, type or value to
-    read apart."""
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
-    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
-                        message, re.M)
-    if keys and missing:  # a class that cannot be imported: name it, not one of the Union's alternatives
-        return f"{key}: class_path '{missing.group(1)}' cannot be imported ({missing.group(2).strip()})"
-    causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
-    causes = [c for c in causes if not c.startswith("Expected a") and not c.startswith("Problem with")]
-    if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
-        return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
-    expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
-                                  for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
-    given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
-    if not keys or not expected:
-        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
-    return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
 
 
 # keys of earlier versions -> their name now
