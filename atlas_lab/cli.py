@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--study", default=None, metavar="NAME",
                    help="the study's name instead of the file's (required when --set changes what the trials run, "
                         "so a shortened study never joins the file's)")
+    p.add_argument("--estimate", type=POSITIVE, nargs="?", const=20, default=None, metavar="STEPS",
+                   help="run nothing of the study: time a short fit of each distinct configuration on this machine "
+                        "(STEPS training batches of each sequence length, default 20, and one short validation) and "
+                        "print the projected hours per configuration and in all; writes nothing to runs/ or MLflow")
     p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")
     p.add_argument("study")
     p.add_argument("--storage", default=None)
@@ -273,7 +277,12 @@ def command(args) -> int:
         if args.command == "sweep":
             from .sweep.spec import load_sweep
 
-            load_sweep(args.file, args.sets, args.study)  # the file and its --set, before the driver's imports
+            spec = load_sweep(args.file, args.sets, args.study)  # the file and its --set, before the driver's imports
+            if args.estimate is not None:
+                from .sweep.estimate import print_estimate
+
+                rows = print_estimate(spec, args.estimate)
+                return 1 if any("error" in r for r in rows) else 0
             from .sweep.driver import run_sweep
 
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed,
