@@ -184,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("study")
     p.add_argument("--storage", default=None)
     p.add_argument("--power", type=_positive_number, default=None, metavar="DELTA",
-                   help="add the seeds each comparison needs to resolve a difference of DELTA in the metric (a "
-                        "paired t test at 0.05 with power 0.8, at the comparison's observed spread)")
+                   help="add each seed's value, each comparison's escapes (Fisher's test), its power against a "
+                        "difference of DELTA in the metric at its pairs and the seeds that give power 0.8 (a paired t "
+                        "test at the level Holm's method holds the comparison to, at its observed spread)")
+    p.add_argument("--sweep", default=None, metavar="FILE",
+                   help="the study's sweep file, for a study run before its escape threshold, setting, claims or "
+                        "marks were declared: the report words its verdicts with them")
     p = sub.add_parser("capacity", help="recall of N pairs by memory component combinations, without training "
                                         "(accuracy against state size)")
     p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
@@ -301,7 +305,7 @@ def command(args) -> int:
 
         study = load_existing(storage, args.study)
         check_writable(f"runs/sweeps/{args.study}")  # where the report's files go
-        summarize(study, power=args.power)
+        summarize(study, power=args.power, sweep=args.sweep)
         return 0
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)

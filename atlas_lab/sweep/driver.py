@@ -414,6 +414,12 @@ def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, re
                             finish_run(client, run_id, "FAIL", reason)
                         console.print(Text(f"trial {t.number}: {reason}; enqueued again", style="yellow"))
             reported |= _report_finished(study, reported, console)
+            if spec.tune and any(studies.refinements(study, labels) for labels in spec.grid_points()):
+                with interrupts_deferred(), lock:  # a diverged candidate: a finer one between it and a stable one
+                    finer = studies.enqueue_refinements(study, spec)
+                if finer:
+                    console.print(Text(f"{finer} tune trial(s) enqueued: finer candidates between a diverged one and "
+                                       "its stable neighbour"))
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             alive = [p for p in procs.values() if p.poll() is None]

@@ -4,13 +4,19 @@ A grid point's repeats (seeds) give n values v_1..v_n: the row shows n, their me
 s and the 95 % confidence interval of the mean, mean ± t_{0.975, n-1} · s / √n (Student's t; none for n = 1).
 Repeat r of every point sees the same data and initialisation seed, so a point is compared with the sweep's
 ``baseline`` point seed by seed: d_r = v_r(point) − v_r(baseline) over the repeats both completed, with the same
-interval on the d_r, beside the percentile bootstrap interval, the paired t test's p, the exact sign-flip
-permutation test's p (statistics.py) and the t p adjusted by Holm's method across the study's comparisons; a
-comparison is resolved ("*") where that adjusted p is below 0.05. A study of steps to a threshold (``summary:
-{steps_to: x}``) counts each point's escapes (seeds that reached x) and compares them with Fisher's exact test, and
-its steps, censored where x was never reached, with Gehan's rank test, whose p is the one Holm adjusts. A tuned
-study's chosen settings and every candidate's pilot mean are a table of their own. ``power`` adds, per comparison,
-the seeds a paired t test needs to detect a difference of that size with power 0.8 at its observed spread.
+interval on the d_r, beside the percentile bootstrap interval (exact over every resample at up to 6 pairs), the
+paired t test's p, the exact sign-flip permutation test's p with the least it can reach at that n (2/2ⁿ), and the t
+p adjusted by Holm's method across the study's comparisons; a comparison is resolved ("*") where that adjusted p is
+below 0.05 on at least 3 pairs (fewer: "too few seeds"; no spread: no t p, never resolved). Each verdict names the
+study's setting and metric, and says "agrees / disagrees with the paper" only where the sweep file declares the
+paper's setting (``paper_setting``); a proxy study's verdict is "same / opposite ordering at <setting>; does not
+test <claim>" (``verdict``). A study of steps to a threshold (``summary: {steps_to: x}``), or with an ``escape``
+threshold, counts each point's escapes (seeds beyond it) and compares them with Fisher's exact test; a steps_to
+study's steps, censored where x was never reached, go to Gehan's rank test, whose p is the one Holm adjusts. A tuned
+study's chosen settings and every candidate's pilot median and range are a table of their own. ``power`` adds each
+seed's value and, per comparison, the power of the paired t test at its pairs against a difference of that size, at
+its observed spread and the level Holm's method holds it to (α/(m − i + 1) at p-rank i of m), and the seeds that
+give power 0.8 there. Values are rounded once, from the stored values, to DIGITS decimals.
 Failed, pruned and unfinished trials are counted in their own columns and never averaged in.
 """
 from __future__ import annotations
@@ -99,16 +105,28 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
 
 def tuned_rows(study: optuna.Study, columns: list[str], rows: list[dict]) -> list[dict]:
     """Per grid point of a tuned study: its labels, the chosen setting ("chosen", None before any candidate
-    completed) and every candidate's pilot mean ("candidates": "lr=0.001: 0.5123 · lr=0.003: 0.9012")."""
+    completed) and every candidate's pilot median, range and seeds, or how many of its pilots diverged
+    ("candidates": "lr=0.001: 0.5123 [0.4900, 0.5300] of 3 · lr=0.01: diverged in 2 of 3")."""
     if not study.user_attrs.get("tune_keys"):
         return []
     out = []
     for r in rows:
         chosen, candidates = tuned_setting(study, {k: r[k] for k in columns})
-        shown = " · ".join(" ".join(f"{k.split('.')[-1]}={v}" for k, v in c["tune"].items()) + f": {_fmt(c['mean'])}"
-                           for c in candidates)
-        out.append({k: r[k] for k in columns} | {"chosen": chosen, "candidates": shown})
+        out.append({k: r[k] for k in columns} | {"chosen": chosen,
+                                                 "candidates": " · ".join(_candidate(c) for c in candidates)})
     return out
+
+
+def _candidate(c: dict) -> str:
+    """One tune candidate as the tuned table shows it: its setting, then the median and range of its pilots'
+    summaries over the seeds that completed, or the pilots that diverged."""
+    name = " ".join(f"{k.split('.')[-1]}={v}" for k, v in c["tune"].items())
+    if c["diverged"]:
+        return f"{name}: diverged in {c['diverged']} of {c['pilots']}"
+    if c["median"] is None:
+        return f"{name}: —"
+    spread = f" [{_fmt(c['low'])}, {_fmt(c['high'])}]" if len(c["values"]) > 1 else ""
+    return f"{name}: {_fmt(c['median'])}{spread} of {len(c['values'])}"
 
 
 def _setting(chosen: dict | None) -> str:
@@ -120,17 +138,29 @@ def baseline_row(rows: list[dict], columns: list[str], baseline: dict | None) ->
     return next((r for r in rows if baseline and all(r[k] == baseline.get(k) for k in columns)), None)
 
 
-def differences(study: optuna.Study, columns: list[str], rows: list[dict], power: float | None = None) -> list[dict]:
+def escaped(values: list[float], threshold: float, maximize: bool) -> int:
+    """How many of ``values`` lie beyond ``threshold`` in the metric's direction (left the plateau)."""
+    return sum(v > threshold if maximize else v < threshold for v in values)
+
+
+def differences(study: optuna.Study, columns: list[str], rows: list[dict], power: float | None = None,
+                attrs: dict | None = None) -> list[dict]:
     """Every other grid point against the study's ``baseline`` point, paired by repeat: the axes it changes, the
     number of pairs, the mean paired difference (point − baseline), its 95 % t interval (``excludes_0`` where it lies
-    on one side of 0) and bootstrap interval, the t and sign-flip p, the Holm-adjusted t p across the comparisons
-    (``resolved`` below 0.05), ``better`` when the difference goes the metric's way, and with ``power`` the seeds
-    that resolve a difference of that size (``seeds``). [] without a baseline."""
-    base = baseline_row(rows, columns, study.user_attrs.get("baseline"))
+    on one side of 0) and bootstrap interval (``boot_exact``, ``boot_mc``: its Monte-Carlo error), the t and sign-flip
+    p and the least sign-flip p its pairs allow (``p_flip_min``), the Holm-adjusted p across the comparisons
+    (``resolved`` below 0.05 on at least ``MIN_PAIRS`` pairs; ``too_few`` below), its Holm rank and level, ``better``
+    when the difference goes the metric's way, the escapes beyond the study's threshold with Fisher's p, and with
+    ``power`` the power at the pairs and Holm level (``power``) and the seeds that resolve a difference of that size
+    there (``seeds``). ``attrs``: the study's attributes, where not its own (``sweep_wording``). [] without a
+    baseline."""
+    attrs = study.user_attrs if attrs is None else attrs
+    base = baseline_row(rows, columns, attrs.get("baseline"))
     if base is None:
         return []
-    maximize = study.user_attrs.get("direction", "maximize") == "maximize"
-    steps_to = study.user_attrs.get("summary") == "steps_to"
+    maximize = attrs.get("direction", "maximize") == "maximize"
+    steps_to = attrs.get("summary") == "steps_to"
+    escape = attrs.get("escape")
     out = []
     for r in rows:
         if r is base:
@@ -140,27 +170,69 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
         runs = [[(x["values"][p], x["censored"][p]) for p in pairs] for x in (r, base)]
         stats = interval(d)
         excludes = stats["low"] is not None and (stats["low"] > 0 or stats["high"] < 0)
-        boot = stats_.bootstrap_interval(d) or (None, None)
+        boot = stats_.bootstrap_interval(d)
         out.append({k: r[k] for k in columns} | {
             "changes": ", ".join(f"{name}={r[k]}" for k, name in zip(columns, short_names(columns))
                                  if r[k] != base[k]),
+            "changed": [str(r[k]) for k in columns if r[k] != base[k]],
             "pairs": stats["n"], "diff": stats["mean"], "std": stats["std"], "low": stats["low"],
-            "high": stats["high"], "excludes_0": excludes, "boot_low": boot[0], "boot_high": boot[1],
-            "p": stats_.paired_t_p(d), "p_flip": stats_.sign_flip_p(d),
-            "seeds": stats_.seeds_for_power(power, stats["std"]) if power else None,
+            "high": stats["high"], "excludes_0": excludes, "boot_low": boot and boot.low,
+            "boot_high": boot and boot.high, "boot_exact": boot and boot.exact, "boot_mc": boot and boot.mc_error,
+            "p": stats_.paired_t_p(d), "p_flip": stats_.sign_flip_p(d), "p_flip_min": stats_.min_sign_flip_p(len(d)),
+            "too_few": 0 < len(d) < stats_.MIN_PAIRS, "no_spread": len(d) > 1 and stats_.no_spread(d),
+            "escaped": None, "p_fisher": None,
             "better": None if stats["mean"] is None else (stats["mean"] > 0) == maximize and stats["mean"] != 0})
         if steps_to:  # escapes and censored steps: the rank test decides, and says which way
-            escaped = [sum(not c for _, c in x) for x in runs]
-            p_rank = stats_.gehan_p(*runs)
+            counts = [sum(not c for _, c in x) for x in runs]
             u = stats_.gehan_u(*runs) if runs[0] else 0
-            out[-1] |= {"escaped": f"{escaped[0]}/{len(pairs)} vs {escaped[1]}/{len(pairs)}",
-                        "p_fisher": stats_.fisher_p(escaped[0], len(pairs), escaped[1], len(pairs)),
-                        "p_rank": p_rank, "better": u > 0 if u else None}
-    for d, adjusted in zip(out, stats_.holm([d["p_rank" if steps_to else "p"] for d in out])):
-        d["p_holm"], d["resolved"] = adjusted, adjusted is not None and adjusted < stats_.ALPHA
+            out[-1] |= {"p_rank": stats_.gehan_p(*runs), "better": u > 0 if u else None}
+        elif escape is not None:
+            counts = [escaped([v for v, _ in x], escape, maximize) for x in runs]
+        if (steps_to or escape is not None) and pairs:
+            out[-1] |= {"escaped": f"{counts[0]}/{len(pairs)} vs {counts[1]}/{len(pairs)}",
+                        "p_fisher": stats_.fisher_p(counts[0], len(pairs), counts[1], len(pairs))}
+    # Holm's family: every comparison with a pair; one without a p (no spread, one pair) enters as 1
+    tested = [None if not d["pairs"] else d["p_rank" if steps_to else "p"] for d in out]
+    tested = [1.0 if v is None and d["pairs"] else v for v, d in zip(tested, out)]
+    m = sum(v is not None for v in tested)
+    for d, adjusted, rank in zip(out, stats_.holm(tested), stats_.holm_ranks(tested)):
+        level = stats_.holm_level(rank, m) if rank else None
+        d |= {"p_holm": adjusted, "holm_rank": rank, "holm_m": m, "holm_level": level,
+              "resolved": adjusted is not None and adjusted < stats_.ALPHA and not d["too_few"]}
+        spread = None if d["no_spread"] else d["std"]  # identical differences size no design
+        if power:
+            d |= {"power": stats_.paired_power(d["pairs"], power, spread, level or stats_.ALPHA),
+                  "seeds": stats_.seeds_for_power(power, spread, level or stats_.ALPHA)}
+        else:
+            d |= {"power": None, "seeds": None}
     out.sort(key=lambda d: (d["changes"].count(",") if d["changes"] else -1, d["diff"] is None,
                             -(d["diff"] or 0) if maximize else (d["diff"] or 0)))
     return out
+
+
+def verdict(d: dict, attrs: dict) -> str:
+    """A comparison's verdict in words that name its setting: "agrees / disagrees with the paper" only where the
+    study runs the paper's task, scale and metric (``paper_setting``); elsewhere "same / opposite ordering at
+    <setting>; does not test <claim>" (``claims``: the paper's claim about the point and the side it puts it on);
+    "too few seeds" below ``MIN_PAIRS`` pairs, never resolved."""
+    setting = attrs.get("setting") or "this study's setting (none declared)"
+    claims = attrs.get("claims") or {}
+    claim = claims.get(d["changed"][0]) if len(d["changed"]) == 1 else None
+    if d["p_holm"] is None:
+        return "—"
+    if d["too_few"]:
+        return f"too few seeds: {d['pairs']} pair(s), a verdict needs {stats_.MIN_PAIRS}"
+    if not d["resolved"] or d["better"] is None:
+        why = " (no spread: identical differences)" if d["no_spread"] else ""
+        untested = f"; does not test {claim['claim']}" if claim and not attrs.get("paper_setting") else ""
+        return f"not resolved{why} at {setting}{untested}"
+    side = "better" if d["better"] else "worse"
+    if claim is None:
+        return f"{side} at {setting}"
+    same = side == claim["paper"]
+    if attrs.get("paper_setting"):
+        return f"{'agrees' if same else 'disagrees'} with the paper at {setting}: {claim['claim']}"
+    return f"{'same' if same else 'opposite'} ordering at {setting}; does not test {claim['claim']}"
 
 
 def _fmt(v):
@@ -176,20 +248,38 @@ def _ci(r) -> str:
 def _verdict(d) -> str:
     if d["p_holm"] is None:
         return "—"
+    if d["too_few"]:
+        return "too few seeds"
     return ("* better" if d["better"] else "* worse") if d["resolved"] else "not resolved"
 
 
 def _boot(d) -> str:
-    return "—" if d["boot_low"] is None else f"[{_fmt(d['boot_low'])}, {_fmt(d['boot_high'])}]"
+    if d["boot_low"] is None:
+        return "—"
+    return f"[{_fmt(d['boot_low'])}, {_fmt(d['boot_high'])}]" + ("" if d["boot_exact"] else f" ±{d['boot_mc']:.1g}")
+
+
+def _boot_words(diffs: list[dict]) -> str:
+    """How the bootstrap intervals were found: every resample, or random draws with a Monte-Carlo error."""
+    exact = {d["boot_exact"] for d in diffs if d["boot_low"] is not None}
+    words = []
+    if True in exact:
+        words.append("exact over every nⁿ resample of the pairs")
+    if False in exact:
+        words.append(f"over {stats_.DRAWS:,} random resamples, ± the Monte-Carlo standard error of its ends")
+    return " and ".join(words) or "none"
 
 
 POINT_HEADER = ["n", "mean", "std", "95% CI", "failed", "pruned", "unfinished", "trials", "reason"]
-DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "bootstrap 95%", "p (t)", "p (sign flip)", "Holm p",
-               "verdict"]
-DIFF_COLUMNS = ["changes", "pairs", "diff", "std", "low", "high", "boot_low", "boot_high", "p", "p_flip", "p_holm",
-                "resolved", "excludes_0", "better", "seeds", "escaped", "p_fisher", "p_rank"]
-TUNED_HEADER = ["chosen", "candidates (pilot mean)"]
+DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "bootstrap 95%", "p (t)", "p (sign flip)",
+               "least p (flip)", "Holm p", "verdict"]
+DIFF_COLUMNS = ["changes", "pairs", "diff", "std", "low", "high", "boot_low", "boot_high", "boot_exact", "boot_mc",
+                "p", "p_flip", "p_flip_min", "p_holm", "holm_rank", "holm_level", "resolved", "too_few", "excludes_0",
+                "better", "power", "seeds", "escaped", "p_fisher", "p_rank", "verdict"]
+TUNED_HEADER = ["chosen", "candidates (pilot median [range] of seeds)"]
 STEPS_HEADER = ["escaped", "p (Fisher)", "p (Gehan)"]  # a steps_to study's columns, before "Holm p"
+VERDICT_HEADER = ["comparison", "metric", "verdict"]
+POWER_HEADER = ["changes", "pairs", "std", "Holm level", "power", "escaped", "p (Fisher)"]
 
 
 # the terminal's point table: the three counts share a column ("0 / 1 / 0"), so that two grid axes fit 80 columns
@@ -205,16 +295,40 @@ def _point_cells(r) -> list:
             r["reason"]]
 
 
-def _diff_cells(d, power: float | None = None) -> list:
+def _diff_cells(d) -> list:
     cells = [d["changes"], d["pairs"], _fmt(d["diff"]), _fmt(d["std"]), _ci(d), _boot(d), _fmt(d["p"]),
-             _fmt(d["p_flip"])]
+             _fmt(d["p_flip"]), _fmt(d["p_flip_min"])]
     if "p_rank" in d:
-        cells += [d["escaped"], _fmt(d["p_fisher"]), _fmt(d["p_rank"])]
-    return cells + [_fmt(d["p_holm"]), _verdict(d)] + ([d["seeds"] or "—"] if power else [])
+        cells += [d["escaped"] or "—", _fmt(d["p_fisher"]), _fmt(d["p_rank"])]
+    return cells + [_fmt(d["p_holm"]), _verdict(d)]
 
 
-def _diff_header(power: float | None, steps_to: bool = False) -> list[str]:
-    return DIFF_HEADER[:-2] + STEPS_HEADER * steps_to + DIFF_HEADER[-2:] + ([f"seeds for ±{power:g}"] if power else [])
+def _diff_header(steps_to: bool = False) -> list[str]:
+    return DIFF_HEADER[:-2] + STEPS_HEADER * steps_to + DIFF_HEADER[-2:]
+
+
+def _power_header(power: float) -> list[str]:
+    return POWER_HEADER[:5] + [f"seeds for ±{power:g}"] + POWER_HEADER[5:]
+
+
+def _power_cells(d) -> list:
+    level = "—" if d["holm_level"] is None else f"{d['holm_level']:.4g} ({d['holm_rank']} of {d['holm_m']})"
+    return [d["changes"], d["pairs"], _fmt(d["std"]), level, _fmt(d["power"]), d["seeds"] or "—",
+            d["escaped"] or "—", _fmt(d["p_fisher"])]
+
+
+def _seed_header(rows: list[dict], escape: float | None) -> tuple[list[int], list[str]]:
+    repeats = sorted({r for row in rows for r in row["values"]})
+    return repeats, [f"seed {r}" for r in repeats] + (["escaped"] if escape is not None else [])
+
+
+def _seed_cells(row: dict, repeats: list[int], escape: float | None, maximize: bool) -> list:
+    """A point's value per seed (a censored steps_to value with '+': at least that), and its escapes."""
+    cells = ["—" if r not in row["values"] else _fmt(row["values"][r]) + ("+" if row["censored"].get(r) else "")
+             for r in repeats]
+    if escape is not None:
+        cells.append(f"{escaped(list(row['values'].values()), escape, maximize)}/{row['n']}")
+    return cells
 
 
 def _test_words(diffs: list[dict]) -> str:
@@ -223,16 +337,28 @@ def _test_words(diffs: list[dict]) -> str:
         else "t p"
 
 
+def _power_words(power: float, escape: float | None, steps_to: bool, metric: str) -> str:
+    threshold = "its threshold" if steps_to else f"{metric} {escape:g}" if escape is not None else None
+    return (f"power of the paired t test at each comparison's pairs against a difference of ±{power:g}, at its "
+            f"observed std and the level Holm's method holds it to (α/(m − i + 1) at p-rank i of m), and the seeds "
+            f"that give power {stats_.POWER:g} there"
+            + (f"; escapes: the seeds beyond {threshold} (point vs baseline) and Fisher's exact p" if threshold
+               else "; no escape threshold: declare one (escape:) in the sweep file"))
+
+
 def _markdown(header: list[str], cells: list[list]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
         ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in cells]
 
 
 def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric: str, baseline: dict | None,
-                 out: Path, power: float | None = None, tuned: list[dict] = (), marks: dict | None = None
-                 ) -> list[Path]:
-    """results.csv, results.md (the points, the differences to the baseline, the tuned settings), differences.csv
-    and tuned.csv."""
+                 out: Path, power: float | None = None, tuned: list[dict] = (), marks: dict | None = None,
+                 attrs: dict | None = None) -> list[Path]:
+    """results.csv, results.md (the points, the differences to the baseline and their verdicts; with ``power`` each
+    seed's value and each comparison's power and escapes; the tuned settings), differences.csv and tuned.csv.
+    ``attrs``: the study's attributes that word the verdicts (setting, claims, escape, direction)."""
+    attrs = attrs or {}
+    escape, maximize = attrs.get("escape"), attrs.get("direction", "maximize") == "maximize"
     files = [out / "results.csv", out / "results.md"]
     with files[0].open("w", newline="") as f:
         w = csv.writer(f)
@@ -244,23 +370,35 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
     lines = [f"{metric}: per point, n complete repeats, mean, std and the 95 % t interval of the mean"
              + "".join(f"; {label}: {value:.4g}" for label, value in (marks or {}).items()), ""]
     lines += _markdown(columns + POINT_HEADER, [[r[k] for k in columns] + _point_cells(r) for r in rows])
+    if power and rows:
+        repeats, header = _seed_header(rows, escape)
+        lines += ["", f"{metric} per seed" + (f"; escaped: the seeds beyond {escape:g}" if escape is not None else ""),
+                  ""]
+        lines += _markdown(columns + header, [[r[k] for k in columns] + _seed_cells(r, repeats, escape, maximize)
+                                              for r in rows])
     if diffs:
+        steps_to = "p_rank" in diffs[0]
         files.append(out / "differences.csv")
         with files[-1].open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(columns + [{"low": "ci_low", "high": "ci_high"}.get(k, k) for k in DIFF_COLUMNS])
             for d in diffs:
-                w.writerow([d[k] for k in columns] + [d.get(k) for k in DIFF_COLUMNS])
+                w.writerow([d[k] for k in columns] + [verdict(d, attrs) if k == "verdict" else d.get(k)
+                                                      for k in DIFF_COLUMNS])
         where = ", ".join(f"{k}={v}" for k, v in baseline.items())
         lines += ["", f"paired differences to the baseline ({where}), point − baseline, seed by seed: the 95 % t "
-                      f"and bootstrap intervals, the paired t and sign-flip p"
-                  + ("; the seeds that reached the threshold (point vs baseline) and Fisher's exact p"
-                     * ("p_rank" in diffs[0]))
-                  + f"; * (resolved) where the {_test_words(diffs)} adjusted by "
-                      f"Holm's method across these {len(diffs)} comparisons is below {stats_.ALPHA:g}"
-                  + (f"; the seeds a paired t test needs for power {stats_.POWER:g} against a difference of "
-                     f"±{power:g} at the observed std" if power else ""), ""]
-        lines += _markdown(_diff_header(power, "p_rank" in diffs[0]), [_diff_cells(d, power) for d in diffs])
+                      f"interval and the bootstrap's ({_boot_words(diffs)}), the paired t and sign-flip p and the "
+                      f"least sign-flip p the pairs allow (2/2ⁿ)"
+                  + ("; the seeds that reached the threshold (point vs baseline) and Fisher's exact p" * steps_to)
+                  + f"; * (resolved) where the {_test_words(diffs)} adjusted by Holm's method across these "
+                    f"{diffs[0]['holm_m']} comparisons is below {stats_.ALPHA:g}, on at least {stats_.MIN_PAIRS} "
+                    f"pairs", ""]
+        lines += _markdown(_diff_header(steps_to), [_diff_cells(d) for d in diffs])
+        lines += ["", f"verdicts: {metric}, at the study's setting", ""]
+        lines += _markdown(VERDICT_HEADER, [[d["changes"], metric, verdict(d, attrs)] for d in diffs])
+        if power:
+            lines += ["", _power_words(power, escape, steps_to, metric), ""]
+            lines += _markdown(_power_header(power), [_power_cells(d) for d in diffs])
     if tuned:
         files.append(out / "tuned.csv")
         with files[-1].open("w", newline="") as f:
@@ -268,8 +406,9 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
             w.writerow(columns + ["chosen", "candidates"])
             for t in tuned:
                 w.writerow([t[k] for k in columns] + [json.dumps(t["chosen"]), t["candidates"]])
-        lines += ["", "tuned settings: per point, the candidate with the best mean over its pilot seeds (never a "
-                      "reported seed), and every candidate's pilot mean", ""]
+        lines += ["", "tuned settings: per point, the candidate with the best median over its pilot seeds (never a "
+                      "reported seed; a candidate that diverged on any is not chosen), and every candidate's median, "
+                      "range and complete seeds", ""]
         lines += _markdown(columns + TUNED_HEADER, [[t[k] for k in columns] + [_setting(t["chosen"]), t["candidates"]]
                                                     for t in tuned])
     files[1].write_text("\n".join(lines) + "\n")
@@ -379,26 +518,52 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
                          else [], tags=tags if i == 0 else [])
 
 
+def sweep_wording(study: optuna.Study, path: str | Path) -> dict:
+    """The report-only keys (escape, setting, paper_setting, claims, marks) of the sweep file ``path`` for a study
+    that does not record them (run before they were declared): the file must name the study and define its trials
+    as the study recorded them (grid, fixed values, metric, summary; its tune block may differ). SweepError
+    otherwise."""
+    from .spec import SweepError, load_sweep
+    from .study import definition
+
+    spec = load_sweep(path)
+    if spec.study != study.study_name:
+        raise SweepError(f"--sweep {path}: defines study {spec.study!r}, not {study.study_name!r}")
+    recorded, given = study.user_attrs.get("definition") or {}, definition(spec)
+    differ = [k for k in ("metric", "direction", "sampler", "grid", "fixed", "summary")
+              if k in recorded and recorded.get(k) != given.get(k)]
+    if differ:
+        raise SweepError(f"--sweep {path}: its {', '.join(differ)} differ from what study {study.study_name!r} ran; "
+                         "expected the file the study ran")
+    return {"escape": spec.escape, "setting": spec.setting, "paper_setting": spec.paper_setting,
+            "claims": spec.claims, "marks": spec.marks}
+
+
 def summarize(study: optuna.Study, client=None, parent: str | None = None, console: Console | None = None,
-              out_dir: str | Path | None = None, tracking_uri: str | None = None, power: float | None = None) -> Path:
+              out_dir: str | Path | None = None, tracking_uri: str | None = None, power: float | None = None,
+              sweep: str | Path | None = None) -> Path:
     """Print the tables, write results.{csv,md} (and differences.csv), ablation.png (and importances.csv), and
     attach them and the summary metrics to the parent run; the last line says where its runs are seen (on
-    ``tracking_uri``, default the project's store). ``power``: add the seeds each comparison needs to resolve a
-    difference of that size. Returns the folder."""
+    ``tracking_uri``, default the project's store). ``power``: add each seed's value, and per comparison its power
+    and the seeds that resolve a difference of that size at its Holm level, and its escapes. ``sweep``: the sweep
+    file whose escape threshold, setting, claims and marks word the report (``sweep_wording``). Returns the
+    folder."""
     console = console or Console()
-    metric = study.user_attrs.get("metric", "value")
-    baseline = study.user_attrs.get("baseline")
+    attrs = dict(study.user_attrs) | (sweep_wording(study, sweep) if sweep is not None else {})
+    metric = attrs.get("metric", "value")
+    baseline = attrs.get("baseline")
+    maximize = attrs.get("direction", "maximize") == "maximize"
     columns, rows = result_rows(study)
-    diffs = differences(study, columns, rows, power)
+    diffs = differences(study, columns, rows, power, attrs)
     tuned = tuned_rows(study, columns, rows)
     out = Path(out_dir or Path("runs") / "sweeps" / study.study_name)
     out.mkdir(parents=True, exist_ok=True)
-    marks = study.user_attrs.get("marks") or {}
-    files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned, marks)
+    marks = attrs.get("marks") or {}
+    files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned, marks, attrs)
     plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline, marks) \
-        if study.user_attrs.get("sampler", "grid") == "grid" else None
+        if attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
-    if study.user_attrs.get("sampler") in ("tpe", "random"):
+    if attrs.get("sampler") in ("tpe", "random"):
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
         if len(complete) >= 2 and len({tuple(sorted(t.params.items())) for t in complete}) >= 2:
             importances = optuna.importance.get_param_importances(study)
@@ -406,21 +571,35 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
             path.write_text("parameter,importance\n" + "".join(f"{k},{v:.6f}\n" for k, v in importances.items()))
             files.append(path)
     keys = short_names(columns)
-    print_table(console, f"study {study.study_name}: {metric} ({study.user_attrs.get('direction', '')}), best first"
+    print_table(console, f"study {study.study_name}: {metric} ({attrs.get('direction', '')}), best first"
                 + "".join(f"; {label}: {value:.4g}" for label, value in marks.items()),
                 keys + SHOWN_POINT_HEADER, [[str(r[c]) for c in columns] + _shown_point_cells(r) for r in rows],
                 keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
                                            else None for r in rows])
     if diffs:
+        steps_to = "p_rank" in diffs[0]
         where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))
         print_table(console, f"{metric}: point − baseline ({where}), paired by seed; * resolved: Holm-adjusted "
-                             f"{_test_words(diffs)} < {stats_.ALPHA:g} over {len(diffs)} comparisons",
-                    _diff_header(power, "p_rank" in diffs[0]),
-                    [_diff_cells(d, power) for d in diffs],
+                             f"{_test_words(diffs)} < {stats_.ALPHA:g} over {diffs[0]['holm_m']} comparisons, on "
+                             f"≥ {stats_.MIN_PAIRS} pairs; least p (flip): 2/2ⁿ; bootstrap {_boot_words(diffs)}",
+                    _diff_header(steps_to), [_diff_cells(d) for d in diffs],
                     styles=["green" if d["resolved"] and d["better"] else "red" if d["resolved"] else None
                             for d in diffs])
+        console.print(Text(f"verdicts ({metric}):"))
+        for d in diffs:
+            console.print(Text(f"  {d['changes']}: {verdict(d, attrs)}"))
+    escape = attrs.get("escape")
+    if power and rows:
+        repeats, header = _seed_header(rows, escape)
+        print_table(console, f"{metric} per seed" + (f"; escaped: beyond {escape:g}" if escape is not None else ""),
+                    keys + header, [[str(r[c]) for c in columns] + _seed_cells(r, repeats, escape, maximize)
+                                    for r in rows], keys=len(columns))
+    if power and diffs:
+        print_table(console, _power_words(power, escape, "p_rank" in diffs[0], metric), _power_header(power),
+                    [_power_cells(d) for d in diffs])
     if tuned:
-        print_table(console, "tuned settings: the best candidate on the pilot seeds (never a reported seed)",
+        print_table(console, "tuned settings: the best median over the pilot seeds (never a reported seed; a "
+                             "candidate that diverged is not chosen), each candidate's median [range] of its seeds",
                     keys + TUNED_HEADER, [[str(t[c]) for c in columns] + [_setting(t["chosen"]), t["candidates"]]
                                           for t in tuned], keys=len(columns))
     for r in rows:
@@ -433,3 +612,4 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     console.print(Text(f"files: {', '.join(str(f) for f in files)}"))
     console.print(Text(f"browse its runs: {browse_hint(study.study_name, tracking_uri)}"))
     return out
+

@@ -16,10 +16,15 @@ search:                         # tpe/random: {low, high, log, int} or {choices:
   model.lr: {low: 1.0e-4, high: 1.0e-2, log: true}
 fixed: {trainer.max_epochs: 4}
 baseline: {model.preset: atlas}  # grid: the point every other point is compared with, seed by seed
-tune:                           # grid: per point, the candidate with the best pilot-seed summary is reported
+tune:                           # grid: per point, the candidate with the best median pilot-seed summary is reported
   grid: {model.lr: [1.0e-3, 3.0e-3], model.memory.eta_max: [0.01, 0.1]}   # every combination is a candidate
-  seeds: 1                      # pilot seeds per candidate (repeats 1000, 1001, …: never a reported seed)
+  seeds: 3                      # pilot seeds per candidate, at least 3 (repeats 1000, 1001, …: never reported)
 marks: {chance: 0.03125, 1/N plateau: 0.25}   # reference values of the metric, drawn in the report's plot
+escape: 0.5                     # a seed whose value is beyond this left the plateau (above the task's plateau)
+setting: MQAR V 64, N 4, L 32; 2 layers of width 64; 600 steps   # what the study runs, named in every verdict
+paper_setting: false            # true only where task, scale and metric are the paper's own
+claims:                         # per compared point: the paper's claim and the side it puts the point on
+  omeganet: {claim: "Table 6 (760M LMs, ppl and acc): without Muon is worse", paper: worse}
 ```
 
 A trial logs every summary of the metric's validations: ``<metric>.final`` (the last), ``.best`` (the highest, or
@@ -45,10 +50,12 @@ import yaml
 from ..store import store_file
 
 TOP_KEYS = ("study", "base", "metric", "direction", "summary", "sampler", "trials", "repeats", "pruner", "grid",
-            "search", "fixed", "baseline", "tune", "marks")
+            "search", "fixed", "baseline", "tune", "marks", "escape", "setting", "paper_setting", "claims")
 SUMMARIES = ("final", "best", "mean", "steps_to")
 TUNE_KEYS = ("grid", "seeds")
 TUNE_REPEAT = 1000  # pilot seed s of a tune candidate runs as repeat TUNE_REPEAT + s
+TUNE_SEEDS = 3  # the fewest pilot seeds a candidate runs on (a choice on one seed follows its noise)
+SIDES = ("better", "worse")  # the side of the baseline a claim puts a point on
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
@@ -82,8 +89,12 @@ class SweepSpec:
     summary: str = "final"  # one of SUMMARIES
     threshold: float | None = None  # summary steps_to: the value to reach
     tune: dict[str, list] = field(default_factory=dict)  # key -> candidate values, every combination a candidate
-    tune_seeds: int = 1
+    tune_seeds: int = TUNE_SEEDS
     marks: dict[str, float] = field(default_factory=dict)  # label -> a reference value of the metric (chance, ...)
+    escape: float | None = None  # a value beyond it left the plateau (the report's escape counts)
+    setting: str | None = None  # what the study runs, named in every verdict
+    paper_setting: bool = False  # whether task, scale and metric are the paper's (only then "agrees with the paper")
+    claims: dict[str, dict] = field(default_factory=dict)  # point label -> {claim: text, paper: better | worse}
     sets: list[tuple[str, str, Any]] = field(default_factory=list)  # the --set overrides: (KEY=VALUE, KEY, value)
     named: str | None = None  # --study: the name given on the command line, instead of the file's
 
@@ -213,8 +224,9 @@ def read_mapping(path: Path, kind: str, keys: tuple[str, ...]) -> dict:
     return raw
 
 
-DOTTED_MAPS = ("fixed", "grid", "search", "baseline", "marks")  # mappings whose keys are dotted paths or labels
-REPORT_ONLY = ("baseline", "marks")  # what the report compares and draws: no part of what the trials run
+DOTTED_MAPS = ("fixed", "grid", "search", "baseline", "marks", "claims")  # mappings keyed by dotted paths or labels
+REPORT_ONLY = ("baseline", "marks", "escape", "setting", "paper_setting", "claims")  # what the report compares, draws
+# and words: no part of what the trials run
 STUDY_NAME = r"[\w.\-]+"
 
 
@@ -473,16 +485,113 @@ def _build(path: Path, raw: dict) -> SweepSpec:
     if not isinstance(marks, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                               for v in marks.values()):
         _fail(path, "marks", f"expected a mapping of labels to numbers (e.g. {{chance: 0.03}}), got {marks!r}")
-    return SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
+    spec = SweepSpec(path=path, study=raw["study"], base=base, metric=raw["metric"], direction=direction,
                      sampler=sampler, trials=trials, repeats=repeats, pruner=pruner, grid=grid, search=search,
                      fixed=fixed, baseline=baseline, summary=summary, threshold=threshold, tune=tune,
                      tune_seeds=tune_seeds, marks={str(k): float(v) for k, v in marks.items()})
+    _wording(path, raw, spec)
+    return spec
+
+
+def _wording(path: Path, raw: dict, spec: SweepSpec) -> None:
+    """The report-only keys that word a study's answers: ``escape`` (checked to lie beyond the task's plateau),
+    ``setting``, ``paper_setting`` and ``claims`` (one per compared point, by its label)."""
+    escape = raw.get("escape")
+    if escape is not None:
+        if isinstance(escape, bool) or not isinstance(escape, (int, float)):
+            _fail(path, "escape", f"expected a number (a value of {spec.metric}), got {escape!r}")
+        if spec.summary == "steps_to":
+            _fail(path, "escape", f"a steps_to study counts the seeds that reached {spec.threshold:g}; drop escape")
+        plateau = task_plateau(spec)
+        if plateau is not None and not (escape > plateau[0] if spec.direction == "maximize" else escape < plateau[0]):
+            _fail(path, "escape", f"{escape:g} is not {'above' if spec.direction == 'maximize' else 'below'} the "
+                                  f"task's plateau {plateau[0]:.4g} ({plateau[1]}); a seed on the plateau would count "
+                                  f"as escaped: expected a value beyond it")
+        spec.escape = float(escape)
+    setting = raw.get("setting")
+    if setting is not None and (not isinstance(setting, str) or not setting.strip()):
+        _fail(path, "setting", f"expected a line naming the task, scale and metric the study runs, got {setting!r}")
+    spec.setting = setting
+    paper = raw.get("paper_setting", False)
+    if not isinstance(paper, bool):
+        _fail(path, "paper_setting", f"expected true or false, got {paper!r}")
+    if paper and not setting:
+        _fail(path, "paper_setting", "true needs a setting: the paper's task, scale and metric, named")
+    spec.paper_setting = paper
+    claims = raw.get("claims") or {}
+    if not isinstance(claims, dict):
+        _fail(path, "claims", f"expected a mapping of point labels to {{claim: text, paper: better|worse}}, "
+                              f"got {claims!r}")
+    labels = {str(label) for labels in spec.grid.values() for label in labels}
+    for label, claim in claims.items():
+        where = f"claims.{label}"
+        if str(label) not in labels:
+            _fail(path, where, f"unknown point label; valid choices: {', '.join(sorted(labels))}")
+        if not isinstance(claim, dict) or set(claim) != {"claim", "paper"} or not isinstance(claim["claim"], str):
+            _fail(path, where, f"expected {{claim: the paper's claim, paper: better|worse}}, got {claim!r}")
+        if claim["paper"] not in SIDES:
+            _fail(path, f"{where}.paper", f"unknown value {claim['paper']!r}; valid choices: {', '.join(SIDES)}")
+    if claims and spec.baseline is None:
+        _fail(path, "claims", "a claim is read from a comparison with the baseline; the file has no baseline")
+    spec.claims = {str(k): dict(v) for k, v in claims.items()}
+
+
+def _merge(into: dict, other: dict) -> dict:
+    """``other`` merged into a copy of ``into``, mapping by mapping."""
+    out = dict(into)
+    for key, value in other.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _dotted(config: dict, key: str, value) -> dict:
+    """``config`` with the dotted key set (``data.init_args.test_slices``)."""
+    head, _, rest = key.partition(".")
+    inner = config.get(head) if isinstance(config.get(head), dict) else {}
+    return config | {head: _dotted(inner, rest, value) if rest else value}
+
+
+def task_plateau(spec: SweepSpec) -> tuple[float, str] | None:
+    """The highest plateau of the study's metric over its grid points, and what it is, where the task has a known
+    one; None elsewhere. MQAR's accuracy: a model that answers each query with one of its sequence's N values
+    without binding them scores 1/N a query, so over the validation (or test) slices' queries Σ count / Σ count·N.
+    Read from the base configs, the fixed values and each grid point, as the trials merge them."""
+    if spec.direction != "maximize" or not re.search(r"(^|/)acc$", spec.metric):
+        return None
+    config: dict = {}
+    for base in spec.base:
+        loaded = yaml.safe_load(Path(base).read_text()) or {}
+        config = _merge(config, loaded if isinstance(loaded, dict) else {})
+    found = []
+    for labels in spec.grid_points() or [{}]:
+        point = config
+        for key, value in spec.overrides(labels, {}).items():
+            point = _dotted(point, key, value)
+        data = point.get("data")
+        data = {"class_path": data} if isinstance(data, str) else data if isinstance(data, dict) else {}
+        if not str(data.get("class_path", "")).endswith("MQARDataModule"):
+            return None
+        args = data.get("init_args") or {}
+        split = "test" if spec.metric.startswith("test/") else "val"
+        slices = (args.get("val_slices") if split == "val" else None) or args.get("test_slices")
+        if slices is None:
+            import inspect
+
+            from ..data.mqar import MQARDataModule
+
+            slices = inspect.signature(MQARDataModule).parameters["test_slices"].default
+        queries = sum(count * n for _, n, count in slices)
+        pairs = sorted({n for _, n, _ in slices})
+        found.append((sum(count for _, _, count in slices) / queries,
+                      f"MQAR {split} accuracy at 1/N, N = {', '.join(str(n) for n in pairs)} pairs: a model that "
+                      f"answers with one of the sequence's values without binding them"))
+    return max(found)
 
 
 def _tune(path, raw, sampler, grid, fixed) -> tuple[dict[str, list], int]:
-    """The tune block: ({key: candidate values}, pilot seeds per candidate); ({}, 1) without one."""
+    """The tune block: ({key: candidate values}, pilot seeds per candidate); ({}, TUNE_SEEDS) without one."""
     if raw is None:
-        return {}, 1
+        return {}, TUNE_SEEDS
     if sampler != "grid":
         _fail(path, "tune", f"tuning picks a setting per grid point; sampler {sampler} has none")
     if not isinstance(raw, dict):
@@ -499,9 +608,10 @@ def _tune(path, raw, sampler, grid, fixed) -> tuple[dict[str, list], int]:
                                             f"a grid axis or fixed")
         if not isinstance(candidates, list) or not candidates:
             _fail(path, f"tune.grid.{key}", f"expected a non-empty list of candidate values, got {candidates!r}")
-    seeds = raw.get("seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= TUNE_REPEAT:
-        _fail(path, "tune.seeds", f"expected an int from 1 to {TUNE_REPEAT}, got {seeds!r}")
+    seeds = raw.get("seeds", TUNE_SEEDS)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not TUNE_SEEDS <= seeds <= TUNE_REPEAT:
+        _fail(path, "tune.seeds", f"expected an int from {TUNE_SEEDS} to {TUNE_REPEAT} (the choice is the best median "
+                                  f"over them; one seed's choice follows its noise), got {seeds!r}")
     return dict(values), seeds
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import statistics
 import socket
 import sys
 import time
@@ -246,7 +248,9 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
     for key, value in (("definition", new), ("metric", spec.objective), ("direction", spec.objective_direction),
                        ("summary", spec.summary), ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
                        ("grid_labels", {k: list(labels) for k, labels in spec.grid.items()}),
-                       ("baseline", spec.baseline), ("tune_keys", list(spec.tune)), ("marks", spec.marks)):
+                       ("baseline", spec.baseline), ("tune_keys", list(spec.tune)), ("marks", spec.marks),
+                       ("escape", spec.escape), ("setting", spec.setting), ("paper_setting", spec.paper_setting),
+                       ("claims", spec.claims)):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 
@@ -285,36 +289,115 @@ def is_tune(trial) -> bool:
     return "tune" in trial.user_attrs
 
 
-def tuned_setting(study: optuna.Study, labels: dict) -> tuple[dict | None, list[dict]]:
-    """(the chosen setting, every candidate as {"tune", "values", "mean", "escaped"}) of a grid point: the candidate
-    whose mean over its complete pilot seeds is best in the study's direction (the first in file order on a tie);
-    None where no candidate completed. Steps to a threshold rank first by the share of seeds that reached it
-    ("escaped"), as a censored value is only a lower bound."""
-    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+REFINE_RATIO = 1.5  # a diverged candidate and its stable neighbour this far apart (ratio) get one between them
+
+
+def diverged(trial) -> bool:
+    """A failed trial whose training diverged: a non-finite loss or summary (FloatingPointError)."""
+    return trial.state == TrialState.FAIL and str(trial.user_attrs.get("fail_reason", "")).startswith(
+        "FloatingPointError")
+
+
+def tune_candidates(study: optuna.Study, labels: dict) -> list[dict]:
+    """Every tune candidate of a grid point, by slot (the file's, then the finer ones added): {"slot", "tune",
+    "values" (its complete pilots' summaries), "pilots", "finished", "diverged" (pilot counts), "escaped" (the share
+    of complete pilots that reached a steps_to threshold)}."""
     candidates: dict[int, dict] = {}
     for t in study.get_trials(deepcopy=False):
         if is_tune(t) and t.user_attrs["labels"] == labels and not is_superseded(study, t):
-            c = candidates.setdefault(t.user_attrs["slot"], {"tune": t.user_attrs["tune"], "values": [], "out": []})
+            c = candidates.setdefault(t.user_attrs["slot"], {"slot": t.user_attrs["slot"], "tune": t.user_attrs["tune"],
+                                                             "values": [], "out": [], "pilots": 0, "finished": 0,
+                                                             "diverged": 0})
+            c["pilots"] += 1
+            c["finished"] += t.state in FINISHED
+            c["diverged"] += diverged(t)
             if t.state == TrialState.COMPLETE:
                 c["values"].append(t.value)
                 c["out"] += t.user_attrs.get("censored", [False])
-    rows = [{"tune": c["tune"], "values": c["values"],
-             "mean": sum(c["values"]) / len(c["values"]) if c["values"] else None,
-             "escaped": c["out"].count(False) / len(c["out"]) if c["out"] else None}
+    return [c | {"escaped": c["out"].count(False) / len(c["out"]) if c["out"] else None}
             for _, c in sorted(candidates.items())]
-    done = [c for c in rows if c["mean"] is not None]
+
+
+def tuned_setting(study: optuna.Study, labels: dict) -> tuple[dict | None, list[dict]]:
+    """(the chosen setting, every candidate as ``tune_candidates`` gives it, with "median", "low" and "high" of its
+    pilot summaries) of a grid point: among the candidates none of whose pilots diverged, the one whose median over
+    its complete pilot seeds is best in the study's direction (the first in slot order on a tie); None where none
+    completed. Steps to a threshold rank first by the share of seeds that reached it ("escaped"), as a censored value
+    is only a lower bound."""
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    rows = [c | {"median": statistics.median(c["values"]) if c["values"] else None,
+                 "low": min(c["values"], default=None), "high": max(c["values"], default=None)}
+            for c in tune_candidates(study, labels)]
+    done = [c for c in rows if c["median"] is not None and not c["diverged"]]
     if not done:
         return None, rows
-    return max(done, key=lambda c: (c["escaped"], sign * c["mean"]))["tune"], rows
+    return max(done, key=lambda c: (c["escaped"], sign * c["median"]))["tune"], rows
+
+
+def _between(a, b):
+    """A value between two candidate values: their geometric mean where both are positive, else their mean; three
+    significant digits."""
+    middle = math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2
+    return float(f"{middle:.3g}")
+
+
+def refinements(study: optuna.Study, labels: dict) -> list[dict]:
+    """The finer tune candidates a grid point needs now: for each candidate with a diverged pilot, and each positive
+    numeric key on which it differs from its nearest candidate (the other keys equal) that finished every pilot without
+    failing, a candidate between the two (``_between``) where they are at least ``REFINE_RATIO`` apart and none
+    lies between them yet. [] once the point's tuning is settled."""
+    rows = tune_candidates(study, labels)
+    present = {json.dumps(c["tune"], sort_keys=True) for c in rows}
+    out = []
+    for c in (c for c in rows if c["diverged"]):
+        for key, value in c["tune"].items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            line = sorted((r for r in rows if isinstance(r["tune"].get(key), (int, float))
+                           and all(r["tune"].get(k) == v for k, v in c["tune"].items() if k != key)),
+                          key=lambda r: r["tune"][key])
+            at = next(i for i, r in enumerate(line) if r is c)
+            for near in (line[at - 1] if at else None, line[at + 1] if at + 1 < len(line) else None):
+                if near is None or near["diverged"] or near["finished"] < near["pilots"] or \
+                        len(near["values"]) < near["pilots"]:
+                    continue
+                a, b = sorted((value, near["tune"][key]))
+                if a <= 0 or b / a < REFINE_RATIO:  # positive values only (a rate, a step size)
+                    continue
+                finer = c["tune"] | {key: _between(a, b)}
+                text = json.dumps(finer, sort_keys=True)
+                if a < finer[key] < b and text not in present:
+                    present.add(text)
+                    out.append(finer)
+    return out
+
+
+def enqueue_refinements(study: optuna.Study, spec: SweepSpec) -> int:
+    """Enqueue the finer candidates every grid point of a tuned study needs now (``refinements``), each on the
+    study's pilot seeds, in the next free slots of its point. Reads, then writes: call it under ``study_lock``."""
+    added = 0
+    for labels in spec.grid_points() if spec.tune else []:
+        finer = refinements(study, labels)
+        slot = max((c["slot"] for c in tune_candidates(study, labels)), default=-1) + 1
+        for tune in finer:
+            for s in range(spec.tune_seeds):
+                study.enqueue_trial(labels, user_attrs={"labels": labels, "repeat": TUNE_REPEAT + s, "slot": slot,
+                                                        "tune": tune}, skip_if_exists=False)
+                added += 1
+            slot += 1
+    return added
 
 
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     """Atomically take one WAITING trial that is ready (WAITING -> RUNNING); None when none is. A reported trial of a
-    tuned point is ready once every tune trial of its point has finished."""
+    tuned point is ready once every tune trial of its point has finished and no finer candidate is due
+    (``refinements``: the sweep command enqueues those)."""
     storage = study._storage
     trials = study.get_trials(deepcopy=False)
     tuning = {json.dumps(t.user_attrs["labels"], sort_keys=True) for t in trials
               if is_tune(t) and t.state in (TrialState.WAITING, TrialState.RUNNING)}
+    tuned = {json.dumps(t.user_attrs["labels"], sort_keys=True): t.user_attrs["labels"] for t in trials if is_tune(t)}
+    tuning |= {key for key, labels in tuned.items() if key not in tuning and refinements(study, labels)}
     for frozen in trials:
         if frozen.state != TrialState.WAITING:
             continue

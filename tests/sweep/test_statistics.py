@@ -35,10 +35,66 @@ def test_bootstrap_interval_holds_the_mean_and_narrows_with_pairs():
     rng = np.random.default_rng(0)
     small, large = rng.normal(0.1, 0.2, 8), rng.normal(0.1, 0.2, 128)
     for d in (small, large):
-        low, high = st.bootstrap_interval(list(d))
+        low, high = st.bootstrap_interval(list(d))[:2]
         assert low < d.mean() < high
-    width = {n: np.subtract(*st.bootstrap_interval(list(d))[::-1]) for n, d in (("small", small), ("large", large))}
+    width = {n: np.subtract(*st.bootstrap_interval(list(d))[1::-1]) for n, d in (("small", small), ("large", large))}
     assert width["large"] < width["small"]
+
+
+def test_zero_spread_is_no_evidence():
+    """Two or five identical differences: no t p (t is undefined), and the sign-flip test says what it can: 2/2ⁿ."""
+    assert st.paired_t_p([-0.0035, -0.0035]) is None and st.paired_t_p([0.2] * 5) is None
+    assert st.paired_t_p([0.0, 0.0, 0.0]) is None
+    assert st.sign_flip_p([-0.0035, -0.0035]) == pytest.approx(0.5)
+    assert st.paired_power(5, 0.1, 0.0) is None and st.seeds_for_power(0.1, 0.0) is None
+
+
+def test_the_least_sign_flip_p_is_two_in_two_to_the_n():
+    assert [st.min_sign_flip_p(n) for n in (1, 2, 3, 5, 6)] == [None, 0.5, 0.25, 0.0625, 0.03125]
+    for n in (2, 3, 5, 7):  # every difference on one side reaches it
+        assert st.sign_flip_p(list(np.arange(1.0, n + 1))) == pytest.approx(st.min_sign_flip_p(n))
+
+
+def test_bootstrap_enumerates_every_resample_up_to_the_limit():
+    """Five pairs: all 5⁵ = 3,125 resamples, the percentile ends the inverted distribution function of their means
+    (the 79th and 3,047th of 3,125 sorted: ⌈0.025 · 3125⌉, ⌈0.975 · 3125⌉); the same list by brute force."""
+    import itertools
+
+    d = [0.0205, 0.0425, -0.0617, -0.0135, 0.3690]
+    boot = st.bootstrap_interval(d)
+    means = np.sort([np.mean(r) for r in itertools.product(d, repeat=5)])
+    assert boot.exact and boot.resamples == 3125 and boot.mc_error == 0.0
+    assert (boot.low, boot.high) == (pytest.approx(means[78]), pytest.approx(means[3046]))
+    assert (boot.low, boot.high) == tuple(pytest.approx(v) for v in np.quantile(means, [0.025, 0.975],
+                                                                                method="inverted_cdf"))
+    assert st.bootstrap_interval(d * 2 + d[:2]) .exact is False  # 12 pairs: 12¹² resamples, drawn
+    assert 6 ** 6 <= st.EXACT_RESAMPLES < 7 ** 7 and st.bootstrap_interval(list(range(6))).exact
+
+
+def test_a_drawn_bootstrap_states_its_monte_carlo_error():
+    """Beyond the enumeration, ≥ 20,000 draws; the stated error of the ends is about the spread of the ends over
+    independent draws (their sd over 20 seeds within a factor of 2.5 of the stated one)."""
+    d = list(np.random.default_rng(3).normal(0.1, 0.2, 9))
+    runs = [st.bootstrap_interval(d, seed=s) for s in range(20)]
+    assert all(b.resamples >= 20_000 and not b.exact for b in runs)
+    spread = max(np.std([b.low for b in runs], ddof=1), np.std([b.high for b in runs], ddof=1))
+    stated = np.mean([b.mc_error for b in runs])
+    assert stated / 2.5 < spread < stated * 2.5, (spread, stated)
+
+
+def test_holm_levels_follow_the_rank():
+    p = [0.2, 0.001, None, 0.04]
+    assert st.holm_ranks(p) == [3, 1, None, 2]
+    assert [st.holm_level(r, 3) for r in (1, 2, 3)] == pytest.approx([0.05 / 3, 0.025, 0.05])
+    # Holm's adjusted p is below α exactly where the p of that rank, and of every smaller rank, is below its level
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        p = list(rng.uniform(0, 0.06, size=int(rng.integers(1, 6))))
+        ranks, m = st.holm_ranks(p), len(p)
+        ordered = sorted(p)
+        for v, a, rank in zip(p, st.holm(p), ranks):
+            below = all(ordered[j - 1] < st.holm_level(j, m) for j in range(1, rank + 1))
+            assert (a < st.ALPHA) == below, (p, v)
 
 
 def test_power_is_a_probability_deep_in_the_tail():
@@ -85,7 +141,8 @@ def test_a_null_effect_is_called_resolved_at_most_at_the_nominal_rate():
 
 
 def test_the_report_states_holm_and_the_seeds_each_comparison_needs(tmp_path):
-    # d(linear) = [0.10, 0.12, 0.08] (sd 0.02), d(gd) = [0.1, 0.2, 0.0] (sd 0.1): Holm over 2 comparisons
+    """d(linear) = [0.10, 0.12, 0.08] (sd 0.02), d(gd) = [0.1, 0.2, 0.0] (sd 0.1): Holm over 2 comparisons; the
+    power and the seeds for ±0.1 at each one's Holm level: linear's p is the smaller (level 0.025), gd's 0.05."""
     study = synthetic_study({("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "linear"): [0.6, 0.72, 0.78],
                              ("atlas", "gd"): [0.6, 0.8, 0.7]},
                             baseline={"model.preset": "atlas", "model.memory": "atlas"})
@@ -94,10 +151,22 @@ def test_the_report_states_holm_and_the_seeds_each_comparison_needs(tmp_path):
     linear, gd = diffs["memory=linear"], diffs["memory=gd"]
     assert linear["p_holm"] == pytest.approx(min(1, 2 * min(linear["p"], gd["p"]))) and linear["resolved"]
     assert gd["p_holm"] == pytest.approx(max(linear["p_holm"], gd["p"])) and not gd["resolved"]
-    assert (linear["seeds"], gd["seeds"]) == (st.seeds_for_power(0.1, 0.02), st.seeds_for_power(0.1, 0.1))
+    assert (linear["holm_level"], gd["holm_level"]) == (0.025, 0.05)
+    assert (linear["seeds"], gd["seeds"]) == (st.seeds_for_power(0.1, 0.02, alpha=0.025),
+                                              st.seeds_for_power(0.1, 0.1))
+    assert linear["power"] == pytest.approx(st.paired_power(3, 0.1, 0.02, alpha=0.025))
+    assert st.seeds_for_power(0.1, 0.1, alpha=0.025) > st.seeds_for_power(0.1, 0.1)  # the level matters
     out = summarize(study, console=Console(width=250, record=True), out_dir=tmp_path, power=0.1)
     md = (out / "results.md").read_text()
     assert "Holm's method across these 2 comparisons" in md and "seeds for ±0.1" in md
+    assert "| memory=linear | 3 | 0.0200 | 0.025 (1 of 2) |" in md
+
+
+def test_the_table6_power_at_holms_first_level():
+    """The committed Table 6 study's linear-memory comparison (sd of the paired differences 0.2064, 5 pairs): at
+    Holm's first level over 4 comparisons (0.0125) ±0.1 needs 51 seeds, not the 36 of α = 0.05."""
+    assert st.seeds_for_power(0.1, 0.2064, alpha=0.05 / 4) == 51 and st.seeds_for_power(0.1, 0.2064) == 36
+    assert 0.02 < st.paired_power(5, 0.1, 0.2064, alpha=0.0125) < 0.05
 
 
 def test_report_power_is_a_positive_number(capsys):
