@@ -1,8 +1,9 @@
-"""Chunked linear memory: one fused kernel for every chunk of a sequence (docs/memory.md §3–§5).
+"""Chunked linear memory on the GPU: every chunk's own work in parallel, one light pass over chunk states
+(docs/memory.md §3–§5).
 
 Linear memory M_W(u) = W u, W: [d_v, D]; u = φ(k), queries φ(q) (the feature map is applied outside).
 Chunk of n tokens starting at W_p (S_p for momentum), gradients at W̃ (= W_p, except for a chunk
-that a previous call left partially consumed):
+that a previous call left partially consumed, whose W̃ is the input We0):
 
     δ_i = W̃ u_i − v_i (l2)  or  −v_i (dot)                     for the chunk's tokens and the c−1 before them
     Γ[t, i] = γ_i  if t−c < i ≤ t  else 0                       (c = window; global: every past token)
@@ -11,13 +12,49 @@ that a previous call left partially consumed):
     W_end = a_n W_p + m_n S_p + Σ_i C[n, i] δ_i u_iᵀ,   S_end = s_n S_p + Σ_i C'[n, i] δ_i u_iᵀ
 
 (a, m, s, Cw, Cs from ``atlas_lab.memory.optimizers.chunk_coefficients``; gd has no m, s, Cs.)
-One program per (d_v block, sequence) walks the chunks in order, keeping W_p, W̃ (and S_p) on chip;
-the window's keys are visited in blocks of BT. Rows of W evolve independently, so d_v is split
-across programs. The chunk-start states are stored for the backward kernel, which walks the chunks in
-reverse carrying ∂L/∂W (and ∂L/∂S), recomputes δ, Γ and C, and returns gradients for φ(q), φ(k), v,
-γ, the coefficients (a, m, s, Cw, Cs — their gate gradients follow by autograd) and the initial
-states. Gradients of tokens shared by several windows (keys, values, γ) are accumulated atomically.
-All arithmetic is fp32 (``ieee`` dots, like torch's default fp32 matmul); inputs may be fp16/bf16.
+
+**The state recurrence.** Write c = C[n, ·] and c' = C'[n, ·] (the last rows, over the chunk's window keys) and
+split δ_i = W̃ u_i − v_i into its state part and the rest:
+
+    W_end = a_n W_p + m_n S_p + B + (W̃ Uᵀ ⊙ c) U,     B  = −Σ_i c_i v_i u_iᵀ
+    S_end = s_n S_p + B' + (W̃ Uᵀ ⊙ c') U,              B' = −Σ_i c'_i v_i u_iᵀ
+
+(the (W̃ Uᵀ ⊙ c) U terms only with l2; R ⊙ c scales column i of R = W̃ Uᵀ [d_v, keys] by c_i). B, B' depend on
+the chunk's inputs alone; only the state part walks the chunks in order, and with the dot bias the walk is
+element-wise. The gradients walk back the same way: with G = ∂L/∂W_end, G' = ∂L/∂S_end of a chunk,
+
+    ∂L/∂W_p = a_n G + E (+ ∂L/∂W̃ when W̃ = W_p),   ∂L/∂S_p = m_n G + s_n G' + E'
+    ∂L/∂W̃  = F + (G Uᵀ ⊙ c) U + (G' Uᵀ ⊙ c') U       (l2; 0 with dot)
+    E = Σ_t a_t dy_t u_q,tᵀ,  E' = Σ_t m_t dy_t u_q,tᵀ,  F = Σ_i (Σ_t C[t, i] (u_q,t · u_i) dy_t) u_iᵀ
+
+(from y_t and W_end, S_end above: W_p enters y_t through a_t W_p u_q,t and the end states through a_n, m_n;
+W̃ through δ_i, read by y_t with weight C[t, i] (u_q,t · u_i) and by the end states with c_i, c'_i). E, E', F are
+the chunk's own; G, G' at every chunk end come from the walk, and then every input gradient of a chunk follows from
+its start state and G, G' alone (the products of ``chunk_linear_memory_bwd_kernel``'s docstring).
+
+**Launches** (``plan`` gives each one's grid and FLOPs), forward:
+
+    1. chunk_state_contrib_kernel   (chunk, sequence, d_v tile × D tile)  B, B' of every chunk
+    2. chunk_state_scan_kernel      (d_v tile [× D tile with dot], sequence)  the walk: every chunk's W_p, S_p
+    3. chunk_linear_memory_fwd_kernel (chunk, sequence, d_v tile)      y of every chunk from its W_p, S_p, W̃
+
+and backward: 4. chunk_grad_contrib_kernel (chunk, sequence, d_v tile): E, E', F of every chunk; 5.
+chunk_grad_scan_kernel (d_v tile [× D tile], sequence): the reverse walk, every chunk's G, G' and the gradients of
+the initial states; 6. chunk_linear_memory_bwd_kernel (chunk, sequence, d_v tile): the gradients of φ(q), φ(k), v,
+γ and the coefficients (a, m, s, Cw, Cs — their gate gradients follow by autograd), those of tokens shared by
+several windows (keys, values, γ) accumulated atomically. The walks keep a [d_v tile, D] state on chip and visit
+the window's keys in blocks of BT, two products per block with l2 (W̃ Uᵀ, then (· ⊙ c) U); with a global window
+(c = None) a chunk's window is every key before it, so their work grows with the square of T (as before).
+
+**A token's non-finite key** reaches only the outputs at and after it (``atlas_lab.memory.causal``): the read-out
+products zero that key's u, δ and give NaN to C[t, i] at i ≤ t only; the states after its chunk are non-finite, and
+so is every later output.
+
+**Precision.** Every product is a ``tl.dot`` accumulating in fp32 over operands of the caller's dtype: bf16/fp16
+inputs are multiplied as they are passed (fp32 intermediates — C, δ, the states — rounded to that dtype first, as
+fla's kernels do); float32 on tensor cores in tf32 when torch allows it (``torch.get_float32_matmul_precision()`` is
+"high" or "medium", e.g. ``torch.backends.cuda.matmul.allow_tf32 = True``), IEEE otherwise (the default "highest",
+like torch's own fp32 matmul). Element-wise arithmetic, states and gradients are fp32.
 The same computation in plain PyTorch is ``naive.chunk_linear_memory_naive`` (next to this file).
 """
 from __future__ import annotations
@@ -27,19 +64,34 @@ import triton
 import triton.language as tl
 
 MAX_FEATURES, MAX_CHUNK = 256, 64
-IEEE = tl.constexpr("ieee")  # exact fp32 dots (no tf32), like torch's default fp32 matmul
+DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input_precision for inputs of ``dtype``: "tf32" for float32 when torch's float32 matmul precision
+    allows it (anything but "highest"), "ieee" otherwise (half types ignore it: their products are exact in fp32)."""
+    return "tf32" if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
+# ---------------------------------------------------------------- helpers
+
+@triton.jit
+def _dot(x, y, DT: tl.constexpr, PREC: tl.constexpr):
+    """x @ y with both operands in the inputs' dtype DT, accumulated in fp32."""
+    return tl.dot(x.to(DT), y.to(DT), input_precision=PREC)
 
 
 @triton.jit
-def _last(x, n, offs_t):
-    """x[n − 1] of a [BT] vector."""
-    return tl.sum(tl.where(offs_t == n - 1, x, 0.0))
+def _chunk(ci, b, offset, T):
+    """First token t0 and length n of chunk ci (the first one is b − offset tokens long)."""
+    t0 = tl.maximum(ci * b - offset, 0)
+    return t0, tl.minimum(ci * b - offset + b, T) - t0
 
 
 @triton.jit
-def _last_row(x, n, offs_t):
-    """Row n − 1 of a [BT, BT] block."""
-    return tl.sum(tl.where((offs_t == n - 1)[:, None], x, 0.0), axis=0)
+def _rows(X, idx, mask, offs, W):
+    """X[idx, offs] of a row-major [·, W] tensor (0 outside), in its own dtype."""
+    return tl.load(X + idx[:, None] * W + offs[None, :], mask=mask[:, None] & (offs < W)[None, :], other=0.0)
 
 
 @triton.jit
@@ -55,21 +107,20 @@ def _store_state(P, x, offs_v, offs_d, DV, D):
 
 
 @triton.jit
-def _window_block(K, V, GAMMA, We, i0, first, n, c, offs_t, offs_d, offs_v, D, DV, L2: tl.constexpr):
-    """Keys i0..i0+BT of the window: u [BT, BD], δ [BT, BV], Γ [BT (chunk token), BT (key)], key mask."""
+def _band(GAMMA, i0, first, n, c, offs_t):
+    """Keys i0..i0+BT of a chunk's window: (key index, key mask, band [BT (chunk token), BT (key)], Γ on the band)."""
     idx = i0 + offs_t
     imask = idx < first + n
-    u = tl.load(K + idx[:, None] * D + offs_d[None, :], mask=imask[:, None] & (offs_d < D)[None, :],
-                other=0.0).to(tl.float32)
-    v = tl.load(V + idx[:, None] * DV + offs_v[None, :], mask=imask[:, None] & (offs_v < DV)[None, :],
-                other=0.0).to(tl.float32)
     g = tl.load(GAMMA + idx, mask=imask, other=0.0).to(tl.float32)
-    delta = -v
-    if L2:
-        delta += tl.dot(u, tl.trans(We), input_precision=IEEE)
     pos = first + offs_t
     band = (idx[None, :] <= pos[:, None]) & (idx[None, :] > pos[:, None] - c) & (offs_t < n)[:, None] & imask[None, :]
-    return idx, imask, u, delta, band, tl.where(band, g[None, :], 0.0)
+    return idx, imask, band, tl.where(band, g[None, :], 0.0)
+
+
+@triton.jit
+def _last_coefficients(C, t0, n, b, offs_t):
+    """Row n − 1 of a chunk's closed form (Cw or Cs) over its tokens [BT], fp32."""
+    return tl.load(C + (t0 + n - 1) * b + offs_t, mask=offs_t < n, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -85,196 +136,404 @@ def _causal_factors(C, u, delta, idx, pos):
     return C, tl.where(bad[:, None], 0.0, u), tl.where(bad[:, None], 0.0, delta), kept, bad
 
 
+# ---------------------------------------------------------------- forward
+
 @triton.jit
-def chunk_linear_memory_fwd_kernel(
-    Q, K, V, GAMMA, A, M, S, CW, CS, W0, S0, WE0,
-    Y, WT, ST, WE_OUT, WH, SH,
+def chunk_state_contrib_kernel(
+    K, V, GAMMA, CW, CS, BW, BS,
+    T, L, m0, offset, b, c, NK,
+    D: tl.constexpr, DV: tl.constexpr, MOMENTUM: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every chunk's state contribution from its inputs alone: BW = B = −Σ_i c_i v_i u_iᵀ (BS = B' with c'),
+    [N, NC, DV, D]. Grid (chunk, sequence, d_v tile × D tile)."""
+    ci, i_n, i_vk = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    NC = tl.num_programs(0)
+    offs_t = tl.arange(0, BT)
+    offs_v = (i_vk // NK) * BV + tl.arange(0, BV)
+    offs_k = (i_vk % NK) * BK + tl.arange(0, BK)
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    t0, n = _chunk(ci, b, offset, T)
+    first = m0 + t0
+    cw = _last_coefficients(CW + i_n * T * b, t0, n, b, offs_t)
+    cs = _last_coefficients(CS + i_n * T * b, t0, n, b, offs_t)
+    acc = tl.zeros([BV, BK], dtype=tl.float32)
+    acc_s = tl.zeros([BV, BK], dtype=tl.float32)
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+        u = _rows(K, idx, imask, offs_k, D)
+        v = _rows(V, idx, imask, offs_v, DV).to(tl.float32)
+        acc -= _dot(tl.trans(v * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+        if MOMENTUM:
+            acc_s -= _dot(tl.trans(v * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+    _store_state(BW + (i_n * NC + ci) * DV * D, acc, offs_v, offs_k, DV, D)
+    if MOMENTUM:
+        _store_state(BS + (i_n * NC + ci) * DV * D, acc_s, offs_v, offs_k, DV, D)
+
+
+@triton.jit
+def chunk_state_scan_kernel(
+    K, GAMMA, A, M, S, CW, CS, W0, S0, WE0, BW, BS,
+    WT, ST, WE_OUT, WH, SH,
     T, L, m0, offset, b, c, NC,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Q [N, T, D]; K [N, L, D]; V [N, L, DV]; GAMMA [N, L]; A, M, S [N, T]; CW, CS [N, T, b];
-    W0, S0, WE0 [N, DV, D] -> Y [N, T, DV]; WT, ST (final states), WE_OUT (W̃ of the last chunk)
-    [N, DV, D]; WH, SH [N, NC, DV, D] chunk-start states for the backward. L = m0 + T."""
-    i_v, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    """The walk over chunk states: W_end = a_n W_p + m_n S_p + B + (W̃ Uᵀ ⊙ c) U, S_end = s_n S_p + B' +
+    (W̃ Uᵀ ⊙ c') U. Stores every chunk's start states WH, SH [N, NC, DV, D], the final WT, ST and W̃ of the last
+    chunk WE_OUT. Grid (d_v tile, D tile, sequence); with l2 one D tile covers every feature (BK ≥ D)."""
+    i_v, i_k, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    K, GAMMA, A, M, S = K + i_n * L * D, GAMMA + i_n * L, A + i_n * T, M + i_n * T, S + i_n * T
+    CW, CS = CW + i_n * T * b, CS + i_n * T * b
+    W = _load_state(W0 + i_n * DV * D, offs_v, offs_k, DV, D)
+    We = _load_state(WE0 + i_n * DV * D, offs_v, offs_k, DV, D)
+    Sm = tl.zeros([BV, BK], dtype=tl.float32)
+    if MOMENTUM:
+        Sm = _load_state(S0 + i_n * DV * D, offs_v, offs_k, DV, D)
+    for ci in range(NC):
+        t0, n = _chunk(ci, b, offset, T)
+        at = i_n * NC + ci
+        _store_state(WH + at * DV * D, W, offs_v, offs_k, DV, D)
+        if MOMENTUM:
+            _store_state(SH + at * DV * D, Sm, offs_v, offs_k, DV, D)
+        if ci == NC - 1:
+            _store_state(WE_OUT + i_n * DV * D, We, offs_v, offs_k, DV, D)
+        W_new = tl.load(A + t0 + n - 1).to(tl.float32) * W + _load_state(BW + at * DV * D, offs_v, offs_k, DV, D)
+        S_new = Sm
+        if MOMENTUM:
+            W_new += tl.load(M + t0 + n - 1).to(tl.float32) * Sm
+            S_new = tl.load(S + t0 + n - 1).to(tl.float32) * Sm + _load_state(BS + at * DV * D, offs_v, offs_k,
+                                                                                DV, D)
+        if L2:
+            first = m0 + t0
+            cw = _last_coefficients(CW, t0, n, b, offs_t)
+            cs = _last_coefficients(CS, t0, n, b, offs_t)
+            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
+                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+                u = _rows(K, idx, imask, offs_k, D)
+                R = _dot(u, tl.trans(We), DT, PREC)  # [key, v]: W̃ u_i
+                W_new += _dot(tl.trans(R * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+                if MOMENTUM:
+                    S_new += _dot(tl.trans(R * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+        W, We, Sm = W_new, W_new, S_new
+    _store_state(WT + i_n * DV * D, W, offs_v, offs_k, DV, D)
+    if MOMENTUM:
+        _store_state(ST + i_n * DV * D, Sm, offs_v, offs_k, DV, D)
+
+
+@triton.jit
+def chunk_linear_memory_fwd_kernel(
+    Q, K, V, GAMMA, A, M, CW, WE0, WH, SH, Y,
+    T, L, m0, offset, b, c,
+    D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every chunk's read-out from its start states (WH, SH from the walk; W̃ = WE0 for the first chunk):
+    y_t = a_t W_p u_q,t + m_t S_p u_q,t + Σ_i C[t, i] (u_q,t · u_i) δ_i. Q [N, T, D]; K [N, L, D]; V [N, L, DV];
+    GAMMA [N, L]; A, M [N, T]; CW [N, T, b] -> Y [N, T, DV]. Grid (chunk, sequence, d_v tile)."""
+    ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    NC = tl.num_programs(0)
     offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
     offs_v = i_v * BV + tl.arange(0, BV)
-    Q, Y, A, M, S = Q + i_n * T * D, Y + i_n * T * DV, A + i_n * T, M + i_n * T, S + i_n * T
-    CW, CS = CW + i_n * T * b, CS + i_n * T * b
+    Q, Y, A, M, CW = Q + i_n * T * D, Y + i_n * T * DV, A + i_n * T, M + i_n * T, CW + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
-    W = _load_state(W0 + i_n * DV * D, offs_v, offs_d, DV, D)
-    We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
-    Sm = tl.zeros([BV, BD], dtype=tl.float32)
+    W = _load_state(WH + (i_n * NC + ci) * DV * D, offs_v, offs_d, DV, D)
+    if ci == 0:
+        We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
+    else:
+        We = W
+    t0, n = _chunk(ci, b, offset, T)
+    rows = t0 + offs_t
+    rmask = offs_t < n
+    q = _rows(Q, rows, rmask, offs_d, D)
+    cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
+    a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+    y = a[:, None] * _dot(q, tl.trans(W), DT, PREC)
     if MOMENTUM:
-        Sm = _load_state(S0 + i_n * DV * D, offs_v, offs_d, DV, D)
-    for ci in range(NC):
-        t0 = tl.maximum(ci * b - offset, 0)
-        n = tl.minimum(ci * b - offset + b, T) - t0
-        _store_state(WH + (i_n * NC + ci) * DV * D, W, offs_v, offs_d, DV, D)
-        if MOMENTUM:
-            _store_state(SH + (i_n * NC + ci) * DV * D, Sm, offs_v, offs_d, DV, D)
-        if ci == NC - 1:
-            _store_state(WE_OUT + i_n * DV * D, We, offs_v, offs_d, DV, D)
-        rows = t0 + offs_t
-        rmask = offs_t < n
-        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rmask[:, None] & (offs_d < D)[None, :],
-                    other=0.0).to(tl.float32)
-        cmask = rmask[:, None] & (offs_t < n)[None, :]
-        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
-        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-        y = a[:, None] * tl.dot(q, tl.trans(W), input_precision=IEEE)
-        W_new = _last(a, n, offs_t) * W
-        if MOMENTUM:
-            cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
-            m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
-            s = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
-            y += m[:, None] * tl.dot(q, tl.trans(Sm), input_precision=IEEE)
-            W_new += _last(m, n, offs_t) * Sm
-            S_new = _last(s, n, offs_t) * Sm
+        Sm = _load_state(SH + (i_n * NC + ci) * DV * D, offs_v, offs_d, DV, D)
+        m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
+        y += m[:, None] * _dot(q, tl.trans(Sm), DT, PREC)
+    first = m0 + t0
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+        u = _rows(K, idx, imask, offs_d, D)
+        delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
+        if L2:
+            delta += _dot(u, tl.trans(We), DT, PREC)
+        C = _dot(cw, gam, DT, PREC)
+        C_y, u_y, delta_y, _, _ = _causal_factors(C, u, delta, idx, first + offs_t)
+        y += _dot(C_y * _dot(q, tl.trans(u_y), DT, PREC), delta_y, DT, PREC)
+    tl.store(Y + rows[:, None] * DV + offs_v[None, :], y.to(Y.dtype.element_ty),
+             mask=rmask[:, None] & (offs_v < DV)[None, :])
+
+
+# ---------------------------------------------------------------- backward
+
+@triton.jit
+def chunk_grad_contrib_kernel(
+    Q, K, V, GAMMA, A, M, CW, WE0, WH, DY, ZE, ZF, ZS,
+    T, L, m0, offset, b, c,
+    D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every chunk's own share of the state gradients: ZE = E = Σ_t a_t dy_t u_q,tᵀ, ZS = E' (m_t), ZF = F =
+    Σ_i (Σ_t C[t, i] (u_q,t · u_i) dy_t) u_iᵀ (l2; keys whose u or δ is non-finite left out, as in the read-out),
+    [N, NC, DV, D]. Grid (chunk, sequence, d_v tile)."""
+    ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    NC = tl.num_programs(0)
+    offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    Q, DY, A, M, CW = Q + i_n * T * D, DY + i_n * T * DV, A + i_n * T, M + i_n * T, CW + i_n * T * b
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    at = (i_n * NC + ci) * DV * D
+    t0, n = _chunk(ci, b, offset, T)
+    rows = t0 + offs_t
+    rmask = offs_t < n
+    q = _rows(Q, rows, rmask, offs_d, D)
+    dy = _rows(DY, rows, rmask, offs_v, DV).to(tl.float32)
+    a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+    _store_state(ZE + at, _dot(tl.trans(dy * a[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
+    if MOMENTUM:
+        m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
+        _store_state(ZS + at, _dot(tl.trans(dy * m[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
+    if L2:
+        if ci == 0:
+            We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
+        else:
+            We = _load_state(WH + at, offs_v, offs_d, DV, D)
+        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
+        F = tl.zeros([BV, BD], dtype=tl.float32)
         first = m0 + t0
         for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-            idx, imask, u, delta, band, gam = _window_block(K, V, GAMMA, We, i0, first, n, c, offs_t, offs_d, offs_v,
-                                                            D, DV, L2)
-            C = tl.dot(cw, gam, input_precision=IEEE)
-            C_y, u_y, delta_y, _, _ = _causal_factors(C, u, delta, idx, first + offs_t)
-            y += tl.dot(C_y * tl.dot(q, tl.trans(u_y), input_precision=IEEE), delta_y, input_precision=IEEE)
-            W_new += tl.dot(tl.trans(delta * _last_row(C, n, offs_t)[:, None]), u, input_precision=IEEE)
-            if MOMENTUM:
-                cs_last = _last_row(tl.dot(cs, gam, input_precision=IEEE), n, offs_t)
-                S_new += tl.dot(tl.trans(delta * cs_last[:, None]), u, input_precision=IEEE)
-        tl.store(Y + rows[:, None] * DV + offs_v[None, :], y.to(Y.dtype.element_ty),
-                 mask=rmask[:, None] & (offs_v < DV)[None, :])
-        W, We = W_new, W_new
-        if MOMENTUM:
-            Sm = S_new
-    _store_state(WT + i_n * DV * D, W, offs_v, offs_d, DV, D)
+            idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+            u = _rows(K, idx, imask, offs_d, D)
+            delta = _dot(u, tl.trans(We), DT, PREC) - _rows(V, idx, imask, offs_v, DV).to(tl.float32)
+            C_y, u_y, _, kept, bad = _causal_factors(_dot(cw, gam, DT, PREC), u, delta, idx, first + offs_t)
+            CP = tl.where(kept, C_y * _dot(q, tl.trans(u_y), DT, PREC), 0.0)
+            F += _dot(tl.trans(_dot(tl.trans(CP), dy, DT, PREC)), u_y, DT, PREC)
+        _store_state(ZF + at, F, offs_v, offs_d, DV, D)
+
+
+@triton.jit
+def chunk_grad_scan_kernel(
+    K, GAMMA, A, M, S, CW, CS, ZE, ZF, ZS, DWT, DST, DWE_OUT,
+    GH, GSH, DW0, DS0, DWE0,
+    T, L, m0, offset, b, c, NC,
+    D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """The reverse walk: from G = ∂L/∂W_end, G' = ∂L/∂S_end of the last chunk (DWT, DST; DWE_OUT = ∂L/∂W̃ of the
+    last chunk) back to the first, storing every chunk's G, G' (GH, GSH [N, NC, DV, D]) and ∂L/∂W0, ∂L/∂S0,
+    ∂L/∂We0. Grid (d_v tile, D tile, sequence); with l2 one D tile covers every feature (BK ≥ D)."""
+    i_v, i_k, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    K, GAMMA, A, M, S = K + i_n * L * D, GAMMA + i_n * L, A + i_n * T, M + i_n * T, S + i_n * T
+    CW, CS = CW + i_n * T * b, CS + i_n * T * b
+    G = _load_state(DWT + i_n * DV * D, offs_v, offs_k, DV, D)
+    Gs = tl.zeros([BV, BK], dtype=tl.float32)
     if MOMENTUM:
-        _store_state(ST + i_n * DV * D, Sm, offs_v, offs_d, DV, D)
+        Gs = _load_state(DST + i_n * DV * D, offs_v, offs_k, DV, D)
+    dWe = _load_state(DWE_OUT + i_n * DV * D, offs_v, offs_k, DV, D)  # ∂L/∂W̃ of the last chunk, from outside
+    dWp = tl.zeros([BV, BK], dtype=tl.float32)
+    for cr in range(NC):
+        ci = NC - 1 - cr
+        t0, n = _chunk(ci, b, offset, T)
+        at = i_n * NC + ci
+        _store_state(GH + at * DV * D, G, offs_v, offs_k, DV, D)
+        if MOMENTUM:
+            _store_state(GSH + at * DV * D, Gs, offs_v, offs_k, DV, D)
+        dWp = tl.load(A + t0 + n - 1).to(tl.float32) * G + _load_state(ZE + at * DV * D, offs_v, offs_k, DV, D)
+        if L2:
+            dWe += _load_state(ZF + at * DV * D, offs_v, offs_k, DV, D)
+            first = m0 + t0
+            cw = _last_coefficients(CW, t0, n, b, offs_t)
+            cs = _last_coefficients(CS, t0, n, b, offs_t)
+            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
+                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+                u = _rows(K, idx, imask, offs_k, D)
+                R = _dot(u, tl.trans(G), DT, PREC) * tl.sum(cw[:, None] * gam, axis=0)[:, None]
+                if MOMENTUM:
+                    R += _dot(u, tl.trans(Gs), DT, PREC) * tl.sum(cs[:, None] * gam, axis=0)[:, None]
+                dWe += _dot(tl.trans(R), u, DT, PREC)
+        if MOMENTUM:
+            Gs = (tl.load(M + t0 + n - 1).to(tl.float32) * G + tl.load(S + t0 + n - 1).to(tl.float32) * Gs
+                  + _load_state(ZS + at * DV * D, offs_v, offs_k, DV, D))
+        if ci > 0:  # W̃ of a later chunk is its W_p
+            G = dWp + dWe
+            dWe = tl.zeros([BV, BK], dtype=tl.float32)
+    _store_state(DW0 + i_n * DV * D, dWp, offs_v, offs_k, DV, D)
+    _store_state(DWE0 + i_n * DV * D, dWe, offs_v, offs_k, DV, D)
+    if MOMENTUM:
+        _store_state(DS0 + i_n * DV * D, Gs, offs_v, offs_k, DV, D)
 
 
 @triton.jit
 def chunk_linear_memory_bwd_kernel(
-    Q, K, V, GAMMA, A, M, S, CW, CS, WE0, WH, SH,
-    DY, DWT, DST, DWE_OUT,
-    DQ, DK, DVV, DGAMMA, DA, DM, DS, DCW, DCS, DW0, DS0, DWE0,
-    N, T, L, m0, offset, b, c, NC,
+    Q, K, V, GAMMA, A, M, CW, CS, WE0, WH, SH, GH, GSH, DY,
+    DQ, DK, DVV, DGAMMA, DA, DM, DS, DCW, DCS,
+    N, T, L, m0, offset, b, c,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Gradients of chunk_linear_memory_fwd_kernel. DY [N, T, DV]; DWT, DST, DWE_OUT [N, DV, D].
+    """Every chunk's input gradients from its start states (WH, SH; W̃) and the gradients at its end (GH, GSH):
+    with P = Q Uᵀ, D_y = dy δᵀ [t, i] and dW = G, dS = G',
 
-    Per d_v block (leading NV dim, summed by the caller): DQ [NV, N, T, D]; DA, DM, DS [NV, N, T];
-    DCW, DCS [NV, N, T, b]. Accumulated atomically (zero on entry): DK [N, L, D], DVV [N, L, DV],
-    DGAMMA [N, L]. DW0, DS0, DWE0 [N, DV, D]."""
-    i_v, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        ∂q_t = a_t W_pᵀ dy_t + m_t S_pᵀ dy_t + Σ_i C[t, i] D_y[t, i] u_i
+        ∂C[t, i] = D_y[t, i] P[t, i] + [t = n] δ_i · G u_i,   ∂C'[n, i] = δ_i · G' u_i
+        ∂δ_i = Σ_t C[t, i] P[t, i] dy_t + c_i G u_i + c'_i G' u_i,   ∂v_i = −∂δ_i
+        ∂u_i = Σ_t C[t, i] D_y[t, i] u_q,t + c_i Gᵀ δ_i + c'_i G'ᵀ δ_i (+ W̃ᵀ ∂δ_i with l2)
+        ∂a_t = dy_t · W_p u_q,t + [t = n] ⟨G, W_p⟩,  ∂m_t = dy_t · S_p u_q,t + [t = n] ⟨G, S_p⟩,  ∂s_n = ⟨G', S_p⟩
+
+    and ∂Cw = ∂C Γᵀ, ∂γ from ∂Γ = Cwᵀ ∂C + Csᵀ ∂C' on the band. Per d_v tile (leading NV dim, summed by the caller):
+    DQ [NV, N, T, D]; DA, DM, DS [NV, N, T]; DCW, DCS [NV, N, T, b]. Accumulated atomically (zero on entry):
+    DK [N, L, D], DVV [N, L, DV], DGAMMA [N, L]. Grid (chunk, sequence, d_v tile)."""
+    ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    NC = tl.num_programs(0)
     offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
     offs_v = i_v * BV + tl.arange(0, BV)
-    Q, DY, A, M, S = Q + i_n * T * D, DY + i_n * T * DV, A + i_n * T, M + i_n * T, S + i_n * T
+    Q, DY, A, M = Q + i_n * T * D, DY + i_n * T * DV, A + i_n * T, M + i_n * T
     CW, CS = CW + i_n * T * b, CS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
-    part = i_v * N + i_n  # this program's slice of the per-d_v-block outputs
+    part = i_v * N + i_n  # this program's slice of the per-d_v-tile outputs
     DQ, DA, DM, DS = DQ + part * T * D, DA + part * T, DM + part * T, DS + part * T
     DCW, DCS = DCW + part * T * b, DCS + part * T * b
-    dW = _load_state(DWT + i_n * DV * D, offs_v, offs_d, DV, D)
-    dSm = tl.zeros([BV, BD], dtype=tl.float32)
+    at = (i_n * NC + ci) * DV * D
+    dW = _load_state(GH + at, offs_v, offs_d, DV, D)
+    W = _load_state(WH + at, offs_v, offs_d, DV, D)
+    if ci == 0:  # W̃ of the first chunk is an input (W0 itself unless a previous call began the chunk)
+        We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
+    else:
+        We = W
+    t0, n = _chunk(ci, b, offset, T)
+    rows = t0 + offs_t
+    rmask = offs_t < n
+    last = offs_t == n - 1
+    qmask = rmask[:, None] & (offs_d < D)[None, :]
+    q = _rows(Q, rows, rmask, offs_d, D)
+    dy = _rows(DY, rows, rmask, offs_v, DV).to(tl.float32)
+    cmask = rmask[:, None] & rmask[None, :]
+    cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+    a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+    # y_t ∋ a_t W_p u_q,t and W_end ∋ a_n W_p
+    da = tl.sum(dy * _dot(q, tl.trans(W), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * W), 0.0)
+    dq = a[:, None] * _dot(dy, W, DT, PREC)
     if MOMENTUM:
-        dSm = _load_state(DST + i_n * DV * D, offs_v, offs_d, DV, D)
-    dWe = _load_state(DWE_OUT + i_n * DV * D, offs_v, offs_d, DV, D)  # ∂L/∂W̃ of the last chunk
-    for cr in range(NC):
-        ci = NC - 1 - cr
-        t0 = tl.maximum(ci * b - offset, 0)
-        n = tl.minimum(ci * b - offset + b, T) - t0
-        W = _load_state(WH + (i_n * NC + ci) * DV * D, offs_v, offs_d, DV, D)
-        if ci == 0:  # W̃ of the first chunk is an input (W0 itself unless a previous call began the chunk)
-            We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
-        else:
-            We = W
-        rows = t0 + offs_t
-        rmask = offs_t < n
-        last = offs_t == n - 1
-        qmask = rmask[:, None] & (offs_d < D)[None, :]
-        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * DV + offs_v[None, :], mask=rmask[:, None] & (offs_v < DV)[None, :],
-                     other=0.0).to(tl.float32)
-        cmask = rmask[:, None] & (offs_t < n)[None, :]
-        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
-        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-        # y_t ∋ a_t W_p u_q,t and W_end ∋ a_n W_p
-        da = tl.sum(dy * tl.dot(q, tl.trans(W), input_precision=IEEE), axis=1) + tl.where(last, tl.sum(dW * W), 0.0)
-        dq = a[:, None] * tl.dot(dy, W, input_precision=IEEE)
-        dW_p = _last(a, n, offs_t) * dW + tl.dot(tl.trans(dy * a[:, None]), q, input_precision=IEEE)
+        dSm = _load_state(GSH + at, offs_v, offs_d, DV, D)
+        Sm = _load_state(SH + at, offs_v, offs_d, DV, D)
+        cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+        m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
+        dm = tl.sum(dy * _dot(q, tl.trans(Sm), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * Sm), 0.0)
+        ds = tl.where(last, tl.sum(dSm * Sm), 0.0)
+        dq += m[:, None] * _dot(dy, Sm, DT, PREC)
+        dcs = tl.zeros([BT, BT], dtype=tl.float32)
+    dcw = tl.zeros([BT, BT], dtype=tl.float32)
+    first = m0 + t0
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+        u = _rows(K, idx, imask, offs_d, D)
+        delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
+        if L2:
+            delta += _dot(u, tl.trans(We), DT, PREC)
+        C = _dot(cw, gam, DT, PREC)
+        c_last = tl.sum(tl.where(last[:, None], C, 0.0), axis=0)
+        C_y, u_y, delta_y, kept, bad = _causal_factors(C, u, delta, idx, first + offs_t)  # the read-out's
+        P = _dot(q, tl.trans(u_y), DT, PREC)
+        dyd = _dot(dy, tl.trans(delta_y), DT, PREC)  # [t, i]: dy_t · δ_i
+        udW = _dot(u, tl.trans(dW), DT, PREC)  # [i, v]: G u_i
+        dC = tl.where(kept, dyd * P, 0.0) + tl.where(last[:, None], tl.sum(udW * delta, axis=1)[None, :], 0.0)
+        ddelta = tl.where(bad[:, None], 0.0, _dot(tl.trans(C_y * P), dy, DT, PREC))
+        ddelta += c_last[:, None] * udW
+        du = tl.where(bad[:, None], 0.0, _dot(tl.trans(dyd * C_y), q, DT, PREC))
+        du += c_last[:, None] * _dot(delta, dW, DT, PREC)
+        dq += _dot(dyd * C_y, u_y, DT, PREC)
+        dgam = _dot(tl.trans(cw), dC, DT, PREC)
+        dcw += _dot(dC, tl.trans(gam), DT, PREC)
         if MOMENTUM:
-            Sm = _load_state(SH + (i_n * NC + ci) * DV * D, offs_v, offs_d, DV, D)
-            cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
-            m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
-            s = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
-            dm = tl.sum(dy * tl.dot(q, tl.trans(Sm), input_precision=IEEE), axis=1)
-            dm += tl.where(last, tl.sum(dW * Sm), 0.0)
-            ds = tl.where(last, tl.sum(dSm * Sm), 0.0)
-            dq += m[:, None] * tl.dot(dy, Sm, input_precision=IEEE)
-            dS_p = _last(m, n, offs_t) * dW + _last(s, n, offs_t) * dSm
-            dS_p += tl.dot(tl.trans(dy * m[:, None]), q, input_precision=IEEE)
-            dcs = tl.zeros([BT, BT], dtype=tl.float32)
-        dcw = tl.zeros([BT, BT], dtype=tl.float32)
-        first = m0 + t0
-        for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-            idx, imask, u, delta, band, gam = _window_block(K, V, GAMMA, We, i0, first, n, c, offs_t, offs_d, offs_v,
-                                                            D, DV, L2)
-            C = tl.dot(cw, gam, input_precision=IEEE)
-            c_last = _last_row(C, n, offs_t)
-            C_y, u_y, delta_y, kept, bad = _causal_factors(C, u, delta, idx, first + offs_t)  # the read-out's
-            P = tl.dot(q, tl.trans(u_y), input_precision=IEEE)
-            dyd = tl.dot(dy, tl.trans(delta_y), input_precision=IEEE)  # [t, i]: dy_t · δ_i
-            udW = tl.dot(u, tl.trans(dW), input_precision=IEEE)  # [i, v]
-            dC = tl.where(kept, dyd * P, 0.0) + tl.where(last[:, None], tl.sum(udW * delta, axis=1)[None, :], 0.0)
-            ddelta = tl.where(bad[:, None], 0.0, tl.dot(tl.trans(C_y * P), dy, input_precision=IEEE))
-            ddelta += c_last[:, None] * udW
-            du = tl.where(bad[:, None], 0.0, tl.dot(tl.trans(dyd * C_y), q, input_precision=IEEE))
-            du += c_last[:, None] * tl.dot(delta, dW, input_precision=IEEE)
-            dq += tl.dot(dyd * C_y, u_y, input_precision=IEEE)
-            dgam = tl.dot(tl.trans(cw), dC, input_precision=IEEE)
-            dcw += tl.dot(dC, tl.trans(gam), input_precision=IEEE)
-            if MOMENTUM:
-                cs_last = _last_row(tl.dot(cs, gam, input_precision=IEEE), n, offs_t)
-                udS = tl.dot(u, tl.trans(dSm), input_precision=IEEE)
-                dCs = tl.where(last[:, None], tl.sum(udS * delta, axis=1)[None, :], 0.0)
-                ddelta += cs_last[:, None] * udS
-                du += cs_last[:, None] * tl.dot(delta, dSm, input_precision=IEEE)
-                dgam += tl.dot(tl.trans(cs), dCs, input_precision=IEEE)
-                dcs += tl.dot(dCs, tl.trans(gam), input_precision=IEEE)
-            if L2:  # δ = W̃ u − v
-                du += tl.dot(ddelta, We, input_precision=IEEE)
-                dWe += tl.dot(tl.trans(ddelta), u, input_precision=IEEE)
-            tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], du, mask=imask[:, None] & (offs_d < D)[None, :])
-            tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -ddelta,
-                          mask=imask[:, None] & (offs_v < DV)[None, :])
-            tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=imask)
-        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq, mask=qmask)
-        tl.store(DA + rows, da, mask=rmask)
-        tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
-        if MOMENTUM:
-            tl.store(DM + rows, dm, mask=rmask)
-            tl.store(DS + rows, ds, mask=rmask)
-            tl.store(DCS + rows[:, None] * b + offs_t[None, :], dcs, mask=cmask)
-            dSm = dS_p
-        if ci == 0:
-            _store_state(DWE0 + i_n * DV * D, dWe, offs_v, offs_d, DV, D)
-            dW = dW_p
-        else:
-            dW = dW_p + dWe
-        dWe = tl.zeros([BV, BD], dtype=tl.float32)
-    _store_state(DW0 + i_n * DV * D, dW, offs_v, offs_d, DV, D)
+            cs_last = tl.sum(tl.where(last[:, None], _dot(cs, gam, DT, PREC), 0.0), axis=0)
+            udS = _dot(u, tl.trans(dSm), DT, PREC)
+            dCs = tl.where(last[:, None], tl.sum(udS * delta, axis=1)[None, :], 0.0)
+            ddelta += cs_last[:, None] * udS
+            du += cs_last[:, None] * _dot(delta, dSm, DT, PREC)
+            dgam += _dot(tl.trans(cs), dCs, DT, PREC)
+            dcs += _dot(dCs, tl.trans(gam), DT, PREC)
+        if L2:  # δ = W̃ u − v
+            du += _dot(ddelta, We, DT, PREC)
+        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], du, mask=imask[:, None] & (offs_d < D)[None, :])
+        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -ddelta,
+                      mask=imask[:, None] & (offs_v < DV)[None, :])
+        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=imask)
+    tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq, mask=qmask)
+    tl.store(DA + rows, da, mask=rmask)
+    tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
     if MOMENTUM:
-        _store_state(DS0 + i_n * DV * D, dSm, offs_v, offs_d, DV, D)
+        tl.store(DM + rows, dm, mask=rmask)
+        tl.store(DS + rows, ds, mask=rmask)
+        tl.store(DCS + rows[:, None] * b + offs_t[None, :], dcs, mask=cmask)
 
 
-def _config(D, DV, b):
-    """Block sizes: a chunk (BT), all features (BD) and a slice of d_v (BV ≤ 32: more programs, fewer registers)."""
+# ---------------------------------------------------------------- launch plan
+
+def _config(D, DV, b, bias):
+    """Block sizes: a chunk (BT), all features (BD), d_v tiles of the chunk-parallel kernels (BV ≤ 32: more programs,
+    fewer registers; BVC for the contribution kernel, whose tiles are [BVC, BK]), of the walks (BVS; 16 with l2,
+    whose walk holds [BVS, BD] states) and the D tiles of the contribution kernel (BK) and of the walks (BKS: all of
+    D with l2, BK with dot, whose walk is element-wise)."""
     BT = max(16, triton.next_power_of_2(b))
     BD = max(16, triton.next_power_of_2(D))
     BV = max(16, min(triton.next_power_of_2(DV), 32, 4096 // BD))
-    return dict(BT=BT, BD=BD, BV=BV, num_warps=4 if BT * BD <= 4096 else 8)
+    BVC = max(16, min(triton.next_power_of_2(DV), 32))
+    BK = min(BD, 64)
+    return dict(BT=BT, BD=BD, BV=BV, BVC=BVC, BK=BK, BVS=16 if bias == "l2" else BVC, BKS=BD if bias == "l2" else BK,
+                num_warps=4 if BT * BD <= 4096 else 8)
+
+
+def chunk_count(T, chunk_size, offset):
+    return triton.cdiv(T + offset, chunk_size)
+
+
+def grids(N, T, D, DV, *, chunk_size, bias="l2", offset=0):
+    """The grid of every launch of a forward and backward call (what ``ChunkLinearMemoryFunction`` launches)."""
+    cfg = _config(D, DV, chunk_size, bias)
+    NC, cdiv = chunk_count(T, chunk_size, offset), triton.cdiv
+    parallel = (NC, N, cdiv(DV, cfg["BV"]))
+    walk = (cdiv(DV, cfg["BVS"]), cdiv(D, cfg["BKS"]), N)
+    return {"chunk_state_contrib_kernel": (NC, N, cdiv(DV, cfg["BVC"]) * cdiv(D, cfg["BK"])),
+            "chunk_state_scan_kernel": walk, "chunk_linear_memory_fwd_kernel": parallel,
+            "chunk_grad_contrib_kernel": parallel, "chunk_grad_scan_kernel": walk,
+            "chunk_linear_memory_bwd_kernel": parallel}
+
+
+def plan(N, T, D, DV, *, chunk_size, window=None, bias="l2", momentum=True, offset=0, m0=0):
+    """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
+    tokens (m0 cached keys), D features, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own sizes
+    (a chunk's n tokens, its window's keys, D, DV; the padding of blocks to powers of two left out)."""
+    NC = chunk_count(T, chunk_size, offset)
+    c = m0 + T if window is None else window
+    keys = nk = nnk = 0  # over chunks: Σ k (a chunk's window keys), Σ n·k, Σ n²·k
+    for ci in range(NC):
+        t0 = max(ci * chunk_size - offset, 0)
+        n = min(ci * chunk_size - offset + chunk_size, T) - t0
+        first = m0 + t0
+        k = first + n - max(first - c + 1, 0)
+        keys, nk, nnk = keys + k, nk + n * k, nnk + n * n * k
+    mom, l2, KDV, TDV = (2 if momentum else 1), bias == "l2", keys * D * DV, T * D * DV
+    flops = {  # per sequence
+        "chunk_state_contrib_kernel": 2 * mom * KDV,
+        "chunk_state_scan_kernel": (2 + 2 * mom) * KDV if l2 else 0,
+        "chunk_linear_memory_fwd_kernel": 2 * mom * TDV + 2 * nnk + 2 * nk * (D + DV) + (2 * KDV if l2 else 0),
+        "chunk_grad_contrib_kernel": 2 * mom * TDV + (2 * nnk + 2 * nk * (D + DV) + 4 * KDV if l2 else 0),
+        "chunk_grad_scan_kernel": (2 + 2 * mom) * KDV if l2 else 0,
+        "chunk_linear_memory_bwd_kernel": 4 * mom * TDV + 6 * mom * nnk + 2 * nk * (3 * D + 2 * DV)
+        + (4 * mom + 4 * l2) * KDV,
+    }
+    return {name: (g, g[0] * g[1] * g[2], N * flops[name])
+            for name, g in grids(N, T, D, DV, chunk_size=chunk_size, bias=bias, offset=offset).items()}
 
 
 class ChunkLinearMemoryFunction(torch.autograd.Function):
@@ -282,39 +541,66 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, offset, chunk_size, window, bias, momentum):
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
-        NC = triton.cdiv(T + offset, chunk_size)
-        cfg = _config(D, DV, chunk_size)
-        y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
-        WT, WE = torch.empty_like(W0), torch.empty_like(W0)
-        ST = torch.empty_like(S0)
-        WH = torch.empty(N, NC, DV, D, dtype=torch.float32, device=q.device)
+        NC = chunk_count(T, chunk_size, offset)
+        cfg, grid = _config(D, DV, chunk_size, bias), grids(N, T, D, DV, chunk_size=chunk_size, bias=bias,
+                                                              offset=offset)
+        l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
+        kw = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=dot_precision(q.dtype))
+        f32 = dict(dtype=torch.float32, device=q.device)
+        BW = torch.empty(N, NC, DV, D, **f32)
+        BS = torch.empty_like(BW) if momentum else BW
+        chunk_state_contrib_kernel[grid["chunk_state_contrib_kernel"]](
+            k, v, gamma, Cw, Cs, BW, BS, T, L, m0, offset, chunk_size, window, triton.cdiv(D, cfg["BK"]),
+            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BVC"], num_warps=4, **kw)
+        WT, WE, ST = torch.empty_like(W0), torch.empty_like(W0), torch.empty_like(S0)
+        WH = torch.empty(N, NC, DV, D, **f32)  # every chunk's start states, for the read-out and the backward
         SH = torch.empty_like(WH) if momentum else WH
-        grid = (triton.cdiv(DV, cfg["BV"]), N)
-        chunk_linear_memory_fwd_kernel[grid](
-            q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, y, WT, ST, WE, WH, SH,
-            T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=bias == "l2", MOMENTUM=momentum, **cfg)
+        chunk_state_scan_kernel[grid["chunk_state_scan_kernel"]](
+            k, gamma, a, m, s, Cw, Cs, W0, S0, We0, BW, BS, WT, ST, WE, WH, SH,
+            T, L, m0, offset, chunk_size, window, NC, L2=l2, BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"],
+            num_warps=warps, **kw)
+        del BW, BS
+        y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
+        chunk_linear_memory_fwd_kernel[grid["chunk_linear_memory_fwd_kernel"]](
+            q, k, v, gamma, a, m, Cw, We0, WH, SH, y, T, L, m0, offset, chunk_size, window, L2=l2,
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
         ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH)
-        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg)
+        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg, grid)
         return y, WT, ST, WE
 
     @staticmethod
     def backward(ctx, dy, dWT, dST, dWE):
         q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH = ctx.saved_tensors
-        offset, chunk_size, window, bias, momentum, NC, cfg = ctx.args
+        offset, chunk_size, window, bias, momentum, NC, cfg, grid = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
+        l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
         NV = triton.cdiv(DV, cfg["BV"])
+        kw = dict(D=D, DV=DV, L2=l2, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=dot_precision(q.dtype))
         f32 = dict(dtype=torch.float32, device=q.device)
+        dy = dy.to(q.dtype).contiguous()
+        ZE = torch.empty(N, NC, DV, D, **f32)
+        ZF = torch.empty_like(ZE) if l2 else ZE
+        ZS = torch.empty_like(ZE) if momentum else ZE
+        chunk_grad_contrib_kernel[grid["chunk_grad_contrib_kernel"]](
+            q, k, v, gamma, a, m, Cw, We0, WH, dy, ZE, ZF, ZS, T, L, m0, offset, chunk_size, window,
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
+        GH = torch.empty(N, NC, DV, D, **f32)  # ∂L/∂ every chunk's end states
+        GSH = torch.empty_like(GH) if momentum else GH
+        dW0, dS0, dWe0 = (torch.zeros(N, DV, D, **f32) for _ in range(3))
+        chunk_grad_scan_kernel[grid["chunk_grad_scan_kernel"]](
+            k, gamma, a, m, s, Cw, Cs, ZE, ZF, ZS, dWT.float().contiguous(), dST.float().contiguous(),
+            dWE.float().contiguous(), GH, GSH, dW0, dS0, dWe0, T, L, m0, offset, chunk_size, window, NC,
+            BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"], num_warps=warps, **kw)
+        del ZE, ZF, ZS
         dq = torch.empty(NV, N, T, D, **f32)
         dk, dv, dgamma = torch.zeros(N, L, D, **f32), torch.zeros(N, L, DV, **f32), torch.zeros(N, L, **f32)
         da, dm, ds = (torch.zeros(NV, N, T, **f32) for _ in range(3))
         dCw, dCs = torch.zeros(NV, N, T, chunk_size, **f32), torch.zeros(NV, N, T, chunk_size, **f32)
-        dW0, dS0, dWe0 = (torch.zeros(N, DV, D, **f32) for _ in range(3))
-        chunk_linear_memory_bwd_kernel[(NV, N)](
-            q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH, dy.contiguous(), dWT.contiguous(), dST.contiguous(),
-            dWE.contiguous(), dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, dW0, dS0, dWe0,
-            N, T, L, L - T, offset, chunk_size, window, NC, D=D, DV=DV, L2=bias == "l2", MOMENTUM=momentum,
-            **cfg)
+        chunk_linear_memory_bwd_kernel[grid["chunk_linear_memory_bwd_kernel"]](
+            q, k, v, gamma, a, m, Cw, Cs, We0, WH, SH, GH, GSH, dy,
+            dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, N, T, L, m0, offset, chunk_size, window,
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
         gates = (da.sum(0), dm.sum(0) if momentum else None, ds.sum(0) if momentum else None, dCw.sum(0),
                  dCs.sum(0) if momentum else None)
         return (dq.sum(0).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype),
@@ -325,7 +611,8 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
 
 def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, bias,
                         m=None, s=None, Cs=None, S0=None):
-    """Linear memory over T new tokens, chunk by chunk, in one kernel launch (forward and backward).
+    """Linear memory over T new tokens, all chunks in parallel around one walk over chunk states (three launches
+    forward, three backward; the module docstring).
 
     q: φ(q) [N, T, D]; k: φ(k) [N, L, D] and v [N, L, d_v] for the window cache followed by the new tokens;
     gamma [N, L]; a [N, T], Cw [N, T, b]: per-token rows of each chunk's closed form (column j = the
