@@ -177,11 +177,13 @@ class SaveConfigToTracking(SaveConfigCallback):
     in the log directory without MLflow."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from mlflow.entities import Param
-
+        """MLflow is imported only when a logger writes to it: a fit with ``--trainer.logger=false`` never imports
+        it."""
         text = self.parser.dump(self.config, skip_none=False)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
+                from mlflow.entities import Param
+
                 client, run_id = logger.experiment, logger.run_id
                 logged = client.get_run(run_id).data.params  # a resumed run keeps its params
                 params = [Param(k, v) for k, v in flatten(self.config).items() if k not in logged]
