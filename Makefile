@@ -81,10 +81,14 @@ $(VENV)/.bench-peers: $(VENV)/.installed
 bench: $(VENV)/.bench-peers
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
-# The GPU path in one run of at most 8 minutes (tests on cuda, kernel timings, 125M-class training steps):
-# runs/bench/gpu_check.json. Without CUDA: the same code at tiny shapes on the CPU (gpu_check.cpu.json).
-gpu-check: $(VENV)/.installed
-	$(PY) benchmarks/gpu_check.py
+# The GPU path in one run of at most 8 minutes (tests on cuda, kernel timings, 125M-class training steps, the pilot of
+# sweeps/mqar_gpu.yaml and its projected hours): runs/bench/gpu_check.json. Without CUDA: the same code at tiny shapes
+# on the CPU (gpu_check.cpu.json). Installs nothing: it runs with the venv's python where there is one, else
+# $(PYTHON) as it is (a bare CUDA image with torch, lightning, triton, numpy, pyyaml, rich and pytest is enough).
+GPU_CHECK_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+gpu-check:
+	$(GPU_CHECK_PY) benchmarks/gpu_check.py
 
 # The same scripts with --tiny (tiny shapes, 1 repeat, 1 thread): checks that each runs, in well under a minute each;
 # the times mean nothing. A missing peer is reported and its column skipped. Results: runs/bench/<name>.tiny.json.

@@ -1,26 +1,40 @@
-"""The GPU path in one run (``make gpu-check``): tests on the device, kernel timings, training steps, one JSON.
+"""The GPU path in one run (``make gpu-check``): tests on the device, kernel timings, training steps, the pilot of a
+sweep, one JSON.
 
-    python benchmarks/gpu_check.py [--budget 480] [--parts tests kernels training]
+    python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot] [--sweep FILE]
 
-(a) tests     the memory and kernel tests (``pytest -m "not slow" tests/memory tests/kernels --device cuda``);
-              passed / failed / skipped counted from pytest's per-test lines.
+(a) tests     the kernel and memory tests with ``--device cuda``, one pytest per file, tests/kernels/test_kernels.py
+              first, each file given an equal part of what is left of the share (a file that runs over it is stopped
+              and the next one starts), so every file is reached; passed / failed / skipped counted from pytest's
+              per-test lines. Triton's compiled kernels persist in ``TRITON_CACHE_DIR`` (default runs/triton-cache,
+              ignored by git): a second run compiles nothing it compiled before.
 (b) kernels   forward+backward of ``memorize`` for the deltanet, omega and atlas cases at T ∈ {1K, 4K, 16K}:
-              triton against chunked, and flash-linear-attention's ``chunk_delta_rule`` for deltanet when it is
-              installed. Every row is checked before it is timed (triton against chunked at the timed size, outputs
-              and the gradients of q, k, v and every gate); a wrong kernel is never timed. fla computes the exact
-              delta rule, so it is checked against triton at chunk 1 (T = 256, tolerance 1e-2: its dots are tf32)
-              and timed at its own chunk of 64 (same cost class, not the same function: ours takes chunk-start
-              gradients).
+              triton against chunked, both float32, each row checked before it is timed (outputs and the gradients of
+              q, k, v and every gate; a wrong kernel is never timed). Where fla-core is installed, its
+              ``chunk_delta_rule`` for the deltanet rows in bfloat16, the only dtype it accepts: checked once against
+              our triton kernel at chunk 1 (the exact delta rule; float32 on the same bf16-rounded inputs, T = 256) at
+              ``FLA_BF16_TOL`` (its error model below), then timed at each T at its own chunk of 64.
 (c) training  one training step (forward, backward, AdamW) of transformer, gated_deltanet, titans, atlas and atlas
               with chunk-start reads (``read="chunk"``) at a 125M-class size (d_model 768, 12 layers, 12 heads,
-              vocab 32,000, T = 4096, batch 1) under bf16 autocast: median step time, tokens/s, peak memory, and
-              the ratios to the transformer. Each model runs in its own process with what is left of the budget.
-(d) one JSON, runs/bench/gpu_check.json (gpu_check.cpu.json without CUDA), and the tables.
+              vocab 32,000, T = 4096, batch 1) under bf16 autocast, each in its own process: median step time,
+              tokens/s, peak memory, and the ratios to the transformer.
+(d) pilot     the Lightning fit of each distinct configuration of a sweep file (``--sweep``, default
+              sweeps/mqar_gpu.yaml) at its fixed sizes, each in its own process: ``--pilot-steps`` batches of every
+              training length and one validation of 3 batches a length (atlas_lab/sweep/estimate.py, the code of
+              ``atlas-lab sweep FILE --estimate``): s/step by length, one validation's seconds, and the projected hours
+              of each configuration and of the whole study.
+(e) one JSON, runs/bench/gpu_check.json (gpu_check.cpu.json without CUDA), and the tables.
 
-Each part stops at its share of ``--budget`` (seconds; tests 40 %, kernels 30 %, training 30 %) and keeps what
-finished: a row past the budget is marked "budget". Without CUDA the same code runs at tiny shapes on the CPU —
-the kernels under Triton's interpreter, a test subset — so CI proves the script runs; those times mean nothing.
-Exit status 1 if a test fails or a kernel is wrong.
+Budget. Each part has its share of ``--budget`` (seconds; tests 30 %, kernels 20 %, training 20 %, pilot 30 %) and
+keeps what finished. A row is not started when it cannot finish in what is left of its share, by an estimate from
+the rows done (a kernel row: the last row of its case scaled by T; a process row: the fastest row done); such a row
+is marked ``budget``. An exception in a row is that row's error, and the run goes on; an exception that stops a part
+is that part's error, and the next part runs.
+
+Needs torch, lightning, triton, numpy, pyyaml, rich and pytest only (not mlflow, optuna or jsonargparse): atlas_lab is
+imported from this checkout. Without CUDA the same code runs at tiny shapes on the CPU — the kernels under Triton's
+interpreter, a test subset, sweeps/demo.yaml's pilot at 3 steps — so CI proves the script runs; those times mean
+nothing. Exit status 1 if a test fails or one of our kernels is wrong or raises.
 """
 from __future__ import annotations
 
@@ -33,18 +47,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # atlas_lab from this checkout, installed or not
+    sys.path.insert(1, str(ROOT))
 CUDA = torch.cuda.is_available()
 if not CUDA:  # before triton is first imported: the kernels then run under its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# compiled kernels kept between runs (this process and the pytest and child processes it starts)
+os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / "runs" / "triton-cache"))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 import common  # noqa: E402  (benchmarks/common.py; TRITON_INTERPRET must be set first)
 
-SHARES = {"tests": 0.4, "kernels": 0.3, "training": 0.3}
-TEST_FILES = ["tests/memory/test_memory_equivalence.py", "tests/memory/test_memory_identities.py",
-              "tests/kernels/test_kernels.py"]
+SHARES = {"tests": 0.3, "kernels": 0.2, "training": 0.2, "pilot": 0.3}
+TEST_FILES = ["tests/kernels/test_kernels.py", "tests/memory/test_memory_equivalence.py",
+              "tests/memory/test_memory_identities.py"]  # in this order: the kernels' own tests first
 # on the CPU: a subset of the same files that runs in about a minute (the whole default suite covers them in CI)
 CPU_TESTS = "newton_schulz_matches_reference or chunk_size_one_is_the_online_rule or linear_attention or " \
             "split_into_calls and triton"
@@ -60,46 +81,104 @@ KERNEL_CASES = {
     "atlas": dict(d=16, architecture="mlp", feature_map="polynomial", attentional_bias="l2", window=8,
                   optimizer="muon", chunk_size=16, gates=("alpha", "eta", "theta", "gamma"), tol=2e-3),
 }
-FLA_TOL = 1e-2
+# fla's chunk_delta_rule in bfloat16 against our float32 exact delta rule on the same bf16-rounded inputs. Error model:
+# bf16's unit roundoff u = 2^-8; fla keeps every stored intermediate in the inputs' dtype (forward: the WY factors w
+# and u, the chunk states h, the output o; backward: dh, dv, the gradients of q, k, w, u, v and β), each rounding
+# costs ≤ u/2 relative, and the delta rule does not amplify it (‖I − β k kᵀ‖ ≤ 1 for ‖k‖ = 1, β ∈ (0, 1)). The
+# longest chain to a gradient passes ≤ 10 such roundings: ≤ 5u ≈ 2.0e-2, against a tolerance of 8u ≈ 3.1e-2.
+BF16_U = 2.0 ** -8
+FLA_BF16_TOL = 8 * BF16_U
+FLA_CHECK_T = 256
 KERNEL_TINY = dict(B=1, H=2, T=[19], d=8, chunk_size=8, window_cap=4)
 
 TRAIN_MODELS = {"transformer": None, "gated_deltanet": None, "titans": None, "atlas": None,
                 "atlas (read=chunk)": ("atlas", {"read": "chunk"})}
 TRAIN_SIZE = dict(d_model=768, n_layers=12, n_heads=12, vocab=32000, T=4096, batch=1)
 TRAIN_TINY = dict(d_model=32, n_layers=2, n_heads=2, vocab=256, T=64, batch=1)
+PILOT_SWEEP, PILOT_SWEEP_TINY = "sweeps/mqar_gpu.yaml", "sweeps/demo.yaml"
+PILOT_STEPS, PILOT_STEPS_TINY = 20, 3
 
 
-class Budget:
-    """Seconds left of one part's share."""
+class Share:
+    """Seconds left of one part's share (``clock``: seconds, a fake one in the tests)."""
 
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.end = clock() + seconds
 
     def left(self) -> float:
-        return self.end - time.monotonic()
+        return self.end - self.clock()
+
+
+def run_rows(share: Share, rows: list[dict], work: Callable[[dict, float], None],
+             estimate: Callable[[dict, list[dict]], float | None] = lambda row, done: None) -> list[dict]:
+    """Each row in turn: skipped (``check`` = "budget", ``skipped`` says why) when the share is spent or
+    ``estimate(row, rows done)`` seconds (None: no estimate) are more than what is left; else ``work(row, seconds
+    it may take)``, its exception the row's ``error``; ``seconds`` the row's wall time. Returns ``rows``."""
+    done: list[dict] = []
+    for i, row in enumerate(rows):
+        left = share.left()
+        guess = estimate(row, done) if done else None
+        if left <= 0 or (guess is not None and guess > left):
+            row["check"] = "budget"
+            row["skipped"] = "share spent" if left <= 0 else f"needs ≈ {guess:.0f} s, {left:.0f} s left"
+            continue
+        started = share.clock()
+        try:
+            work(row, left / (len(rows) - i) if i < len(rows) - 1 else left)
+        except Exception as e:  # this row's error; the next row runs
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        row["seconds"] = share.clock() - started
+        done.append(row)
+    return rows
+
+
+def fastest_done(row: dict, done: list[dict]) -> float | None:
+    """A process row's estimate: the fastest row done (a row that cannot finish in that cannot finish at all)."""
+    times = [r["seconds"] for r in done if "error" not in r]
+    return min(times) if times else None
 
 
 # ---------------------------------------------------------------- (a) tests
 
-def run_tests(budget: Budget, device: str, log_path) -> dict:
-    """pytest on the memory and kernel test files with ``--device``; counts from its -v lines (kept when stopped)."""
-    cmd = [sys.executable, "-m", "pytest", *TEST_FILES, "-m", "not slow", "-v", "-p", "no:cacheprovider",
-           "-p", "no:xdist", "--device", device]
+def pytest_file(path: str, device: str, log_path: Path, timeout: float) -> dict:
+    """pytest on one test file with ``--device``; counts from its -v lines (kept when stopped at ``timeout``)."""
+    cmd = [sys.executable, "-m", "pytest", path, "-m", "not slow", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "--device", device]
     if device == "cpu":
         cmd += ["-k", CPU_TESTS]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:  # unbuffered: the lines written before a stop are all there
-        proc = subprocess.Popen(cmd, cwd=common.ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
         try:
-            proc.wait(timeout=max(1.0, budget.left()))
+            proc.wait(timeout=max(1.0, timeout))
             stopped = False
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
             stopped = True
-    return dict(command=" ".join(cmd[1:]), counts=count_outcomes(log_path.read_text(errors="replace")),
+    return dict(counts=count_outcomes(log_path.read_text(errors="replace")),
                 returncode=None if stopped else proc.returncode, stopped_at_budget=stopped, log=str(log_path))
+
+
+def run_tests(share: Share, device: str, log_dir: Path, run_file: Callable = pytest_file) -> dict:
+    """Every file of ``TEST_FILES`` in order, each with an equal part of what is left of the share; the counts
+    summed. ``run_file(path, device, log_path, timeout)``: one file's result (a fake one in the tests)."""
+    files = [dict(file=f) for f in TEST_FILES]
+
+    def work(row, seconds):
+        row.update(run_file(row["file"], device, log_dir / f"{Path(row['file']).stem}.log", seconds))
+
+    run_rows(share, files, work)
+    counts: dict[str, int] = {}
+    for f in files:
+        for outcome, n in f.get("counts", {}).items():
+            counts[outcome] = counts.get(outcome, 0) + n
+    return dict(device=device, counts=counts, files=files,
+                stopped_at_budget=any(f.get("stopped_at_budget") or f.get("check") == "budget" for f in files),
+                returncode=next((f["returncode"] for f in files if f.get("returncode") not in (None, 0, 5)), 0),
+                log=str(log_dir))  # 5: pytest collected nothing (a file without a test of the CPU subset)
 
 
 def count_outcomes(log: str) -> dict[str, int]:
@@ -126,6 +205,10 @@ def kernel_inputs(B, T, H, d, gates, device, seed=0):
     return {n: t.to(device).requires_grad_() for n, t in x.items() if n in ("q", "k", "v") or n in gates}
 
 
+def as_dtype(x: dict, dtype) -> dict:
+    return {n: t.detach().to(dtype).requires_grad_() for n, t in x.items()}
+
+
 def memorize_fwd_bwd(x, impl, options):
     """Output and the gradients of every input for a fixed linear loss."""
     from atlas_lab.memory import memorize
@@ -137,11 +220,12 @@ def memorize_fwd_bwd(x, impl, options):
 
 
 def fla_fwd_bwd(x):
-    """fla's chunk_delta_rule on the same problem (its state is our Wᵀ; scale 1 = no q scaling)."""
+    """fla's chunk_delta_rule on the same problem (its state is our Wᵀ; scale 1 = no q scaling), in the inputs'
+    dtype (bfloat16: fla 0.6 refuses float32)."""
     from fla.ops.delta_rule import chunk_delta_rule
 
     o, _ = chunk_delta_rule(x["q"], x["k"], x["v"], x["eta"], scale=1.0, output_final_state=True)
-    w = torch.linspace(-1, 1, o.shape[-1], device=o.device)
+    w = torch.linspace(-1, 1, o.shape[-1], device=o.device, dtype=o.dtype)
     return (o.detach(), *torch.autograd.grad((o * w).sum(), list(x.values())))
 
 
@@ -169,51 +253,73 @@ def timed_ms(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def run_kernels(budget: Budget, tiny: bool, Ts, repeats: int) -> list[dict]:
-    """One row per (case, T): the check, then chunked / triton (/ fla) times and their ratios."""
+def fla_check(B, H, d, options, device, fla=fla_fwd_bwd, T=FLA_CHECK_T) -> dict:
+    """fla (bfloat16) against our exact delta rule (triton, chunk 1, float32) on the same bf16-rounded inputs."""
+    x = as_dtype(kernel_inputs(B, T, H, d, ("eta",), device, seed=1), torch.bfloat16)
+    err = max_rel_err(fla(x), memorize_fwd_bwd(as_dtype(x, torch.float32), "triton", {**options, "chunk_size": 1}))
+    return dict(fla_check=err, fla_ok=err <= FLA_BF16_TOL)
+
+
+def kernel_estimate(row: dict, done: list[dict]) -> float | None:
+    """The last row done of the same case, scaled by T (the kernels' cost grows linearly in T)."""
+    same = [r for r in done if r["case"] == row["case"] and "error" not in r]
+    return same[-1]["seconds"] * row["T"] / same[-1]["T"] if same else None
+
+
+def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None = None) -> list[dict]:
+    """One row per (case, T): the check, then chunked / triton times (/ fla's in bf16 for deltanet) and ratios.
+    ``fla``: fla's forward+backward (default: ``fla_fwd_bwd`` where fla-core is installed and CUDA is there)."""
     import importlib.util
 
     device = "cuda" if CUDA else "cpu"
     B, H = (KERNEL_TINY["B"], KERNEL_TINY["H"]) if tiny else (2, 4)
     Ts = KERNEL_TINY["T"] if tiny else Ts
-    with_fla = CUDA and importlib.util.find_spec("fla") is not None
-    rows = []
+    if fla is None and CUDA and importlib.util.find_spec("fla") is not None:
+        fla = fla_fwd_bwd
+    rows, settings = [], {}
     for name, setting in KERNEL_CASES.items():
         options = {n: v for n, v in setting.items() if n not in ("d", "gates", "tol")}
         d = setting["d"]
         if tiny:
             d, options["chunk_size"] = KERNEL_TINY["d"], KERNEL_TINY["chunk_size"]
             options["window"] = min(options["window"], KERNEL_TINY["window_cap"])
-        fla_check = None
-        if with_fla and name == "deltanet" and budget.left() > 0:  # the exact delta rule: fla vs triton at chunk 1
-            x = kernel_inputs(B, 256, H, d, setting["gates"], device, seed=1)
-            fla_check = max_rel_err(fla_fwd_bwd(x), memorize_fwd_bwd(x, "triton", {**options, "chunk_size": 1}))
-        for T in Ts:
-            row = dict(case=name, T=T)
-            rows.append(row)
-            if budget.left() <= 0:
-                row["check"] = "budget"
-                continue
-            x = kernel_inputs(B, T, H, d, setting["gates"], device)
-            results, cold = {}, {}
-            for impl in ("triton", "chunked"):  # the check's own calls are timed too: the times of a tiny run
-                t = time.perf_counter()
-                results[impl] = memorize_fwd_bwd(x, impl, options)
-                cold[impl] = 1e3 * (time.perf_counter() - t)
-            err = max_rel_err(results["triton"], results["chunked"])
-            row.update(check="correct" if err <= setting["tol"] else "WRONG", max_rel_err=err)
-            if err > setting["tol"]:  # never time a wrong kernel
-                continue
-            if tiny:
-                row.update(chunked_ms=cold["chunked"], triton_ms=cold["triton"])
-                continue
+        settings[name] = (d, options)
+        rows += [dict(case=name, T=T) for T in Ts]
+    fla_state: dict = {}
+
+    def work(row, seconds):
+        setting = KERNEL_CASES[row["case"]]
+        d, options = settings[row["case"]]
+        x = kernel_inputs(B, row["T"], H, d, setting["gates"], device)
+        results, cold = {}, {}
+        for impl in ("triton", "chunked"):  # the check's own calls are timed too: the times of a tiny run
+            t = time.perf_counter()
+            results[impl] = memorize_fwd_bwd(x, impl, options)
+            cold[impl] = 1e3 * (time.perf_counter() - t)
+        err = max_rel_err(results["triton"], results["chunked"])
+        row.update(check="correct" if err <= setting["tol"] else "WRONG", max_rel_err=err)
+        if err > setting["tol"]:  # never time a wrong kernel
+            return
+        if tiny:
+            row.update(chunked_ms=cold["chunked"], triton_ms=cold["triton"])
+        else:
             row["chunked_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "chunked", options), repeats)
             row["triton_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), repeats)
-            if fla_check is not None:
-                row["fla_check"] = fla_check
-                if fla_check <= FLA_TOL:
-                    row["fla_ms"] = timed_ms(lambda: fla_fwd_bwd(x), repeats)
-    return rows
+        if fla is None or row["case"] != "deltanet":
+            return
+        try:  # a peer's failure is its columns' error; our row stands
+            if not fla_state:
+                fla_state.update(fla_check(B, H, d, options, device, fla, T=Ts[0] if tiny else FLA_CHECK_T))
+            row["fla_check"] = fla_state["fla_check"]
+            if fla_state["fla_ok"]:
+                xb = as_dtype(x, torch.bfloat16)
+                row["fla_ms"] = timed_ms(lambda: fla(xb), 1 if tiny else repeats)
+        except Exception as e:
+            fla_state.setdefault("fla_check", None)
+            fla_state.setdefault("fla_ok", False)
+            row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+
+    return run_rows(share, rows, work, kernel_estimate)
 
 
 # ---------------------------------------------------------------- (c) training steps
@@ -262,29 +368,64 @@ def train_child(label: str, size: dict, steps: int) -> dict:
                 peak_gib=peak / 2**30, loss=loss, finite=bool(torch.isfinite(torch.tensor(loss))))
 
 
-def run_training(budget: Budget, size: dict, steps: int) -> list[dict]:
-    """Each model in a fresh process (an out-of-memory or a slow model costs only its own row), given what is left
-    of the budget split over the models still to run."""
-    rows = []
-    labels = list(TRAIN_MODELS)
-    for i, label in enumerate(labels):
-        left = budget.left()
-        row = dict(model=label)
-        rows.append(row)
-        if left <= 1:
-            row["error"] = "budget"
-            continue
-        cmd = [sys.executable, __file__, "--child", label, "--size", json.dumps(size), "--steps", str(steps)]
-        timeout = left / (len(labels) - i) if label != labels[-1] else left
-        row.update(common.run_child(cmd, timeout=timeout))
+def run_training(share: Share, size: dict, steps: int) -> list[dict]:
+    """Each model in a fresh process (an out-of-memory or a slow model costs only its own row), given an equal part
+    of what is left of the share."""
+    def work(row, seconds):
+        cmd = [sys.executable, __file__, "--child", row["model"], "--size", json.dumps(size), "--steps", str(steps)]
+        row.update(common.run_child(cmd, timeout=seconds))
         if "timed out" in row.get("error", ""):
-            row["error"] = f"budget ({timeout:.0f} s: a step did not finish)"
+            row["error"] = f"budget ({seconds:.0f} s: a step did not finish)"
+
+    rows = run_rows(share, [dict(model=label) for label in TRAIN_MODELS], work, fastest_done)
+    for r in rows:
+        if r.get("check") == "budget":
+            r["error"] = "budget"
     base = next((r for r in rows if r["model"] == "transformer" and "tokens_per_s" in r), None)
     for r in rows:
         if base and "tokens_per_s" in r:
             r["speed_vs_transformer"] = r["tokens_per_s"] / base["tokens_per_s"]
             r["memory_vs_transformer"] = r["peak_gib"] / base["peak_gib"]
     return rows
+
+
+# ---------------------------------------------------------------- (d) pilot of a sweep
+
+def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = None) -> dict:
+    """Each distinct configuration of ``sweep`` piloted (``pilot(spec, point, seconds)``: its record; default
+    ``estimate.pilot`` in a process of its own, stopped at ``seconds``), then its projection and the study's hours
+    over the configurations piloted."""
+    from atlas_lab.sweep import estimate
+    from atlas_lab.sweep.spec import load_sweep
+
+    spec = load_sweep(ROOT / sweep if not Path(sweep).is_absolute() else sweep)
+    points = estimate.study_points(spec)
+
+    def in_child(spec, point, seconds):
+        record = common.run_child(estimate.pilot_command(spec, point, steps), timeout=seconds)
+        if "error" in record:
+            raise RuntimeError(record["error"])
+        return record
+
+    pilot = pilot or in_child
+
+    def work(row, seconds):
+        row.update(estimate.estimate_row(row["_point"], pilot(spec, row["_point"], seconds)))
+
+    rows = run_rows(share, [dict(point=p.label, fits=p.fits, _point=p) for p in points], work, fastest_done)
+    for r in rows:
+        del r["_point"]
+        if "step_s" in r:
+            r["step_s"] = {str(k): v for k, v in r["step_s"].items()}
+    base = next((r for r in rows if r["point"].endswith("=transformer") and "projection" in r), None)
+    for r in rows:
+        if "projection" in r:
+            r["mean_step_s"] = r["projection"]["training"] / max(1, r["projection"]["batches"])
+            if base:
+                r["step_vs_transformer"] = r["mean_step_s"] / (base["projection"]["training"]
+                                                               / max(1, base["projection"]["batches"]))
+    return dict(sweep=sweep, steps=steps, rows=rows, hours=estimate.study_hours(rows),
+                piloted=sum("projection" in r for r in rows), configurations=len(rows))
 
 
 # ---------------------------------------------------------------- tables
@@ -295,24 +436,31 @@ def fmt(x, spec=".2f", suffix=""):
 
 def print_tables(result: dict) -> None:
     where = result["device"] + ("" if CUDA else " — CPU / Triton interpreter, tiny shapes: times mean nothing")
-    if "tests" in result:
+    for part in ("tests", "kernels", "training", "pilot"):
+        if isinstance(result.get(part), dict) and "error" in result[part] and len(result[part]) == 1:
+            common.console().print(f"({part}) did not run: {result[part]['error']}", markup=False)
+    if "counts" in result.get("tests", {}):
         t = result["tests"]
-        c = t["counts"]
-        common.print_table(f"(a) memory and kernel tests on {t['device']}", ["passed", "failed", "errors", "skipped",
-                                                                              "stopped at budget", "log"],
-                           [[c.get("passed", 0), c.get("failed", 0), c.get("error", 0), c.get("skipped", 0),
-                             "yes" if t["stopped_at_budget"] else "no", t["log"]]], left=0)
-    if "kernels" in result:
+        common.print_table(f"(a) kernel and memory tests on {t['device']}, one pytest per file",
+                           ["file", "passed", "failed", "errors", "skipped", "stopped at budget", "seconds", "log"],
+                           [[f["file"], f.get("counts", {}).get("passed", 0), f.get("counts", {}).get("failed", 0),
+                             f.get("counts", {}).get("error", 0), f.get("counts", {}).get("skipped", 0),
+                             "yes" if f.get("stopped_at_budget") or f.get("check") == "budget" else "no",
+                             fmt(f.get("seconds"), ".0f"), f.get("log") or f.get("error")] for f in t["files"]],
+                           left=1)
+    if isinstance(result.get("kernels"), list):
         rows = result["kernels"]
-        common.print_table(f"(b) memorize forward+backward, float32 — {where}",
-                           ["case", "T", "check", "chunked ms", "triton ms", "chunked/triton", "fla ms",
-                            "fla/triton"],
+        common.print_table(f"(b) memorize forward+backward, float32 (fla: bfloat16) — {where}",
+                           ["case", "T", "check", "chunked ms", "triton ms", "chunked/triton", "fla bf16 ms",
+                            "fla/triton", "error"],
                            [[r["case"], r["T"], r.get("check"), fmt(r.get("chunked_ms")), fmt(r.get("triton_ms")),
                              fmt(r.get("chunked_ms") and r.get("triton_ms") and r["chunked_ms"] / r["triton_ms"],
                                  suffix="×"),
                              fmt(r.get("fla_ms")),
-                             fmt(r.get("fla_ms") and r["fla_ms"] / r["triton_ms"], suffix="×")] for r in rows], left=3)
-    if "training" in result:
+                             fmt(r.get("fla_ms") and r.get("triton_ms") and r["fla_ms"] / r["triton_ms"], suffix="×"),
+                             (r.get("error") or r.get("fla_error") or r.get("skipped") or "")[:100]] for r in rows],
+                           left=3)
+    if isinstance(result.get("training"), list):
         s = result["training_size"]
         common.print_table(f"(c) one training step, bf16 autocast, d_model {s['d_model']}, {s['n_layers']} layers, "
                            f"T = {s['T']}, batch {s['batch']} — {where}",
@@ -323,15 +471,37 @@ def print_tables(result: dict) -> None:
                              fmt(r.get("peak_gib")), fmt(r.get("speed_vs_transformer"), ".3f", "×"),
                              fmt(r.get("memory_vs_transformer"), ".2f", "×"), r.get("error") and r["error"][:100]]
                             for r in result["training"]])
+    if "rows" in result.get("pilot", {}):
+        p = result["pilot"]
+        common.print_table(f"(d) pilot of {p['sweep']}: {p['steps']} batches a length, one validation — {where}",
+                           ["configuration", "s/step by length", "mean s/step", "× transformer", "one validation s",
+                            "fits", "hours a fit", "hours", "error"],
+                           [[r["point"], " / ".join(f"{L}: {v:.3g}" for L, v in r["step_s"].items())
+                             if "step_s" in r else None, fmt(r.get("mean_step_s"), ".4f"),
+                             fmt(r.get("step_vs_transformer"), ".1f", "×"),
+                             fmt(r.get("projection", {}).get("one_validation"), ".1f"), r["fits"],
+                             fmt(r.get("projection") and r["projection"]["total"] / 3600, ".3f"),
+                             fmt(r.get("projection") and r["fits"] * r["projection"]["total"] / 3600, ".2f"),
+                             (r.get("error") or r.get("skipped") or "")[:100]] for r in p["rows"]])
+        missing = p["configurations"] - p["piloted"]
+        common.console().print(f"study {p['sweep']}: {p['hours']:.2f} hours projected for one worker" +
+                               (f" ({missing} of {p['configurations']} configurations not piloted, not counted)"
+                                if missing else ""), markup=False)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (default 480)")
+    ap.add_argument("--budget", type=float, default=450.0, help="seconds for the parts (default 450: with the "
+                                                                "start and the tables, under 8 minutes)")
     ap.add_argument("--parts", nargs="+", default=list(SHARES), choices=list(SHARES))
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 4096, 16384], help="kernel lengths")
     ap.add_argument("--repeats", type=int, default=5, help="timed kernel calls (median)")
     ap.add_argument("--steps", type=int, default=3, help="timed training steps per model (median)")
+    ap.add_argument("--sweep", default=None, help=f"the sweep file the pilot part estimates (default {PILOT_SWEEP}; "
+                                                  f"{PILOT_SWEEP_TINY} without CUDA)")
+    ap.add_argument("--pilot-steps", type=int, default=None,
+                    help=f"pilot batches of each training length (default {PILOT_STEPS}; {PILOT_STEPS_TINY} without "
+                         "CUDA)")
     ap.add_argument("--out", default=None, help="JSON path (default runs/bench/gpu_check.json, .cpu.json on a CPU)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--size", default=None, help=argparse.SUPPRESS)
@@ -341,33 +511,43 @@ def main(argv=None) -> int:
         return 0
     tiny = not CUDA
     device = "cuda" if CUDA else "cpu"
+    given = Path(args.out).resolve() if args.out else None
+    os.chdir(ROOT)  # the sweep files name their configs from the repository's root
     if tiny:
         torch.set_num_threads(1)
     result = common.meta(None, device=torch.cuda.get_device_name() if CUDA else "cpu", budget_s=args.budget)
     result["tiny"] = tiny
     out = common.BENCH_DIR / "gpu_check.json" if CUDA else common.BENCH_DIR / "gpu_check.cpu.json"
-    out = Path(args.out) if args.out else out
+    out = given or out
     share = {p: SHARES[p] / sum(SHARES[q] for q in args.parts) for p in args.parts}
     started = time.monotonic()
     for part in args.parts:
-        budget = Budget(share[part] * args.budget)
+        budget = Share(share[part] * args.budget)
         t = time.monotonic()
-        if part == "tests":
-            result["tests"] = dict(run_tests(budget, device, out.with_suffix(".tests.log")), device=device)
-        elif part == "kernels":
-            result["kernels"] = run_kernels(budget, tiny, args.T, 1 if tiny else args.repeats)
-        else:
-            size = TRAIN_TINY if tiny else TRAIN_SIZE
-            result["training_size"] = size
-            result["training"] = run_training(budget, size, 1 if tiny else args.steps)
+        try:
+            if part == "tests":
+                result["tests"] = run_tests(budget, device, out.parent / f"{out.stem}.tests")
+            elif part == "kernels":
+                result["kernels"] = run_kernels(budget, tiny, args.T, 1 if tiny else args.repeats)
+            elif part == "training":
+                size = TRAIN_TINY if tiny else TRAIN_SIZE
+                result["training_size"] = size
+                result["training"] = run_training(budget, size, 1 if tiny else args.steps)
+            else:
+                result["pilot"] = run_pilot(budget, args.sweep or (PILOT_SWEEP_TINY if tiny else PILOT_SWEEP),
+                                            args.pilot_steps or (PILOT_STEPS_TINY if tiny else PILOT_STEPS))
+        except Exception as e:  # this part's error; the next part runs
+            result[part] = dict(error=f"{type(e).__name__}: {e}"[:500])
         result.setdefault("seconds", {})[part] = round(time.monotonic() - t, 1)
         common.write_json(out, result, quiet=True)  # what finished is kept if a later part dies
     result["seconds"]["total"] = round(time.monotonic() - started, 1)
     print_tables(result)
     common.write_json(out, result)
-    failed = result.get("tests", {}).get("counts", {})
-    bad = failed.get("failed", 0) + failed.get("error", 0) or result.get("tests", {}).get("returncode") not in (0, None)
-    wrong = any(r.get("check") == "WRONG" for r in result.get("kernels", []))
+    tests = result.get("tests", {})
+    failed = tests.get("counts", {})
+    bad = failed.get("failed", 0) + failed.get("error", 0) or tests.get("returncode") not in (0, None)
+    kernels = result.get("kernels") if isinstance(result.get("kernels"), list) else []
+    wrong = any(r.get("check") == "WRONG" or "error" in r for r in kernels)
     return 1 if bad or wrong else 0
 
 
