@@ -7,7 +7,9 @@ times a short Lightning fit on this machine (CPU or GPU, the trial's own ``train
 ``STEPS`` training batches of every sequence length the epoch holds (taken from the epoch's own order; the first of
 each length is a warm-up, not timed), then one validation of ``VAL_BATCHES`` batches of every length of the
 validation set (the first of each length not timed where there are two or more). Every batch is timed from the end
-of the one before (data loading, forward, backward, optimizer step; on a GPU after a synchronisation).
+of the one before (data loading, forward, backward, optimizer step, the config's callbacks that a sweep trial keeps;
+on a GPU after a synchronisation). Not counted: what the sweep does around a fit (its config check, the MLflow run and
+its metrics, the learning-curve plot).
 
 The projection is arithmetic on those timings and the trial's schedule (``trial_plan``, Lightning's rules for
 max_epochs, max_steps, limit_train_batches, val_check_interval, check_val_every_n_epoch and the CLI's
@@ -59,6 +61,7 @@ COST_NEUTRAL = ("model.lr", "model.memory_lr", "model.weight_decay", "model.beta
 # the trainer's keys a pilot takes from the trial's config (the rest is the pilot's own: one device, no logger)
 TRAINER_KEYS = ("accelerator", "precision", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches",
                 "deterministic", "benchmark", "inference_mode", "log_every_n_steps")
+SWEEP_DROPS = ("ProgressBar", "ModelCheckpoint", "ModelSummary")  # callbacks a sweep trial leaves out (worker.py)
 LIGHTNING_MAX_EPOCHS = 1000  # Lightning's max_epochs when neither max_epochs nor max_steps is given
 
 
@@ -417,11 +420,14 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     datamodule.train_dataloader = lambda: pilot_train
     datamodule.val_dataloader = lambda: pilot_vals if len(pilot_vals) > 1 else pilot_vals[0]
     times = batch_times(clock)
+    kept = [c for c in trainer_config.get("callbacks") or [] if isinstance(c, dict) and "class_path" in c
+            and not any(s in c["class_path"] for s in SWEEP_DROPS)]  # the config's callbacks a sweep trial keeps
+    callbacks = [times] + [import_class(c["class_path"])(**(c.get("init_args") or {})) for c in kept]
     options = {k: trainer_config[k] for k in TRAINER_KEYS if k in trainer_config}
     with tempfile.TemporaryDirectory(prefix="atlas-lab-estimate-") as root:
         common = dict(options, devices=1, num_nodes=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      default_root_dir=root, callbacks=[times])
+                      default_root_dir=root, callbacks=callbacks)
         L.Trainer(**common, max_epochs=1, limit_val_batches=0).fit(model, datamodule=datamodule)
         evaluator = L.Trainer(**common)
         evaluator.validate(model, datamodule=datamodule, verbose=False)
@@ -492,7 +498,8 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
         console.print(f"  {point.label}: " + (f"{step_text(row['step_s'])} s/step" if "step_s" in row
                                               else row["error"]), markup=False)
     hours = study_hours(rows)
-    where = next((f"{r['device']}, {r['threads']} threads" for r in rows if "device" in r), "no pilot finished")
+    where = next((f"{r['device']}, {r['threads']} thread{'s' * (r['threads'] != 1)}" for r in rows if "device" in r),
+                 "no pilot finished")
     table = []
     for r in rows:
         p = r.get("projection")
