@@ -425,10 +425,10 @@ def axis_labels(rows: list[dict], col: str) -> list[str]:
 
 
 def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path, baseline: dict | None = None,
-                  marks: dict[str, float] | None = None) -> Path | None:
+                  marks: dict[str, float] | None = None, escape: float | None = None) -> Path | None:
     """One panel per grid axis: every point's mean and 95 % interval against that axis' label, one labelled series
     (legend) per combination of the other axes, the value written beside each point, the baseline's mean dashed,
-    each of the study's ``marks`` (chance, a plateau) dotted and labelled."""
+    each of the study's ``marks`` (chance, a plateau) dotted and labelled, and its ``escape`` threshold dash-dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -459,6 +459,8 @@ def ablation_plot(columns: list[str], rows: list[dict], metric: str, path: Path,
             ax.axhline(base["mean"], color="grey", linestyle="--", linewidth=1, label="baseline")
         for (label, value), color in zip((marks or {}).items(), ("tab:red", "tab:purple", "tab:brown", "black")):
             ax.axhline(value, color=color, linestyle=":", linewidth=1, label=f"{label} ({value:.4g})")
+        if escape is not None:
+            ax.axhline(escape, color="tab:green", linestyle="-.", linewidth=1, label=f"escape ({escape:.4g})")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         ax.set_xlabel(names[col])
         ax.set_ylabel(f"{metric} (mean, 95% CI)")
@@ -560,7 +562,7 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     out.mkdir(parents=True, exist_ok=True)
     marks = attrs.get("marks") or {}
     files = write_tables(columns, rows, diffs, metric, baseline, out, power, tuned, marks, attrs)
-    plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline, marks) \
+    plot = ablation_plot(columns, rows, metric, out / "ablation.png", baseline, marks, attrs.get("escape")) \
         if attrs.get("sampler", "grid") == "grid" else None
     files += [plot] if plot else []
     if attrs.get("sampler") in ("tpe", "random"):
