@@ -63,6 +63,7 @@ TRAINER_KEYS = ("accelerator", "precision", "gradient_clip_val", "gradient_clip_
                 "deterministic", "benchmark", "inference_mode", "log_every_n_steps")
 SWEEP_DROPS = ("ProgressBar", "ModelCheckpoint", "ModelSummary")  # callbacks a sweep trial leaves out (worker.py)
 LIGHTNING_MAX_EPOCHS = 1000  # Lightning's max_epochs when neither max_epochs nor max_steps is given
+BUSY = 0.8  # a CPU pilot with less than this share of its threads' cores says that the machine was busy
 
 
 # ---------------------------------------------------------------- the config, without jsonargparse
@@ -216,11 +217,14 @@ def max_time_seconds(value) -> float | None:
 @dataclass
 class Timing:
     """A pilot's measurements: seconds per training batch and per validation batch by sequence length, the
-    validation's fixed overhead, and the trial's setup (data and model built)."""
+    validation's fixed overhead, the trial's setup (data and model built), and on a CPU the share of its threads'
+    cores the pilot had (about 1 on an idle machine; less where other processes ran: the figure is then for a machine
+    as busy)."""
     step_s: dict[int, float]
     val_batch_s: dict[int, float]
     val_overhead_s: float = 0.0
     setup_s: float = 0.0
+    cpu_share: float | None = None  # CPU only: the CPU time of the training batches over their wall time × threads
 
 
 @dataclass
@@ -275,17 +279,18 @@ def _length(batch) -> int:
     return int(ids.shape[-1])
 
 
-def batch_times(clock: Callable[[], float] = time.perf_counter):
+def batch_times(clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time):
     """A Lightning callback: the seconds of every training and validation batch with its sequence length
     (``.train``, ``.val``: [(length, seconds)]), each from the end of the batch before (the first from its own start),
-    and the validation's total (``.val_total``). ``clock``: seconds (a fake one in the tests)."""
+    the validation's total (``.val_total``) and the process's CPU seconds over the training batches (``.train_cpu``).
+    ``clock``, ``cpu_clock``: seconds (fake ones in the tests)."""
     import lightning as L
     import torch
 
     class BatchTimes(L.Callback):
         def __init__(self):
-            self.train, self.val, self.val_total = [], [], 0.0
-            self._last = self._vlast = self._vstart = None
+            self.train, self.val, self.val_total, self.train_cpu = [], [], 0.0, 0.0
+            self._last = self._vlast = self._vstart = self._cpu = None
 
         def now(self, module) -> float:
             if module.device.type == "cuda":
@@ -294,12 +299,13 @@ def batch_times(clock: Callable[[], float] = time.perf_counter):
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self._last is None:
-                self._last = self.now(pl_module)
+                self._last, self._cpu = self.now(pl_module), cpu_clock()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            t = self.now(pl_module)
+            t, cpu = self.now(pl_module), cpu_clock()
             self.train.append((_length(batch), t - self._last))
-            self._last = t
+            self.train_cpu += cpu - self._cpu
+            self._last, self._cpu = t, cpu
 
         def on_validation_start(self, trainer, pl_module):
             self._vstart = self.now(pl_module)
@@ -329,10 +335,14 @@ def per_length(times: list[tuple[int, float]]) -> dict[int, float]:
     return {L: statistics.median(s[1:] if len(s) > 1 else s) for L, s in sorted(by.items())}
 
 
-def timing_of(times, setup_s: float) -> Timing:
-    """A pilot's ``Timing`` from its callback's record: the validation's overhead is its total less its batches."""
+def timing_of(times, setup_s: float, threads: int | None = None) -> Timing:
+    """A pilot's ``Timing`` from its callback's record: the validation's overhead is its total less its batches;
+    ``threads``: torch's threads on a CPU (None on a GPU: no cpu_share)."""
     val = per_length(times.val)
-    return Timing(per_length(times.train), val, max(0.0, times.val_total - sum(s for _, s in times.val)), setup_s)
+    wall = sum(s for _, s in times.train)
+    share = times.train_cpu / (wall * threads) if threads and wall > 0 else None
+    return Timing(per_length(times.train), val, max(0.0, times.val_total - sum(s for _, s in times.val)), setup_s,
+                  share)
 
 
 class Batches:
@@ -379,7 +389,7 @@ def import_class(path: str):
 
 
 def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_batches: int = VAL_BATCHES,
-          clock: Callable[[], float] = time.perf_counter) -> dict:
+          clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time) -> dict:
     """Build one trial's data and model and time its pilot fit on this machine (see the module's docstring);
     returns {"timing": Timing's fields, "schedule": Schedule's fields, "device": …, "threads": …}."""
     import logging
@@ -419,7 +429,7 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     pilot_vals = [v.sample(val_batches) for v in vals]
     datamodule.train_dataloader = lambda: pilot_train
     datamodule.val_dataloader = lambda: pilot_vals if len(pilot_vals) > 1 else pilot_vals[0]
-    times = batch_times(clock)
+    times = batch_times(clock, cpu_clock)
     kept = [c for c in trainer_config.get("callbacks") or [] if isinstance(c, dict) and "class_path" in c
             and not any(s in c["class_path"] for s in SWEEP_DROPS)]  # the config's callbacks a sweep trial keeps
     callbacks = [times] + [import_class(c["class_path"])(**(c.get("init_args") or {})) for c in kept]
@@ -432,7 +442,7 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
         evaluator = L.Trainer(**common)
         evaluator.validate(model, datamodule=datamodule, verbose=False)
         device = str(evaluator.strategy.root_device)
-    timing = timing_of(times, setup_s)
+    timing = timing_of(times, setup_s, None if device.startswith("cuda") else torch.get_num_threads())
     schedule = Schedule(train.counts(), val_counts, {k: trainer_config.get(k) for k in (
         "max_epochs", "max_steps", "limit_train_batches", "accumulate_grad_batches", "val_check_interval",
         "check_val_every_n_epoch", "max_time") if k in trainer_config},
@@ -457,7 +467,7 @@ def estimate_row(point: Point, record: dict) -> dict:
     """One table row: the point, its fits, its pilot's s/step by length and the projection of one fit."""
     timing, schedule = from_record(record)
     return dict(point=point.label, fits=point.fits, step_s=timing.step_s, device=record.get("device"),
-                threads=record.get("threads"), projection=project(timing, schedule))
+                threads=record.get("threads"), cpu_share=timing.cpu_share, projection=project(timing, schedule))
 
 
 def pilot_command(spec: SweepSpec, point: Point, steps: int = STEPS) -> list[str]:
@@ -512,6 +522,10 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
                "setup s", "hours a fit", "hours", "error")
     print_table(console, f"{spec.study}: projected cost on this machine ({where})", columns, table,
                 right=columns[1:2] + columns[3:9], keys=1)
+    shares = [r["cpu_share"] for r in rows if r.get("cpu_share") is not None]
+    if shares and min(shares) < BUSY:
+        console.print(f"the pilots had {min(shares):.0%}-{max(shares):.0%} of their threads' cores (other processes "
+                      "ran beside them): the figure is for a machine as busy as this one", markup=False)
     failed = sum("error" in r for r in rows)
     console.print(f"study {spec.study}: {hours:.2f} hours projected in all (one worker; no pruning foreseen"
                   + (f"; {failed} configuration(s) without a pilot are not counted" if failed else "") + ")",

@@ -67,13 +67,16 @@ def test_pilot_times_each_batch_from_the_end_of_the_one_before(sweep_dir):
     config["data"]["init_args"]["train_slices"] = [[16, 2, 64], [32, 4, 80]]
     config["data"]["init_args"]["test_slices"] = [[16, 2, 32], [48, 4, 48]]
     Path("experiments/two.yaml").write_text(yaml.safe_dump(config))
+    cpu = iter(range(0, 10**6, 2))  # half a second of CPU each reading: one thread had half a core
     record = estimate.pilot([Path("lightning_config.yaml"), Path("experiments/two.yaml")],
-                            {"trainer.max_epochs": 2}, steps=3, val_batches=2, clock=lambda: float(next(ticks)))
+                            {"trainer.max_epochs": 2}, steps=3, val_batches=2, clock=lambda: float(next(ticks)),
+                            cpu_clock=lambda: next(cpu) / 4)
     timing, schedule = estimate.from_record(record)
     assert timing.step_s == {16: 1.0, 32: 1.0} and timing.val_batch_s == {16: 1.0, 48: 1.0}
     assert timing.val_overhead_s == 2.0  # from the validation's start to its first batch, from its last to its end
     assert schedule.train_batches == {16: 4, 32: 5} and schedule.val_batches == {16: 2, 48: 3}
     assert schedule.trainer == {"max_epochs": 2} and record["device"] == "cpu"
+    assert timing.cpu_share == 0.5 / record["threads"]
     p = project(timing, schedule)
     assert (p["batches"], p["validations"], p["training"], p["one_validation"]) == (18, 2, 18.0, 2 + 3 + 2.0)
     assert not Path("runs").exists()
@@ -111,7 +114,7 @@ def test_config_is_read_as_the_cli_reads_it(tmp_path):
 
 def test_a_failing_pilot_is_its_rows_error(capsys):
     spec = load_sweep(ROOT / "sweeps" / "demo.yaml")
-    timing = dict(step_s={16: 0.01}, val_batch_s={16: 0.005}, val_overhead_s=0.0, setup_s=0.5)
+    timing = dict(step_s={16: 0.01}, val_batch_s={16: 0.005}, val_overhead_s=0.0, setup_s=0.5, cpu_share=0.4)
     schedule = dict(train_batches={16: 600}, val_batches={16: 16}, trainer=dict(max_epochs=1, val_check_interval=0.25))
 
     def run(point: Point):
@@ -124,6 +127,7 @@ def test_a_failing_pilot_is_its_rows_error(capsys):
     assert rows[0]["projection"]["total"] == pytest.approx(0.5 + 600 * 0.01 + 4 * 16 * 0.005)
     out = capsys.readouterr().out
     assert f"{5 * (0.5 + 6.0 + 0.32) / 3600:.2f} hours projected in all" in out and "not counted" in out
+    assert "the pilots had 40%-40% of their threads' cores" in out
 
 
 def test_estimate_end_to_end_writes_nothing(sweep_dir, capsys):
