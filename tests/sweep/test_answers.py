@@ -139,6 +139,24 @@ def test_the_wording_keys_change_no_trial(sweep_dir):
     path = write_sweep("w.yaml", grid={"model.lr": [1e-3, 2e-3]}, baseline={"model.lr": 0.001})
     spec = load_sweep(path, ["escape=0.7", "setting=MQAR tiny", "claims.0.002={claim: x, paper: better}"])
     assert (spec.escape, spec.setting, spec.claims) == (0.7, "MQAR tiny", {"0.002": {"claim": "x", "paper": "better"}})
+    import optuna
+
+    from atlas_lab.sweep.study import record_spec
+
+    study = optuna.create_study()
+    record_spec(study, spec, "runs/optuna/s.journal")  # what a sweep records for its report
+    assert (study.user_attrs["escape"], study.user_attrs["setting"], study.user_attrs["paper_setting"]) == \
+        (0.7, "MQAR tiny", False) and study.user_attrs["claims"] == spec.claims
+
+
+def test_report_with_a_missing_sweep_file_is_one_line(sweep_dir, capsys):
+    from atlas_lab.sweep.study import open_storage
+
+    import optuna
+
+    optuna.create_study(study_name="s", storage=open_storage("runs/optuna/s.journal"))
+    assert main(["report", "s", "--sweep", "missing.yaml"]) == 2
+    assert capsys.readouterr().err.strip() == "error: missing.yaml: no such sweep file"
 
 
 def test_report_takes_the_wording_of_the_sweep_file_that_ran_the_study(sweep_dir, tmp_path):
