@@ -7,6 +7,7 @@ Without a GPU the kernels run under Triton's interpreter (small shapes, fp32); c
 before triton is first imported. Heavier sweeps are marked slow.
 """
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ import torch
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
 from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
-from helpers import compare_float32, make_problem, rel_err, run
+from atlas_lab.memory.ops.chunk_linear_memory.triton import dot_precision, plan, plan_table
+from helpers import SPREAD, U32, compare_float32, float32_spread, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
@@ -111,32 +113,153 @@ def chunk_run(f, x, **options):
     return outs, torch.autograd.grad(total, list(x.values()), allow_unused=True)
 
 
-@pytest.mark.parametrize("momentum,bias,window,offset,shape", [
-    (False, "l2", 1, 0, dict(N=3, T=9, m0=0, D=5, DV=6, b=3)),
-    (True, "l2", 3, 1, dict(N=3, T=11, m0=2, D=5, DV=6, b=4)),
-    (True, "dot", None, 0, dict(N=2, T=11, m0=3, D=5, DV=6, b=4)),
-    (False, "l2", 6, 2, dict(N=2, T=13, m0=5, D=7, DV=3, b=4)),  # window longer than a chunk
-    (True, "l2", 20, 5, dict(N=2, T=40, m0=19, D=20, DV=40, b=16)),  # window spans two key blocks
-    (True, "l2", 2, 0, dict(N=2, T=10, m0=1, D=130, DV=20, b=4)),  # d_v split over two programs
-])
+CHUNK_CASES = {  # (momentum, bias, window, offset, shape); grids from chunk_linear_memory.triton.grids
+    "online": (False, "l2", 1, 0, dict(N=3, T=9, m0=0, D=5, DV=6, b=3)),
+    "window-in-chunk": (True, "l2", 3, 1, dict(N=3, T=11, m0=2, D=5, DV=6, b=4)),
+    "dot-global": (True, "dot", None, 0, dict(N=2, T=11, m0=3, D=5, DV=6, b=4)),
+    "window-over-chunks": (False, "l2", 6, 2, dict(N=2, T=13, m0=5, D=7, DV=3, b=4)),
+    "key-blocks": (True, "l2", 20, 5, dict(N=2, T=40, m0=19, D=20, DV=40, b=16)),  # 2 key blocks, 3 walk d_v tiles
+    "d-tiles": (True, "l2", 2, 0, dict(N=2, T=10, m0=1, D=130, DV=20, b=4)),  # 3 D tiles in the contribution kernel
+    "long-walk": (True, "l2", 9, 3, dict(N=2, T=23, m0=8, D=6, DV=5, b=4)),  # 7 chunks, windows across 3 of them
+    "dot-walk-tiles": (True, "dot", 3, 1, dict(N=2, T=10, m0=2, D=130, DV=40, b=4)),  # element-wise walk, 3 × 2 tiles
+    "one-partial-chunk": (False, "l2", 2, 1, dict(N=2, T=2, m0=1, D=5, DV=6, b=4)),  # W̃ of the last chunk is We0
+    "gd-dot-global": (False, "dot", None, 2, dict(N=2, T=9, m0=0, D=5, DV=6, b=3)),
+}
+
+
+def chunk_results(f, options):
+    """x -> {out<i>: y, W_T, W̃, S_T; grad.<input>: gradient} of ``f`` (kernel or twin) on fresh leaves of x."""
+    def go(x):
+        outs, grads = chunk_run(f, {n: t.detach().requires_grad_() for n, t in x.items()}, **options)
+        return {**{f"out{i}": o for i, o in enumerate(outs)},
+                **{f"grad.{n}": g for n, g in zip(x, grads) if g is not None}}
+    return go
+
+
+def kernel_results(options, oracle):
+    """The kernel's quantities that the twin has too (the twin leaves unused inputs without a gradient)."""
+    def go(x):
+        return {n: y for n, y in chunk_results(chunk_linear_memory, options)(x).items() if n in oracle}
+    return go
+
+
+@pytest.mark.parametrize("momentum,bias,window,offset,shape", CHUNK_CASES.values(), ids=CHUNK_CASES)
 def test_chunk_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, shape):
-    """The kernel in float32 against its twin in float64 (the oracle), within the error model of tests/helpers.py."""
+    """The kernel in float32 (IEEE dots) against its twin in float64 (the oracle), within the error model of
+    tests/helpers.py (compare_float32): every output, final state and input gradient lands within SPREAD × the spread
+    of the float32 twin over one-ulp nudges of the inputs."""
     options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias)
     x = chunk_inputs(**shape, momentum=momentum)
+    oracle = chunk_results(chunk_linear_memory_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(kernel_results(options, oracle), chunk_results(chunk_linear_memory_naive, options), x, oracle,
+                    str(options))
 
-    def results(f):
-        def go(x):
-            outs, grads = chunk_run(f, {n: t.detach().requires_grad_() for n, t in x.items()}, **options)
-            return {**{f"out{i}": o for i, o in enumerate(outs)},
-                    **{f"grad.{n}": g for n, g in zip(x, grads) if g is not None}}
-        return go
 
-    oracle = results(chunk_linear_memory_naive)({n: t.detach().double().cpu() for n, t in x.items()})
+U_HALF = 2.0 ** -11  # unit roundoff of float16 (11 significant bits) and of tf32 (also 11)
 
-    def kernel(x):  # the quantities the twin has (it leaves unused inputs without a gradient)
-        return {n: y for n, y in results(chunk_linear_memory)(x).items() if n in oracle}
 
-    compare_float32(kernel, results(chunk_linear_memory_naive), x, oracle, str(options))
+@pytest.mark.parametrize("case", ["window-over-chunks", "dot-walk-tiles", "long-walk"])
+@pytest.mark.parametrize("precision", ["float16", "tf32"])
+def test_chunk_kernel_in_eleven_bits(case, precision):
+    """float16 inputs multiplied as they are passed, and float32 inputs on tf32 dots (torch's matmul precision
+    "high"): every product's operands rounded to 11 bits (fp32 accumulation, fp32 states).
+
+    Error model: tests/helpers.py's, at 11 bits. There a float32 evaluation is the function at inputs and intermediates
+    moved by O(u₃₂), and the float32 twin's spread over one-ulp nudges (float32_spread) measures how far each quantity
+    moves per u₃₂. Rounding the operands of every product to 11 bits moves them by O(u₁₁) = 2⁻¹¹ instead, so the
+    kernel must land within SPREAD × that spread × u₁₁/u₃₂ of the float64 oracle, computed on the same (for float16:
+    float16-rounded) inputs. Under TRITON_INTERPRET=1 tf32 dots are IEEE (numpy), so there the tf32 case checks the
+    path, not the rounding; on a GPU (--device cuda) it checks both."""
+    momentum, bias, window, offset, shape = CHUNK_CASES[case]
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias)
+    x = chunk_inputs(**shape, momentum=momentum)
+    if precision == "float16":
+        x = {n: t.detach().half().float() for n, t in x.items()}  # float16 values, exactly
+    oracle = chunk_results(chunk_linear_memory_naive, options)({n: t.double().cpu() for n, t in x.items()})
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        got = kernel_results(options, oracle)({n: t.half() if precision == "float16" else t for n, t in x.items()})
+    finally:
+        torch.set_float32_matmul_precision(before)
+    if precision == "float16":
+        assert got["out0"].dtype == got["grad.q"].dtype == torch.float16
+    spread = float32_spread(chunk_results(chunk_linear_memory_naive, options), x, oracle, case)
+    bound = {n: SPREAD * max(spread[n], U32) * U_HALF / U32 for n in oracle}
+    assert max(bound.values()) < 0.1, f"{case}: 11 bits cannot be checked here: {bound}"  # a wrong path is off by O(1)
+    bad = {n: (rel_err(got[n], y), bound[n]) for n, y in oracle.items() if not rel_err(got[n], y) <= bound[n]}
+    assert not bad, f"{case} {precision}: (error, bound) exceeded: {bad}"
+
+
+def test_float32_dots_use_tf32_only_where_torch_allows_it():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # torch's default: IEEE, like torch's own fp32 matmul
+        assert dot_precision(torch.float32) == "ieee"
+        for allowed in ("high", "medium"):  # what allow_tf32 = True and the GPU configs set
+            torch.set_float32_matmul_precision(allowed)
+            assert dot_precision(torch.float32) == "tf32"
+            assert dot_precision(torch.float16) == dot_precision(torch.bfloat16) == "ieee"  # half dots: exact products
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_a_call_of_eight_sequences_fills_the_chip():
+    """B·H = 8 (B 2, H 4, d 64, T 16K, chunks of 64: gpu_check's deltanet row): each chunk-parallel launch has at least
+    ten programs per multiprocessor of a 132-SM GPU (the kernel before had 16 programs in all); only the two walks run
+    per (d_v tile, sequence)."""
+    launches = plan(8, 16384, 64, 64, chunk_size=64, window=1, bias="l2", momentum=False)
+    for name, (grid, programs, flops) in launches.items():
+        if "scan" in name:
+            assert grid == (4, 1, 8)
+        else:
+            assert programs >= 10 * 132, (name, grid)
+    walk = sum(f for n, (_, _, f) in launches.items() if "scan" in n)
+    assert walk <= 0.25 * sum(f for _, _, f in launches.values())  # most of the work is chunk-parallel
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
+@pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
+def test_plan_counts_the_dots_the_kernels_run(window, bias, momentum, monkeypatch):
+    """plan()'s FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
+    chunks of 16 = BT, D = d_v = 16, windows of 1 and 17 keys over chunks of 16)."""
+    import importlib
+
+    from triton.runtime import interpreter
+
+    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_linear_memory.triton")
+    count, counted = [0], {}
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def counting_dot(self, a, b, *args):
+        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
+        return create_dot(self, a, b, *args)
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                before = count[0]
+                self.kernel[grid](*args, **kw)
+                counted[self.name] = count[0] - before
+            return launch
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
+    expected = plan(2, 64, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum)
+    for name in expected:
+        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    x = chunk_inputs(N=2, T=64, m0=0, D=16, DV=16, b=16, momentum=momentum)
+    chunk_run(chunk_linear_memory, x, offset=0, chunk_size=16, window=window, bias=bias)
+    assert counted == {name: flops for name, (_, _, flops) in expected.items()}
+
+
+def test_the_kernel_table_in_docs_is_what_plan_gives():
+    """docs/performance.md's grid and FLOPs table is ``plan_table()``'s output, line for line."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "performance.md").read_text()
+    for line in plan_table().splitlines():
+        assert line in doc, f"docs/performance.md lacks the line {line!r} (print plan_table() and paste it)"
 
 
 # ---------------------------------------------------------------- memorize(impl="triton") against reference
@@ -155,12 +278,14 @@ def triton_vs_reference(architecture="linear", feature_map="identity", T=7, chun
                     run(p64, impl, **options), f"triton vs {impl} {options}")
 
 
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
 @pytest.mark.parametrize("bias,window,optimizer", [
     ("l2", 1, "gd"), ("dot", 1, "momentum"), ("l2", 3, "momentum"), ("dot", 3, "gd"), ("l2", None, "gd"),
-    ("l2", None, "momentum")])
-def test_linear_memory_matches_reference(bias, window, optimizer):
-    """T = 7 with chunks of 3 (an odd tail); windows online, inside a chunk and global."""
-    triton_vs_reference(feature_map="polynomial", attentional_bias=bias, window=window, optimizer=optimizer)
+    ("l2", None, "momentum"), ("l2", 5, "momentum")])
+def test_linear_memory_matches_reference(bias, window, optimizer, impl):
+    """T = 7 with chunks of 3 (an odd tail; three chunks); windows online, inside a chunk, across chunks and global;
+    against the token loop and the chunked path, each in float64 as the oracle and in float32 as the spread."""
+    triton_vs_reference(feature_map="polynomial", attentional_bias=bias, window=window, optimizer=optimizer, impl=impl)
 
 
 CUBIC = {"name": "muon", "ns_coefficients": "cubic"}

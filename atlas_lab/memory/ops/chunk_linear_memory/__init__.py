@@ -1,6 +1,7 @@
 """Chunked linear memory (docs/memory.md §3–§5), the fast path and its naive twin under one signature:
 
-    triton.py  chunk_linear_memory        one fused Triton kernel for every chunk, forward and backward
+    triton.py  chunk_linear_memory        Triton: every chunk's own products in parallel around one walk over
+                                          chunk states, three launches a pass (``plan``: their grids and FLOPs)
     naive.py   chunk_linear_memory_naive  the same computation in plain PyTorch, chunk by chunk (the kernel's oracle)
 
 The equations are in ``triton.py``'s docstring. This package is imported with the memory package (whose optimisers
@@ -18,7 +19,8 @@ def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, w
                         m=None, s=None, Cs=None, S0=None):
     """``triton.chunk_linear_memory``: φ(q) [N, T, D], φ(k) [N, L, D], v [N, L, d_v], gamma [N, L], a [N, T],
     Cw [N, T, b], W0, We0 [N, d_v, D] (momentum: m, s [N, T], Cs [N, T, b], S0 [N, d_v, D]) ->
-    (y [N, T, d_v], W_T, S_T or None, W̃ of the last chunk [N, d_v, D]); triton is imported on the first call."""
+    (y [N, T, d_v], W_T, S_T or None, W̃ of the last chunk [N, d_v, D]); triton is imported on the first call.
+    Float32 dots run in tf32 where torch's float32 matmul precision allows it (``triton.dot_precision``)."""
     from .triton import chunk_linear_memory as kernel
 
     return kernel(q, k, v, gamma, a, Cw, W0, We0, offset=offset, chunk_size=chunk_size, window=window,

@@ -536,6 +536,33 @@ def plan(N, T, D, DV, *, chunk_size, window=None, bias="l2", momentum=True, offs
             for name, g in grids(N, T, D, DV, chunk_size=chunk_size, bias=bias, offset=offset).items()}
 
 
+TABLE_SHAPES = {  # (B, H, d, T): docs/performance.md's table of launches
+    "study": (64, 8, 16, 256),  # sweeps/mqar_gpu.yaml
+    "B·H = 8": (2, 4, 64, 16384),  # gpu_check's rows
+    "125M-class": (8, 12, 64, 4096),
+}
+TABLE_OPTIONS = dict(chunk_size=16, window=8, bias="l2", momentum=True)  # an Omega window with momentum, D = d
+MULTIPROCESSORS = 132  # an H100 / H200
+
+
+def plan_table(shapes=None, options=None) -> str:
+    """docs/performance.md's table: each launch's grid, its programs per multiprocessor and its dot GFLOP, at each
+    shape of ``shapes`` (default TABLE_SHAPES, with TABLE_OPTIONS; D = d_v = d), and the single kernel each pass
+    was before (one program per (d_v block, sequence), walking every chunk)."""
+    shapes, options = shapes or TABLE_SHAPES, options or TABLE_OPTIONS
+    head = "| launch | " + " | ".join(f"{s}: grid = programs (per SM) | GFLOP" for s in shapes) + " |"
+    rows = {}
+    for B, H, d, T in shapes.values():
+        launches = plan(B * H, T, d, d, **options)
+        before = (triton.cdiv(d, _config(d, d, options["chunk_size"], options["bias"])["BV"]), B * H)
+        for name, (grid, programs, flops) in {**launches, "before: the one forward (or backward) kernel":
+                                              (before, before[0] * before[1], None)}.items():
+            gflop = "—" if flops is None else f"{flops / 1e9:,.2f}"
+            rows.setdefault(name, []).append(f"{grid} = {programs:,} ({programs / MULTIPROCESSORS:,.1f}) | {gflop}")
+    return "\n".join([head, "|---|" + "---|---|" * len(shapes)] + [f"| {n} | " + " | ".join(r) + " |"
+                                                                    for n, r in rows.items()])
+
+
 class ChunkLinearMemoryFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, offset, chunk_size, window, bias, momentum):
