@@ -97,6 +97,7 @@ TRAIN_SIZE = dict(d_model=768, n_layers=12, n_heads=12, vocab=32000, T=4096, bat
 TRAIN_TINY = dict(d_model=32, n_layers=2, n_heads=2, vocab=256, T=64, batch=1)
 PILOT_SWEEP, PILOT_SWEEP_TINY = "sweeps/mqar_gpu.yaml", "sweeps/demo.yaml"
 PILOT_STEPS, PILOT_STEPS_TINY = 20, 3
+PILOT_OWN = 0.8  # of a pilot row's time: the pilot's own limit (the rest: its process's start and imports)
 
 
 class Share:
@@ -402,7 +403,9 @@ def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = Non
     points = estimate.study_points(spec)
 
     def in_child(spec, point, seconds):
-        record = common.run_child(estimate.pilot_command(spec, point, steps), timeout=seconds)
+        # the pilot stops its training early to finish in its time (its process starts and builds first)
+        record = common.run_child(estimate.pilot_command(spec, point, steps, seconds=PILOT_OWN * seconds),
+                                  timeout=seconds)
         if "error" in record:
             raise RuntimeError(record["error"])
         return record
@@ -474,10 +477,11 @@ def print_tables(result: dict) -> None:
     if "rows" in result.get("pilot", {}):
         p = result["pilot"]
         common.print_table(f"(d) pilot of {p['sweep']}: {p['steps']} batches a length, one validation — {where}",
-                           ["configuration", "s/step by length", "mean s/step", "× transformer", "one validation s",
-                            "fits", "hours a fit", "hours", "error"],
+                           ["configuration", "s/step by length", "steps timed", "mean s/step", "× transformer",
+                            "one validation s", "fits", "hours a fit", "hours", "error"],
                            [[r["point"], " / ".join(f"{L}: {v:.3g}" for L, v in r["step_s"].items())
-                             if "step_s" in r else None, fmt(r.get("mean_step_s"), ".4f"),
+                             if "step_s" in r else None, sum((r.get("timed") or {}).values()) or None,
+                             fmt(r.get("mean_step_s"), ".4f"),
                              fmt(r.get("step_vs_transformer"), ".1f", "×"),
                              fmt(r.get("projection", {}).get("one_validation"), ".1f"), r["fits"],
                              fmt(r.get("projection") and r["projection"]["total"] / 3600, ".3f"),

@@ -4,12 +4,13 @@
 For each distinct configuration of the study (its grid points, and the tune candidates where they change more than
 the rates: ``COST_NEUTRAL``) a **pilot** builds the trial's data and model from its config files and overrides, and
 times a short Lightning fit on this machine (CPU or GPU, the trial's own ``trainer.accelerator`` and precision):
-``STEPS`` training batches of every sequence length the epoch holds (taken from the epoch's own order; the first of
-each length is a warm-up, not timed), then one validation of ``VAL_BATCHES`` batches of every length of the
-validation set (the first of each length not timed where there are two or more). Every batch is timed from the end
-of the one before (data loading, forward, backward, optimizer step, the config's callbacks that a sweep trial keeps;
-on a GPU after a synchronisation). Not counted: what the sweep does around a fit (its config check, the MLflow run and
-its metrics, the learning-curve plot).
+``STEPS`` training batches of every sequence length the epoch holds (the epoch's own first batches of each length,
+the lengths in turn; the first of each length is a warm-up, not timed), then one validation of ``VAL_BATCHES``
+batches of every length of the validation set (the first of each length not timed where there are two or more).
+Every batch is timed from the end of the one before (data loading, forward, backward, optimizer step, the config's
+callbacks that a sweep trial keeps; on a GPU after a synchronisation). Not counted: what the sweep does around a fit
+(its config check, the MLflow run and its metrics, the learning-curve plot). A pilot given a time limit (gpu_check's)
+stops its training early, once every length has two batches.
 
 The projection is arithmetic on those timings and the trial's schedule (``trial_plan``, Lightning's rules for
 max_epochs, max_steps, limit_train_batches, val_check_interval, check_val_every_n_epoch and the CLI's
@@ -29,7 +30,7 @@ CUDA image. The config is read as the CLI reads it (files in order, then the ove
 merges into a mapping, a ``model.memory.<component>.<option>`` key becomes the memory's dotted option), and the data
 module's vocab_size, slice_names, bytes_per_token and target are passed to the model as the CLI links them.
 
-    python -m atlas_lab.sweep.estimate SWEEP_FILE [--set K=V] [--study NAME] --overrides JSON [--steps N]
+    python -m atlas_lab.sweep.estimate SWEEP_FILE [--set K=V] [--study NAME] --overrides JSON [--steps N] [--seconds S]
 
 runs one pilot and prints its result as one JSON line (gpu_check runs each pilot so, in a process of its own).
 """
@@ -63,6 +64,7 @@ TRAINER_KEYS = ("accelerator", "precision", "gradient_clip_val", "gradient_clip_
                 "deterministic", "benchmark", "inference_mode", "log_every_n_steps")
 SWEEP_DROPS = ("ProgressBar", "ModelCheckpoint", "ModelSummary")  # callbacks a sweep trial leaves out (worker.py)
 LIGHTNING_MAX_EPOCHS = 1000  # Lightning's max_epochs when neither max_epochs nor max_steps is given
+TRAIN_SHARE = 0.6  # of a time-limited pilot's time after its setup: the rest is the validation's
 BUSY = 0.8  # a CPU pilot with less than this share of its threads' cores says that the machine was busy
 
 
@@ -291,6 +293,7 @@ def batch_times(clock: Callable[[], float] = time.perf_counter, cpu_clock: Calla
         def __init__(self):
             self.train, self.val, self.val_total, self.train_cpu = [], [], 0.0, 0.0
             self._last = self._vlast = self._vstart = self._cpu = None
+            self.stop_at, self.lengths = None, set()  # stop training at clock() >= stop_at, once every length is timed
 
         def now(self, module) -> float:
             if module.device.type == "cuda":
@@ -306,6 +309,10 @@ def batch_times(clock: Callable[[], float] = time.perf_counter, cpu_clock: Calla
             self.train.append((_length(batch), t - self._last))
             self.train_cpu += cpu - self._cpu
             self._last, self._cpu = t, cpu
+            if self.stop_at is not None and t >= self.stop_at:
+                done = [L for L, _ in self.train]
+                if all(done.count(L) >= 2 for L in self.lengths):
+                    trainer.should_stop = True
 
         def on_validation_start(self, trainer, pl_module):
             self._vstart = self.now(pl_module)
@@ -360,20 +367,26 @@ class Batches:
         self.lengths = [ids.shape[1] if fixed else max(len(ids[i]) for i in b) for b in self.batches]
 
     def counts(self, first: int | None = None) -> dict[int, int]:
+        """{length: batches} of the first ``first`` batches (all by default)."""
+        return self.tally(self.lengths[:first])
+
+    @staticmethod
+    def tally(lengths) -> dict[int, int]:
         out: dict[int, int] = {}
-        for length in self.lengths[:first]:
+        for length in lengths:
             out[length] = out.get(length, 0) + 1
         return dict(sorted(out.items()))
 
     def sample(self, per_length: int):
-        """A loader of the first ``per_length`` batches of each length, in this loader's order."""
+        """A loader of the first ``per_length`` batches of each length (in this loader's order), the lengths taken in
+        turn (a pilot stopped early has timed every length alike)."""
         from torch.utils.data import DataLoader
 
-        taken, chosen = {}, []
+        taken: dict[int, list] = {}
         for batch, length in zip(self.batches, self.lengths):
-            if taken.get(length, 0) < per_length:
-                taken[length] = taken.get(length, 0) + 1
-                chosen.append(batch)
+            if len(taken.setdefault(length, [])) < per_length:
+                taken[length].append(batch)
+        chosen = [b[i] for i in range(per_length) for b in taken.values() if i < len(b)]
         return DataLoader(self.loader.dataset, batch_sampler=chosen, collate_fn=self.loader.collate_fn)
 
 
@@ -389,9 +402,12 @@ def import_class(path: str):
 
 
 def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_batches: int = VAL_BATCHES,
-          clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time) -> dict:
+          clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time,
+          seconds: float | None = None) -> dict:
     """Build one trial's data and model and time its pilot fit on this machine (see the module's docstring);
-    returns {"timing": Timing's fields, "schedule": Schedule's fields, "device": …, "threads": …}."""
+    returns {"timing": Timing's fields, "schedule": Schedule's fields, "timed": {length: training batches timed},
+    "device": …, "threads": …}. ``seconds``: a limit on the whole pilot; its training then stops, once every
+    length has two batches, after ``TRAIN_SHARE`` of what the setup left (the validation takes the rest)."""
     import logging
 
     import lightning as L
@@ -430,6 +446,9 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     datamodule.train_dataloader = lambda: pilot_train
     datamodule.val_dataloader = lambda: pilot_vals if len(pilot_vals) > 1 else pilot_vals[0]
     times = batch_times(clock, cpu_clock)
+    times.lengths = set(train.lengths)
+    if seconds is not None:
+        times.stop_at = clock() + TRAIN_SHARE * (seconds - (clock() - start))
     kept = [c for c in trainer_config.get("callbacks") or [] if isinstance(c, dict) and "class_path" in c
             and not any(s in c["class_path"] for s in SWEEP_DROPS)]  # the config's callbacks a sweep trial keeps
     callbacks = [times] + [import_class(c["class_path"])(**(c.get("init_args") or {})) for c in kept]
@@ -448,7 +467,9 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
         "check_val_every_n_epoch", "max_time") if k in trainer_config},
         validate_at_end=config.get("validate_at_end", True) is not False)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    return dict(timing=vars(timing), schedule=vars(schedule), device=name, threads=torch.get_num_threads())
+    timed = {L: n - 1 for L, n in Batches.tally(L for L, _ in times.train).items()}
+    return dict(timing=vars(timing), schedule=vars(schedule), timed=timed, device=name,
+                threads=torch.get_num_threads())
 
 
 def _int_keys(d: dict) -> dict:
@@ -467,13 +488,15 @@ def estimate_row(point: Point, record: dict) -> dict:
     """One table row: the point, its fits, its pilot's s/step by length and the projection of one fit."""
     timing, schedule = from_record(record)
     return dict(point=point.label, fits=point.fits, step_s=timing.step_s, device=record.get("device"),
-                threads=record.get("threads"), cpu_share=timing.cpu_share, projection=project(timing, schedule))
+                threads=record.get("threads"), cpu_share=timing.cpu_share, timed=record.get("timed"),
+                projection=project(timing, schedule))
 
 
-def pilot_command(spec: SweepSpec, point: Point, steps: int = STEPS) -> list[str]:
+def pilot_command(spec: SweepSpec, point: Point, steps: int = STEPS, seconds: float | None = None) -> list[str]:
     """The command that runs one pilot in a process of its own (its last stdout line: the record as JSON)."""
     return [sys.executable, "-m", "atlas_lab.sweep.estimate", *spec.argv(), "--overrides",
-            json.dumps(point.overrides), "--steps", str(steps)]
+            json.dumps(point.overrides), "--steps", str(steps)] + ([] if seconds is None else ["--seconds",
+                                                                                               f"{seconds:.1f}"])
 
 
 # ---------------------------------------------------------------- the table
@@ -542,9 +565,10 @@ def main(argv=None) -> int:
     ap.add_argument("--study", default=None)
     ap.add_argument("--overrides", required=True, help="the configuration's overrides (JSON)")
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--seconds", type=float, default=None, help="a limit on the pilot (its training stops early)")
     args = ap.parse_args(argv)
     spec = load_sweep(args.sweep, args.sets, args.study)
-    record = pilot(spec.base, json.loads(args.overrides), args.steps)
+    record = pilot(spec.base, json.loads(args.overrides), args.steps, seconds=args.seconds)
     print(json.dumps(record, default=str))
     return 0
 

@@ -82,6 +82,17 @@ def test_pilot_times_each_batch_from_the_end_of_the_one_before(sweep_dir):
     assert not Path("runs").exists()
 
 
+def test_a_pilot_with_a_time_limit_stops_its_training_once_every_length_is_timed(sweep_dir):
+    ticks = iter(range(10**6))
+    config = yaml.safe_load((sweep_dir / "experiments" / "tiny.yaml").read_text())
+    config["data"]["init_args"]["train_slices"] = [[16, 2, 64], [32, 4, 80]]
+    Path("experiments/two.yaml").write_text(yaml.safe_dump(config))
+    record = estimate.pilot([Path("lightning_config.yaml"), Path("experiments/two.yaml")], {}, steps=3,
+                            clock=lambda: float(next(ticks)), seconds=1)
+    assert record["timed"] == {16: 1, 32: 1}  # the lengths in turn: 16, 32, 16, 32, then the limit stops it
+    assert estimate.from_record(record)[0].step_s == {16: 1.0, 32: 1.0}
+
+
 def test_each_distinct_configuration_is_piloted_once(sweep_dir):
     presets = ["atlas", "titans", "transformer"]
     spec = load_sweep(write_sweep("g.yaml", grid={"model.preset": presets}, repeats=5, fixed={"model.d_model": 32},
