@@ -19,7 +19,8 @@ from memory_ops import SETTINGS, fwd_bwd, inputs
 import torch
 
 from atlas_lab.memory import MemoryConfig
-from atlas_lab.memory.cost import flops_text, memory_flops
+from atlas_lab.memory.cost import flops_text
+from atlas_lab.memory.plan import Shapes, plan
 
 
 def main(argv=None):
@@ -43,7 +44,8 @@ def main(argv=None):
         t_token = median_time(lambda: fwd_bwd(x, "chunked", {**options, "read": "token"}), args.repeats)
         t_chunk = median_time(lambda: fwd_bwd(x, "chunked", {**options, "read": "chunk"}), args.repeats)
         config = MemoryConfig(**{k: v for k, v in options.items()})
-        f_token, f_chunk = (memory_flops(config.replace(read=r), d, args.T) for r in ("token", "chunk"))
+        f_token, f_chunk = (plan(config.replace(read=r), Shapes(1, args.T, 1, d, d), impl="chunked").flops
+                            for r in ("token", "chunk"))
         records.append(dict(chunk_size=b, token_s=t_token, chunk_s=t_chunk, speedup=t_token / t_chunk,
                             token_flops_per_token=f_token, chunk_flops_per_token=f_chunk, rel_output_diff=diff))
         rows.append([b, f"{t_token * 1e3:.1f}", f"{t_chunk * 1e3:.1f}", f"{t_token / t_chunk:.2f}×",

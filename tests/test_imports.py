@@ -23,10 +23,10 @@ RANKS = {
     "store": 0,
     "tables": 0,
     "noise": 0,
-    "configfiles": 0,  # the run's -c files, checked before Lightning is imported (lit.cli and cli import it)
     "exports": 0,  # the names of data, eval and sweep imported when first used
     "layers": 1,
     "models": 2,
+    "configfiles": 2,  # the run's -c files and model values (ModelConfig), checked before Lightning is imported
     "lit": 3,
     "data": 3,
     "sweep": 4,
@@ -153,3 +153,47 @@ def test_imports_resolve_to_the_module_they_name(source, expected):
     known = {"atlas_lab", "atlas_lab.store", "atlas_lab.lit", "atlas_lab.lit.cli", "atlas_lab.lit.module",
              "atlas_lab.sweep", "atlas_lab.sweep.tracking", "atlas_lab.memory"}
     assert [t for _, _, t in imported_modules("atlas_lab.lit.cli", False, source, known)] == [expected]
+
+
+# The files inside memory/ (memory.ops included), by rank: the same rule one level down. Components and their
+# building blocks first, then the optimisers (which use the CPU Newton–Schulz kernel), the config and the paths, the
+# plan that chooses among them, and memorize on top.
+MEMORY_RANKS = {
+    "components": 0, "causal": 0, "state": 0, "cost": 0, "ops.limits": 0, "ops.fla": 0,
+    "feature_maps": 1, "memories": 1, "attentional_biases": 1, "learning_rules": 1, "delta_rule": 1,
+    "ops.newton_schulz.cpu": 1, "ops.chunk_linear_memory.naive": 1, "ops.chunk_linear_memory.triton": 1,
+    "ops.chunk_linear_memory": 2,
+    "optimizers": 2,
+    "ops.newton_schulz.triton": 3, "ops.newton_schulz": 3,
+    "config": 3, "reference": 3, "chunked": 3,
+    "plan": 4,
+    "ops.dispatch": 5, "op": 5, "ops": 5,  # the ops package exports dispatch's names too
+    "check": 6,
+    "__init__": 7,
+}
+
+
+def memory_file(module: str) -> str:
+    """A module of atlas_lab.memory as MEMORY_RANKS names it: ``ops.dispatch``; ``ops`` for a package's
+    ``__init__``; ``__init__`` for atlas_lab.memory itself."""
+    return module.removeprefix("atlas_lab.memory").removeprefix(".") or "__init__"
+
+
+def test_the_files_inside_memory_import_one_way():
+    """Every module of atlas_lab.memory has a rank in MEMORY_RANKS and imports only from its rank or below: no import
+    cycle inside the engine (config does not import op, the plan does not import what it chooses)."""
+    found = {name: item for name, item in package_modules().items() if name.startswith("atlas_lab.memory")}
+    assert "atlas_lab.memory.plan" in found and "atlas_lab.memory.ops.limits" in found
+    known = set(package_modules())
+    problems = []
+    for module, (path, is_package) in sorted(found.items()):
+        mine = memory_file(module)
+        if mine not in MEMORY_RANKS:
+            problems.append(f"{module}: no rank; place it in MEMORY_RANKS")
+            continue
+        for line, written, target in imported_modules(module, is_package, path.read_text(encoding="utf-8"), known):
+            theirs = memory_file(target)
+            if target.startswith("atlas_lab.memory") and MEMORY_RANKS.get(theirs, 99) > MEMORY_RANKS[mine]:
+                problems.append(f"{module}:{line}: `{written}` imports {target} (rank {MEMORY_RANKS.get(theirs)}) "
+                                f"from rank {MEMORY_RANKS[mine]}")
+    assert not problems, "imports against the order inside memory/:\n" + "\n".join(problems)

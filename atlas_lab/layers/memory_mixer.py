@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..memory import MemoryConfig, memorize
+from ..memory.plan import Shapes, plan
 from ..memory.state import PENDING_GATES
 from .conv import ShortConv
 
@@ -123,15 +124,17 @@ class MemoryMixer(nn.Module):
         # The rule runs in float32 (float64 stays float64) whatever the autocast: under bf16/16-mixed the
         # projections above are low precision, but the inner state, its updates and Newton–Schulz are not, since
         # their rounding accumulates over the sequence (docs/memory.md §11). A streamed MemoryState is the rule's
-        # own output, already in its precision.
+        # own output, already in its precision. Where the plan routes the call to fla (CUDA, a rule fla computes),
+        # q, k and v stay as the projections give them: fla's kernels take them so and compute in float32.
         rule_dtype = torch.promote_types(q.dtype, torch.float32)
+        fla = plan(self.rule, Shapes(B, T, self.n_heads, self.head_dim, self.head_dim), q.dtype, q.device).path == "fla"
 
         def exact(t):
             return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(
-                exact(q), exact(k), exact(v), self.rule,
+                *((q, k, v) if fla else map(exact, (q, k, v))), self.rule,
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
                 coefficients=exact(coefficients), impl="auto", gates={g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
@@ -146,9 +149,11 @@ class MemoryMixer(nn.Module):
                        for p in self.initial_weights.values())  # per head
         inner = self.n_heads * self.head_dim
         window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
-        # mid-chunk, read token carries the evaluation point W̃, read chunk the pending Σ g and its gates ∏α, Ση, ∏θ
-        pending_gates = len(PENDING_GATES) * self.n_heads if c.read == "chunk" else 0
-        mid_chunk = 0 if c.chunk_size == 1 else weights + pending_gates
+        # mid-chunk (the plan's ``carried``): the evaluation point W̃ (read token), or the pending Σ g and its gates
+        # ∏α, Ση, ∏θ (read chunk)
+        carried = plan(c, Shapes(batch_size, 1, self.n_heads, self.head_dim, self.head_dim)).carried
+        mid_chunk = {"nothing": 0, "eval_weights": weights, "pending": weights + len(PENDING_GATES) * self.n_heads}[
+            carried]
         conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
         reset = 0 if self.learning_rule.reset_every is None else weights  # the W_0 a reset returns to
         return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv + reset)

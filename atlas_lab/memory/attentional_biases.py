@@ -43,6 +43,7 @@ class Dot(AttentionalBias):
     """ℓ = −⟨y, v⟩ (linear attention's; its gradient does not depend on the weights)."""
 
     weight_free_gradient = True
+    linear_attention = True  # ∇ℓ = −v: the chunk kernel's "dot" form (memory/plan.py: kernel_bias)
 
     def loss(self, y, v):
         return -(y * v).sum(-1)

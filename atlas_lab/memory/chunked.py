@@ -30,9 +30,9 @@ import torch.utils.checkpoint
 from torch.func import grad, vmap
 
 from .causal import causal_matmul, causal_operands, tensor_cache
-from .delta_rule import delta_rule, delta_rule_applies
+from .delta_rule import delta_rule
 from .memories import fixed_apply
-from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum, accumulate, commit, scaled
+from .optimizers import accumulate, commit, scaled
 
 
 @tensor_cache()
@@ -171,18 +171,9 @@ def _chunk_linear(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
     return mem.forward(dual_apply, phi_q, q), W_new, S_new
 
 
-def chunk_route(opt, channel_gates: bool = False):
-    """The in-chunk evaluation an optimiser's form allows (module docstring); the closed forms take one gate per head,
-    so gates per channel run ``update`` token by token."""
-    if channel_gates:
-        return _chunk_stepwise
-    if isinstance(opt, LinearRule):
-        return _chunk_linear
-    if isinstance(opt, TransformedMomentum):
-        return _chunk_transformed
-    if isinstance(opt, TransformedAccumulator):
-        return _chunk_accumulated
-    return _chunk_stepwise
+# the in-chunk evaluations of read="token", by the plan's form (memory/plan.py decides which)
+FORMS = {"linear": _chunk_linear, "transformed": _chunk_transformed, "accumulated": _chunk_accumulated,
+         "stepwise": _chunk_stepwise}
 
 
 def gradients(mem, bias):
@@ -218,17 +209,16 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False):
-    """read="token": the same arguments and results as ``reference.memorize_reference``. checkpoint: keep only each
-    chunk's inputs for the backward and recompute the chunk there (activation checkpointing per chunk)."""
-    N, T = q.shape[:2]
-    m0 = k_all.shape[1] - T
+                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False, form, block):
+    """read="token": the same arguments and results as ``reference.memorize_reference``, in the plan's ``form`` (its
+    ``block``: the delta rule's WY block). checkpoint: keep only each chunk's inputs for the backward and recompute
+    the chunk there (activation checkpointing per chunk)."""
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
-    if chunk_size == 1 and window == 1 and m0 == 0 and delta_rule_applies(mem, bias, optimizer):
-        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"], scale)  # a block at a time
+    if form == "delta_rule":  # chunk 1, window 1: no cache
+        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"], scale, block)
         return y, {"W": W_last}, None, None, 0, None
-    route = chunk_route(optimizer, alpha.dim() == 3)
+    route = FORMS[form]
     ys = []
     for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
@@ -253,7 +243,7 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
 
 def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
                                  optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                 checkpoint=False):
+                                 checkpoint=False, form="chunk_start", block=None):
     """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
     reads W̃ = W (the weights committed at the last boundary) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to
     ``pending``; a chunk that reaches its end commits one optimiser step. (checkpoint: not used; the chunk-start

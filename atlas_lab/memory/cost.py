@@ -24,10 +24,6 @@ computed and dropped): the FLOPs of T·n_h steps over T tokens.
 """
 from __future__ import annotations
 
-from .delta_rule import delta_rule_applies, delta_rule_block
-from .memories import ModuleMemory
-from .optimizers import LinearRule, TransformedAccumulator, TransformedMomentum
-
 
 def _chunks(T: int, chunk_size: int, window):
     """(n, L) of every chunk of a call from a fresh state."""
@@ -40,69 +36,72 @@ def _chunks(T: int, chunk_size: int, window):
     return out
 
 
-def _token_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient, channels):
-    """read="token": the dual/closed forms per chunk (the exact delta rule in WY blocks). ``gradient``: the FLOPs
-    of the window gradients per window token."""
-    if c.chunk_size == 1 and c.window == 1 and delta_rule_applies(mem, bias, opt):
-        total, block = 0, delta_rule_block("alpha" in channels)
-        for first in range(0, T, block):
-            n = min(block, T - first)
-            total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
-        return total
+def _delta_rule(c, opt, shapes, D, d_v, T, gradient, block):
+    """The exact delta rule in WY blocks of ``block`` tokens."""
     total = 0
-    for n, L in _chunks(T, c.chunk_size, c.window):
-        total += gradient * L
-        if isinstance(opt, TransformedMomentum):
-            total += 2 * n * n * L  # Cs Γ
-            for o, i in shapes.values():
-                total += 2 * n * L * o * i + n * opt.direction_flops(o, i) + 2 * n * n * o * i + 2 * n * o * i
-        elif isinstance(opt, TransformedAccumulator):  # Cw Γ; A_t and the read per matrix
-            total += 2 * n * n * L + sum(2 * n * L * o * i + 2 * n * o * i for o, i in shapes.values())
-        else:
-            momentum = opt.state_shape((1, 1)) is not None
-            total += 2 * n * n * L * (2 if momentum else 1) + ((2 * n ** 3 + 2 * n * n) if momentum else 0)
-            for o, i in shapes.values():
-                total += 2 * n * o * i * (2 if momentum else 1) + 2 * n * L * (i + o) + 2 * L * o * i * (
-                    2 if momentum else 1)
+    for first in range(0, T, block):
+        n = min(block, T - first)
+        total += 4 * n * n * D + 6 * n * D * d_v + 2 * n * n * d_v
     return total
 
 
-def _chunk_start_reads(c, mem, bias, opt, shapes, D, d_v, T, gradient, channels):
+def _transformed(c, opt, shapes, D, d_v, T, gradient, block):
+    """S_t in closed form, D(S_t) for every token, W_t by one product, the read at W_t."""
+    total = 0
+    for n, L in _chunks(T, c.chunk_size, c.window):
+        total += gradient * L + 2 * n * n * L  # Cs Γ
+        for o, i in shapes.values():
+            total += 2 * n * L * o * i + n * opt.direction_flops(o, i) + 2 * n * n * o * i + 2 * n * o * i
+    return total
+
+
+def _accumulated(c, opt, shapes, D, d_v, T, gradient, block):
+    """A_t in closed form (Cw Γ), T(A_t) element-wise, the read at W_t."""
+    total = 0
+    for n, L in _chunks(T, c.chunk_size, c.window):
+        total += gradient * L + 2 * n * n * L + sum(2 * n * L * o * i + 2 * n * o * i for o, i in shapes.values())
+    return total
+
+
+def _linear(c, opt, shapes, D, d_v, T, gradient, block):
+    """The closed form and the dual-form read (momentum doubles the state's products)."""
+    momentum = 2 if opt.state_shape((1, 1)) is not None else 1
+    total = 0
+    for n, L in _chunks(T, c.chunk_size, c.window):
+        total += gradient * L + 2 * n * n * L * momentum + ((2 * n ** 3 + 2 * n * n) if momentum == 2 else 0)
+        for o, i in shapes.values():
+            total += 2 * n * o * i * momentum + 2 * n * L * (i + o) + 2 * L * o * i * momentum
+    return total
+
+
+def _chunk_start(c, opt, shapes, D, d_v, T, gradient, block):
     """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per completed chunk."""
     size = sum(o * i for o, i in shapes.values())
+    direction = getattr(opt, "direction_flops", None)
     total = 0
     for n, L in _chunks(T, c.chunk_size, c.window):
         total += gradient * L + (2 * n + 2 * L) * size
-        if isinstance(opt, TransformedMomentum) and n == c.chunk_size:  # a partial last chunk is pending
-            total += sum(opt.direction_flops(o, i) for o, i in shapes.values())
+        if direction is not None and n == c.chunk_size:  # a partial last chunk is pending
+            total += sum(direction(o, i) for o, i in shapes.values())
     return total
 
 
-READ_FLOPS = {"token": _token_reads, "chunk": _chunk_start_reads}  # by MemoryConfig.read
+FORMS = {"delta_rule": _delta_rule, "linear": _linear, "transformed": _transformed, "accumulated": _accumulated,
+         "chunk_start": _chunk_start}  # by the plan's form (memory/plan.py); "stepwise": no formula
 
 
-def memory_flops(config, head_dim: int, T: int) -> float | None:
-    """Forward FLOPs per token and head of ``memorize`` (chunked path) for a MemoryConfig ``config`` on a fresh
-    sequence of T tokens, head dim d_k = d_v = ``head_dim``. None where no formula is known: a custom nn.Module
-    memory, or an optimiser without a closed in-chunk form or gates per channel outside the exact delta rule (they
-    run token by token: adam)."""
-    mem, fmap, bias, opt = config.components()
-    rule = config.rule()
-    channels = [g for g, spec in rule.gates(config, opt).items() if spec.axis != "head"]  # gates per channel
-    if isinstance(mem, ModuleMemory) or not isinstance(opt, (LinearRule, TransformedMomentum, TransformedAccumulator)):
+def form_flops(form: str, config, mem, optimizer, shapes: dict, D: int, d_k: int, d_v: int, T: int,
+               block: int) -> float | None:
+    """Forward FLOPs of T steps of one head in the plan's ``form`` (memory/plan.py), for a memory whose weight
+    matrices are ``shapes`` {name: (out, in)} on D = dim φ(k) features, d_v value rows (the normaliser's included);
+    None for a form without a formula (stepwise: ``update`` token by token)."""
+    if form not in FORMS:
         return None
-    if channels and config.read == "token" and not (config.chunk_size == 1 and config.window == 1
-                                                                 and delta_rule_applies(mem, bias, opt)):
-        return None
-    D = fmap.dim(head_dim)
-    d_v = head_dim + int(config.normalize)
-    shapes = mem.shapes(D, head_dim, d_v)
     # forward at W̃, then ∂ℓ/∂ of the inner layers (the matrices whose input is not φ(k)), per window token
-    first = mem.phi_weights(D, head_dim, d_v)
+    first = mem.phi_weights(D, d_k, d_v)
     gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for n, (o, i) in shapes.items()
                                                                      if n not in first)
-    steps = T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read (op.py)
-    return READ_FLOPS[config.read](config, mem, bias, opt, shapes, D, d_v, steps, gradient, channels) / T
+    return FORMS[form](config, optimizer, shapes, D, d_v, T, gradient, block)
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:

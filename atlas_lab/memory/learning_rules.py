@@ -123,6 +123,10 @@ class LearningRule(Component):
         """f_t [N, T(, C)]: token t's gradient at W_{t−1} Diag(f_t); None: at W̃."""
         return gates["alpha"] if self.gradient_at == "retained" else None
 
+    def scaled(self, acts) -> bool:
+        """Whether ``evaluation_scale`` is set (each token's gradient at its own point) with these gates acting."""
+        return self.gradient_at == "retained"
+
     def inputs(self, gates, v, acts):
         """The engine's (α, η, θ, γ, f, v) from this rule's gates {name: [N, T(·n_h), (C)]} and values v [N, T, d]."""
         return gates["alpha"], gates["eta"], gates["theta"], gates["gamma"], self.evaluation_scale(gates, acts), v
@@ -193,6 +197,9 @@ class GDN2(Online):
     @property
     def evaluation_point(self):
         return "W_{t−1} Diag(α_t ⊙ e_t)" if self.gradient_at == "retained" else "W̃ Diag(e_t)"
+
+    def scaled(self, acts):
+        return super().scaled(acts) or acts["erase"]
 
     def evaluation_scale(self, gates, acts):
         if not acts["erase"]:

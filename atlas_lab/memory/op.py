@@ -9,6 +9,7 @@ import torch
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
 from .optimizers import start as optimizer_start
+from .plan import IMPLS, Shapes, acting, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
 
@@ -19,13 +20,16 @@ def memorize_triton(*args, **kwargs):
     return memorize_triton(*args, **kwargs)
 
 
-# what computes each read (docs/memory.md §4.1), by implementation: the one place ``read`` chooses a path. The
-# kernels compute per-token reads only; "auto" is triton on CUDA where the kernels cover the call, chunked otherwise.
-PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked, "triton": memorize_triton},
+def memorize_fla(*args, **kwargs):
+    """fla-core's chunk kernels (atlas_lab.memory.ops.fla), imported on first use."""
+    from .ops.fla import memorize_fla
+    return memorize_fla(*args, **kwargs)
+
+
+# what computes each path of the plan (memory/plan.py), by read (docs/memory.md §4.1)
+PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked, "triton": memorize_triton,
+                   "fla": memorize_fla},
          "chunk": {"reference": memorize_reference_chunk_start, "chunked": memorize_chunked_chunk_start}}
-# what a state carries into the middle of a chunk, by read (a call that continues one at offset > 0 needs it)
-CARRIED = {"token": "eval_weights", "chunk": "pending chunk"}
-IMPLS = ("reference", "chunked", "triton", "auto")
 
 
 def _choice(key, value, choices):
@@ -72,12 +76,6 @@ def _given_gates(rule_gates, gates, keywords):
     if unknown:
         raise ValueError(f"memorize: the learning rule has no gate(s) {unknown}; its gates: {', '.join(rule_gates)}")
     return {name: gates.get(name) for name in rule_gates}
-
-
-def _set(value, configured) -> bool:
-    """Whether a gate that is 1 by default (erase, write) acts: a tensor, or a number other than 1."""
-    value = configured if value is None else value
-    return not (isinstance(value, (int, float)) and value == 1.0)
 
 
 def _at_first_step(gate, steps):
@@ -143,26 +141,6 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def _implementation(impl, read, q, mem, bias, optimizer, chunk_size, W, per_token_rule):
-    """The function that computes ``read`` with ``impl`` (PATHS); the Triton kernels are imported only when asked
-    for, or on CUDA for "auto". per_token_rule: a gate per channel or gradients at scaled weights (gradient_at=
-    "retained", an erase gate), which the kernels do not compute (their gates are one per head, their gradients at
-    the chunk's start)."""
-    paths = PATHS[read]
-    if impl == "triton" and ("triton" not in paths or per_token_rule):
-        from .ops import COVERAGE
-        what = f"read={read!r}" if "triton" not in paths else "gates per channel, gradient_at='retained' or erase"
-        raise NotImplementedError(f"memorize: impl='triton' does not cover {what} (the kernels compute per-token "
-                                  f"reads with one gate per head, gradients at the chunk's start). {COVERAGE}")
-    if impl == "auto":
-        from_kernels = q.is_cuda and "triton" in paths and not per_token_rule
-        if from_kernels:
-            from .ops import unsupported
-            from_kernels = unsupported(q, mem, bias, optimizer, chunk_size, W) is None
-        impl = "triton" if from_kernels else "chunked"
-    return paths[impl]
-
-
 def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=None, eta=None, theta=None,
              gamma=None, coefficients=None, initial_state=None, impl="chunked", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
@@ -190,8 +168,11 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     checkpoint:   (config) chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
                   (less memory, one more forward of each chunk; worth it for muon's per-token weights).
     impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
-                  atlas_lab.memory.ops; raises for combinations they do not cover, listing those they do) |
-                  "auto" (triton on CUDA where it covers the combination, chunked otherwise).
+                  atlas_lab.memory.ops) | "fla" (fla-core's chunk kernels, where they compute the same rule) |
+                  "auto": memory/plan.py's choice — on CUDA fla where it computes the rule in the inputs' dtype
+                  (bfloat16 / float16), else triton where it covers the call, else chunked; chunked on the CPU.
+                  An impl asked for a call it does not cover raises NotImplementedError naming why and what it
+                  covers.
 
     Bad arguments raise TypeError (not a floating-point torch tensor; q, k, v of different dtypes or devices) or
     ValueError (shapes, choices, ranges: window, chunk_size, a component's options; a number alpha or theta
@@ -228,15 +209,18 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     def phi(x):
         return fmap(x, coefficients)
 
+    # which gates that are 1 by default act (a tensor, or a number other than 1: gdn2's erase and write)
+    acts = acting(specs, given)
+    how = plan(config, Shapes(B, T, H, d_k, d_v), q.dtype, q.device, impl, acts)
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
     channels = {g: {"key": D, "value": d_v}[spec.axis] for g, spec in specs.items() if spec.axis != "head"}
-    tensors = {g: _gate(g, spec, given[g], B, T * steps if spec.per_step else T, H, q, channels.get(g))
+    # the gates in q's dtype; in float32 for fla (its kernels take low-precision q, k, v and float32 decays)
+    like = q.new_empty(0, dtype=torch.float32) if how.path == "fla" else q
+    tensors = {g: _gate(g, spec, given[g], B, T * steps if spec.per_step else T, H, like, channels.get(g))
                for g, spec in specs.items()}
     if steps > 1:  # the rule runs on the T·n_h steps: q read after a token's last step, α and θ at its first
         q_ = q_.repeat_interleave(steps, 1)
         tensors = {g: x if specs[g].per_step else _at_first_step(x, steps) for g, x in tensors.items()}
-    # which gates that are 1 by default act (a tensor, or a number other than 1: gdn2's erase and write)
-    acts = {g: _set(given[g], spec.value) for g, spec in specs.items()}
     alpha_, eta_, theta_, gamma_, scale, v_ = rule.inputs(tensors, v_, acts)
     if scale is not None and chunk_size != 1:
         raise ValueError(f"memorize: {rule!r} takes each token's gradient at its own weights "
@@ -284,9 +268,9 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
         W, S = optimizer_start(optimizer, W)
     elif S is None:
         S = optimizer_start(optimizer, W)[1]
-    if offset and {"token": W_eval, "chunk": pending}[read] is None:
-        raise ValueError(f"memorize: initial_state has offset > 0 but no {CARRIED[read]} (read={read!r} continues a "
-                         f"state of read={read!r})")
+    if offset and {"eval_weights": W_eval, "pending": pending}.get(how.carried) is None:
+        raise ValueError(f"memorize: initial_state has offset > 0 but no {how.carried} state (read={read!r} "
+                         f"continues a state of read={read!r})")
 
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
@@ -294,9 +278,12 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = _implementation(impl, read, q_, mem, bias, optimizer, chunk_size, W,
-                                         bool(channels) or scale is not None)
+        implementation = PATHS[read][how.path]
         options = {} if scale is None else {"scale": scale}  # the paths that read it (not the kernels)
+        if how.path != "reference":
+            options.update(form=how.form, block=how.block)
+        if how.path == "fla":
+            options["op"] = how.op
         if implementation is memorize_chunked:
             options["checkpoint"] = config.checkpoint
         y, W, S, W_eval, offset, pending = implementation(
@@ -304,7 +291,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
             bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
             offset=offset, pending=pending, **options)
 
-    y = y[:, (steps - 1 if read == "token" else 0)::steps]  # read token: after a token's last step; chunk: before
+    y = y[:, how.row::steps]  # the output of the step each token reads at (of its n_h)
     if normalize:
         y = y[..., :d_v] / y[..., d_v:]
     o = y.reshape(B, H, T, d_v).permute(0, 2, 1, 3)

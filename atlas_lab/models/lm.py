@@ -253,7 +253,8 @@ class LanguageModel(nn.Module):
         """Forward FLOPs per token of the token mixers' cores over all layers, reading T tokens (matrix products;
         projections and MLPs left out): {"memory": the memorize calls (atlas_lab.memory.cost), "attention": softmax
         attention, full or sliding-window}; "memory" is None where a memory has no cost formula (cost.py)."""
-        from ..memory.cost import attention_flops, memory_flops
+        from ..memory.cost import attention_flops
+        from ..memory.plan import Shapes, plan
 
         out = {"memory": 0.0, "attention": 0.0}
         segment_attention = {id(m.attention) for m in self.modules() if isinstance(m, MAC)}
@@ -261,7 +262,7 @@ class LanguageModel(nn.Module):
             if isinstance(m, MAC):
                 out["attention"] += m.attention_flops(T)
             elif isinstance(m, MemoryMixer):
-                flops = memory_flops(m.config, m.head_dim, T)
+                flops = plan(m.config, Shapes(1, T, m.n_heads, m.head_dim, m.head_dim), impl="chunked").flops
                 out["memory"] = None if flops is None or out["memory"] is None else out["memory"] + m.n_heads * flops
             elif isinstance(m, Attention) and id(m) not in segment_attention:
                 out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)

@@ -9,7 +9,7 @@ from atlas_lab.cli import main
 from atlas_lab.memory import (GD, L2, Adam, Huber, KLRetention, Lp, LqRetention, MemoryOptimizer, Muon, AttentionalBias,
                               TransformedAccumulator, TransformedMomentum, MemoryConfig, check_against_reference,
                               GateSpec, Online, memorize)
-from atlas_lab.memory.chunked import _chunk_accumulated, _chunk_linear, _chunk_stepwise, _chunk_transformed, chunk_route
+from atlas_lab.memory.plan import form_of
 
 
 class NormalizedGD(MemoryOptimizer):
@@ -75,15 +75,33 @@ def test_check_against_reference_can_fail():
             s = theta.reshape(-1, *[1] * (w.dim() - 1)) * s + g
             return w - eta.reshape(-1, *[1] * (w.dim() - 1)) * s, s
 
+        def direction(self, S, ndim):  # the closed form it declares (with the tanh) beside that update
+            return torch.tanh(S / self.tau)
+
     with pytest.raises(AssertionError, match="chunked differs from reference"):
         check_against_reference(optimizer=Inconsistent())
 
 
-def test_the_form_decides_the_path():
-    assert chunk_route(NormalizedGD()) is _chunk_stepwise and chunk_route(Adam()) is _chunk_stepwise
-    assert chunk_route(TanhMomentum()) is _chunk_transformed and chunk_route(Muon()) is _chunk_transformed
-    assert chunk_route(GD()) is _chunk_linear
-    assert all(chunk_route(o) is _chunk_accumulated for o in (TanhAccumulator(), LqRetention(), KLRetention()))
+def test_the_declared_form_decides_the_path():
+    """The plan's in-chunk form is what an optimiser declares (a closed form defined with its ``update``); a subclass
+    that overrides ``update`` without declaring a closed form again runs its own update token by token."""
+    class Renamed(GD):  # GD's update and closed form, inherited together
+        pass
+
+    class OwnUpdate(GD):  # its own update: GD's closed form no longer describes it
+        def update(self, w, s, g, alpha, eta, theta):
+            return GD.update(self, w, s, 2 * g, alpha, eta, theta)
+
+    def form(optimizer):
+        config = MemoryConfig(architecture="mlp", optimizer=optimizer, chunk_size=4)
+        mem, _, bias, optimizer = config.components()
+        return form_of(config, mem, bias, optimizer, config.rule().gates(config, optimizer))[0]
+
+    assert form(NormalizedGD()) == "stepwise" and form(Adam()) == "stepwise" and form(OwnUpdate()) == "stepwise"
+    assert form(TanhMomentum()) == "transformed" and form(Muon()) == "transformed"
+    assert form(GD()) == "linear" and form(Renamed()) == "linear"
+    assert all(form(o) == "accumulated" for o in (TanhAccumulator(), LqRetention(), KLRetention()))
+    check_against_reference(optimizer=OwnUpdate())  # the update it defines, on every path
     config = MemoryConfig(architecture={"name": "mlp", "depth": 3}, feature_map={"name": "taylor", "degree": 3},
                           attentional_bias=path("LogCosh"), optimizer=path("NormalizedGD"))
     mem, fmap, bias, optimizer = config.components()

@@ -1,11 +1,13 @@
-"""atlas_lab.memory.cost: the FLOPs formulas against torch's FlopCounterMode on the real forward pass."""
+"""atlas_lab.memory.cost: the FLOPs formulas (the plan's ``flops``) against torch's FlopCounterMode on the real forward
+pass."""
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import helpers
 from atlas_lab.memory import MemoryConfig, memorize
-from atlas_lab.memory.cost import attention_flops, memory_flops
+from atlas_lab.memory.cost import attention_flops
+from atlas_lab.memory.plan import Shapes, plan
 from atlas_lab.models import PRESETS, resolve_preset
 
 MEMORY_PRESETS = [p for p in PRESETS if resolve_preset(p)[1] is not None and p not in ("atlas_mag", "atlas_mal")]
@@ -43,7 +45,8 @@ def test_memory_flops_formula_equals_the_counted_forward(name, read, monkeypatch
     config = resolve_preset(name)[1] if name in PRESETS else MemoryConfig(**EXTRA[name])
     config = config.replace(read=read)
     T, head_dim = 37, 8
-    assert memory_flops(config, head_dim, T) * T == pytest.approx(counted_flops(config, head_dim, T), rel=1e-12)
+    flops = plan(config, Shapes(1, T, 2, head_dim, head_dim), impl="chunked").flops
+    assert flops * T == pytest.approx(counted_flops(config, head_dim, T), rel=1e-12)
 
 
 def test_attention_flops_is_the_causal_part_of_the_full_product():

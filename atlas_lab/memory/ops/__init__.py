@@ -5,8 +5,9 @@ operation, its fast paths and their twin side by side under one signature.
                           (triton.py: ``chunk_linear_memory``; naive.py: ``chunk_linear_memory_naive``, its oracle)
     newton_schulz/        batched NS_k (quintic / cubic), k steps fused, forward + recomputation backward
                           (triton.py: ``newton_schulz``; cpu.py + cpu.cpp: the compiled CPU kernel)
-    dispatch.py           ``memorize_triton``: ``memorize(..., impl="triton")`` on top of them (coverage:
-                          ``COVERAGE``, ``unsupported``; ``INTERPRETED``: the kernels run under Triton's interpreter)
+    dispatch.py           ``memorize_triton``: ``memorize(..., impl="triton")`` on top of them (``INTERPRETED``: the
+                          kernels run under Triton's interpreter)
+    limits.py             what the kernels cover (``COVERAGE``), read by the plan (memory/plan.py) without triton
 
 Nothing here imports triton until a kernel is asked for: the memory package imports this package (its optimisers use
 the CPU Newton–Schulz kernel), on machines without triton too, and ``dispatch`` itself builds on the memory modules.
@@ -18,13 +19,13 @@ from __future__ import annotations
 from .chunk_linear_memory import chunk_linear_memory, chunk_linear_memory_naive
 from .newton_schulz import newton_schulz
 
-DISPATCH = ("memorize_triton", "unsupported", "COVERAGE", "INTERPRETED")  # loaded from .dispatch on first use
+DISPATCH = ("memorize_triton", "INTERPRETED")  # loaded from .dispatch on first use
 
 __all__ = ["newton_schulz", "chunk_linear_memory", "chunk_linear_memory_naive", *DISPATCH]
 
 
 def __getattr__(name: str):
-    """``memorize_triton``, ``unsupported``, ``COVERAGE`` and ``INTERPRETED``, imported from ``dispatch`` (and with
+    """``memorize_triton`` and ``INTERPRETED``, imported from ``dispatch`` (and with
     it triton and the memory modules) when first asked for."""
     if name in DISPATCH:
         from . import dispatch

@@ -1,0 +1,222 @@
+"""``plan``: the one place that decides how a ``memorize`` call is computed (docs/memory.md §5).
+
+    plan(config, shapes, dtype, device, impl="auto") -> Plan(path, form, block, carried, flops, reason)
+
+path     reference (the token loop: the oracle) | chunked (PyTorch, a chunk at a time) | triton (atlas_lab.memory.ops)
+         | fla (flash-linear-attention's chunk kernels, where they compute the same rule)
+form     the in-chunk evaluation of the chunked path (``chunked.FORMS``), from what the components declare:
+           delta_rule   chunk 1, window 1, a linear map, the l2 bias and gd: the gated delta rule in WY blocks
+           linear       an optimiser linear in the gradients (``chunk_coefficients``): closed form, dual-form read
+           transformed  S_t in closed form, D(S_t) on all of them at once (``direction``: muon)
+           accumulated  A_t in closed form, W_t = T(A_t) at once (``weights``: ℓq / KL retention)
+           stepwise     ``update`` token by token on the chunk's gradients (gates per channel, adam, a user's rule)
+           chunk_start  read="chunk": every token reads the chunk's start; one optimiser step per chunk
+block    tokens per block of that form (the chunk size; the delta rule's WY block)
+carried  what a state continued in the middle of a chunk carries besides the weights: eval_weights (read token: the
+         chunk's evaluation point), pending (read chunk: Σ g and its gates), or nothing (chunk 1)
+flops    forward FLOPs per token and head of the form (cost.py; None where no formula is known)
+reason   why this path, and why not a faster one
+op       for path fla, fla-core's op (ops/fla.py)
+row      of a token's n_h steps (DeltaProduct), the one whose output it reads: the last (read token), the first
+         (read chunk: the weights before the token)
+
+A capability is what a component declares (components.declares), never its concrete class.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from . import cost
+from .components import declares
+from .delta_rule import delta_rule_applies, delta_rule_block
+
+IMPLS = ("reference", "chunked", "triton", "fla", "auto")
+CARRIED = {"token": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (docs/memory.md §4.1)
+FLA_DTYPES = (torch.bfloat16, torch.float16)  # the inputs fla's chunk kernels take (they compute in float32)
+FLA_DEVICES = ("cuda",)
+
+
+class Shapes(NamedTuple):
+    """One call's sizes: q [B, T, H, d_k], v [B, T, H, d_v]."""
+
+    B: int
+    T: int
+    H: int
+    d_k: int
+    d_v: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str
+    form: str
+    block: int
+    carried: str
+    flops: float | None
+    reason: str
+    row: int = 0  # of a token's n_h steps, the one whose output it reads (token: after the last; chunk: the first)
+    op: str | None = None  # path fla: fla-core's op (ops/fla.py: FLA_OPS)
+
+
+def form_of(config, mem, bias, optimizer, specs: dict) -> tuple[str, int]:
+    """(form, block) of the chunked path (module docstring) for a config, its components and its rule's gates
+    (``specs``: a gate learned per channel runs token by token — the closed forms take one gate per head — except in
+    the delta rule, whose blocks are shorter for a retention per key channel)."""
+    if config.read == "chunk":
+        return "chunk_start", config.chunk_size
+    if config.chunk_size == 1 and config.window == 1 and delta_rule_applies(mem, bias, optimizer):
+        return "delta_rule", delta_rule_block(specs["alpha"].axis != "head")
+    channels = any(spec.axis != "head" for spec in specs.values())
+    if channels:
+        return "stepwise", config.chunk_size
+    for form, capability in (("transformed", "direction"), ("accumulated", "weights"),
+                             ("linear", "chunk_coefficients")):
+        if declares(optimizer, capability, "update"):
+            return form, config.chunk_size
+    return "stepwise", config.chunk_size
+
+
+def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, device, per_token: bool) -> str | None:
+    """Why the Triton kernels (atlas_lab.memory.ops) do not compute a call (None when they do). form: the chunked
+    path's (``form_of``); weights: {name: (out, in)} of the memory; per_token: a gate per channel or gradients at
+    per-token points (the kernels take one gate per head and every gradient at the chunk's start)."""
+    from .ops.limits import MAX_CHUNK, MAX_COLS, MAX_FEATURES, MAX_ROWS
+
+    if config.read != "token":
+        return f"read={config.read!r} (the kernels compute per-token reads)"
+    if per_token:
+        return "gates per channel or gradients at per-token points (gradient_at='retained', an erase gate)"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {dtype}"
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"tensors on {torch.device(device).type} (on the CPU, set TRITON_INTERPRET=1 before triton is imported)"
+    if kernel_bias(bias) is None:
+        return f"bias {bias!r}"
+    if declares(optimizer, "with_ns", "direction"):  # muon: the chunked path with the batched NS kernel
+        if not declares(mem, "gradient_factors", "forward"):
+            return f"memory {mem!r} with muon"
+        big = [n for n, shape in weights.items() if min(shape) > MAX_ROWS or max(shape) > MAX_COLS]
+        return f"weights {big} larger than {MAX_ROWS} × {MAX_COLS} with muon" if big else None
+    if form not in ("linear", "delta_rule"):  # the kernels' closed form: a rule linear in the gradients
+        return f"optimizer {optimizer!r}"
+    if not declares(mem, "linear_map", "forward"):
+        return f"memory {mem!r} with optimizer {optimizer!r}"
+    if weights["W"][1] > MAX_FEATURES:
+        return f"D = {weights['W'][1]} features (more than {MAX_FEATURES})"
+    if config.chunk_size > MAX_CHUNK:
+        return f"chunk_size={config.chunk_size} (more than {MAX_CHUNK})"
+    return None
+
+
+FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read token, no normalisation: the l2 bias at "
+                "chunk 1 with α per head (chunk_gated_delta_rule) or per key channel (chunk_kda), gradients at the "
+                "retained weights (gradient_at='retained', or α ≡ 1), and the dot bias at any chunk with α per head "
+                "(chunk_simple_gla); bfloat16 or float16 inputs on CUDA, fla-core installed")
+
+
+def fla_op(config, mem, bias, optimizer, rule, specs: dict, acts: dict, D: int) -> tuple[str | None, str]:
+    """(fla-core's op, "") for a call whose rule, gates, normalisation and read fla computes exactly (ops/fla.py);
+    (None, why not) otherwise. The dtype and device are checked by the caller."""
+    for wrong, what in ((config.read != "token", f"read={config.read!r}"), (config.normalize, "normalize=True"),
+                        (config.window != 1, f"window={config.window} (fla's rules are online: window 1)")):
+        if wrong:
+            return None, what
+    if rule.steps_per_token != 1 or rule.reset_every is not None:
+        return None, f"{rule!r}'s steps per token or resets"
+    if not declares(mem, "linear_map", "forward") or not declares(optimizer, "delta_rule", "update"):
+        return None, f"memory {mem!r} with optimizer {optimizer!r} (fla's rules are gd on a linear memory)"
+    if any(spec.axis != "head" for g, spec in specs.items() if g != "alpha") or acts.get("erase") or acts.get("write"):
+        return None, "erase or write gates (fla's gdn2 op is not wired)"
+    if D > 256:
+        return None, f"D = {D} features (fla's kernels take at most 256)"
+    per_channel = specs["alpha"].axis != "head"
+    if kernel_bias(bias) == "l2":
+        if config.chunk_size != 1:
+            return None, f"chunk_size={config.chunk_size} with the l2 bias (fla's delta rules are the exact rule)"
+        if rule.gradient_at != "retained" and acts["alpha"]:
+            return None, "gradients at W_{t−1} with a retention α (fla's: at α_t ⊙ W_{t−1}, gradient_at='retained')"
+        return ("kda" if per_channel else "gated_delta_rule"), ""
+    if kernel_bias(bias) == "dot" and not per_channel:
+        return "simple_gla", ""
+    return None, f"bias {bias!r}" + (" with α per channel" if per_channel else "")
+
+
+def kernel_bias(bias) -> str | None:
+    """The chunk kernel's gradient form of an attentional bias: l2 (∇ℓ = y − v) or dot (∇ℓ = −v); None: neither."""
+    if declares(bias, "delta_rule", "loss"):
+        return "l2"
+    if declares(bias, "linear_attention", "loss"):
+        return "dot"
+    return None
+
+
+def acting(specs: dict, given: dict | None = None) -> dict[str, bool]:
+    """{gate: whether it acts}: a tensor, or a number other than 1 (``given``: a call's values, None where the
+    config's constant holds) — α ≡ 1 keeps no retention, erase ≡ 1 and write ≡ 1 do nothing."""
+    given = given or {}
+    return {g: not (isinstance(value, (int, float)) and value == 1.0)
+            for g, value in ((g, spec.value if given.get(g) is None else given[g]) for g, spec in specs.items())}
+
+
+def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = "auto", acts: dict | None = None
+         ) -> Plan:
+    """How ``memorize`` computes a call of ``config`` (a validated MemoryConfig) at ``shapes``, in ``dtype`` on
+    ``device``, with ``impl`` asked (memorize's argument). acts: {gate: whether it acts} (``acting``; None: as the
+    config sets them). An impl that cannot compute the call raises
+    NotImplementedError with the reason and what it covers."""
+    if impl not in IMPLS:
+        raise ValueError(f"memorize: unknown impl={impl!r}; valid choices: {', '.join(IMPLS)}")
+    mem, fmap, bias, optimizer = config.components()
+    rule = config.rule()
+    specs = rule.gates(config, optimizer)
+    if acts is None:
+        acts = acting(specs)
+    channels = any(spec.axis != "head" for spec in specs.values())
+    per_token = channels or rule.scaled(acts)
+    D = fmap.dim(shapes.d_k)
+    weights = mem.shapes(D, shapes.d_k, shapes.d_v + int(config.normalize))
+    form, block = form_of(config, mem, bias, optimizer, specs)
+    carried = CARRIED[config.read] if config.chunk_size > 1 else "nothing"
+    steps = shapes.T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read
+    flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
+                            steps, block) if declares(mem, "gradient_factors", "forward") else None
+    flops = None if flops is None or shapes.T == 0 else flops / shapes.T
+
+    row = rule.steps_per_token - 1 if config.read == "token" else 0
+
+    def made(path, reason):
+        return Plan(path, form, block, carried, flops, reason, row)
+
+    if impl in ("reference", "chunked"):
+        return made(impl, "asked")
+    cuda = torch.device(device).type == "cuda"
+    if impl == "fla" or (impl == "auto" and cuda):
+        op, gap = fla_op(config, mem, bias, optimizer, rule, specs, acts, D)
+        if op is not None and dtype not in FLA_DTYPES:
+            op, gap = None, f"dtype {dtype} (fla's chunk kernels take bfloat16 or float16 inputs: bf16-mixed)"
+        if op is not None and torch.device(device).type not in FLA_DEVICES:
+            op, gap = None, f"tensors on {torch.device(device).type} (fla's chunk kernels run on CUDA)"
+        if op is not None and importlib.util.find_spec("fla") is None:
+            op, gap = None, "fla-core not installed (pip install fla-core)"
+        if op is not None:
+            return dataclasses.replace(made("fla", f"fla-core's chunk_{op} computes this rule"), op=op)
+        if impl == "fla":
+            raise NotImplementedError(f"memorize: impl='fla' does not cover {gap}. {FLA_COVERAGE}")
+        fla_gap = f"; not fla: {gap}"
+    else:
+        fla_gap = ""
+    if impl == "triton" or (impl == "auto" and torch.device(device).type == "cuda"):
+        gap = triton_gap(config, mem, bias, optimizer, form, weights, dtype, device, per_token)
+        if gap is None:
+            return made("triton", "asked" if impl == "triton" else f"the kernels cover it on CUDA{fla_gap}")
+        if impl == "triton":
+            from .ops.limits import COVERAGE
+            raise NotImplementedError(f"memorize: impl='triton' does not cover {gap}. {COVERAGE}")
+        return made("chunked", f"the kernels do not cover {gap}{fla_gap}")
+    return made("chunked", f"on {torch.device(device).type}: the chunked path ({form})")
