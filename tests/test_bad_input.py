@@ -465,7 +465,7 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
     "tune a grid axis": (dict(tune={"grid": {"model.lr": [1e-3, 3e-3]}}),
                          "tune.grid.model.lr: also a grid axis"),
     "tune seeds": (dict(tune={"grid": {"model.memory.eta_max": [0.1]}, "seeds": 0}),
-                   "tune.seeds: expected an int from 1 to 1000, got 0"),
+                   "tune.seeds: expected an int from 3 to 1000 (the choice is the best median"),
     "tune key": (dict(tune={"grid": {"model.memory.eta_max": [0.1]}, "pilots": 2}),
                  "tune: unknown key(s) ['pilots']; valid keys: grid, seeds"),
     "tune candidate": (dict(tune={"grid": {"model.memory.eta_max": [0.1, -1.0]}}),

@@ -226,7 +226,7 @@ def test_report_cuts_nothing(width, make, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "print_table", rec)
     text = render(width, lambda c: report.summarize(make(), console=c, out_dir=tmp_path, power=0.1))
     tables_of = check(text, rec.calls, width)
-    assert len(rec.calls) == (3 if make is study_with_every_table else 2)
+    assert len(rec.calls) == (5 if make is study_with_every_table else 4)  # with --power: per seed, power
     assert ["atlas", "linear"] in [r[:2] for r in rows_of(tables_of[0][0])]  # the points, keyed by both axes
     assert {r[0] for r in rows_of(tables_of[1][0])} >= {"memory=linear"}  # the differences, named by their change
     if width == 80:

@@ -205,14 +205,14 @@ def test_report_columns_use_the_shortest_unique_key_suffix():
 
 
 def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
-    """`tune:` on model.lr (1e-6: the model does not learn; 0.01: it does) with 1 pilot seed, steps to val/loss ≤ 4.0
+    """`tune:` on model.lr (1e-6: the model does not learn; 0.01: it does) with 3 pilot seeds, steps to val/loss ≤ 4.0
     as the summary (the untrained loss is ln 64 ≈ 4.16; at 0.01 it is 3.94 or below after the 32 steps), two
-    workers. Each point's pilot trials (seed 1000, never reported) run first; its reported repeats then run at the
+    workers. Each point's pilot trials (seeds 1000-1002, never reported) run first; its reported repeats then run at the
     candidate with the fewest steps, and every trial logs every summary of its curve. The lr-1e-6 pilots never reach
     the threshold: censored at the 32 steps trained."""
     sweep = write_sweep("tuned.yaml", metric="val/loss", direction="minimize", summary={"steps_to": 4.0},
                         repeats=1, grid={"model.preset": ["gla", "deltanet"]},
-                        tune={"grid": {"model.lr": [1.0e-6, 0.01]}, "seeds": 1},
+                        tune={"grid": {"model.lr": [1.0e-6, 0.01]}, "seeds": 3},
                         fixed={"model.warmup_steps": 0, "data.init_args.train_slices": [[16, 2, 512]],
                                "trainer.val_check_interval": 0.5},
                         baseline={"model.preset": "gla"})
@@ -220,10 +220,10 @@ def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     trials = load().get_trials()
-    assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials), done.stdout
+    assert len(trials) == 14 and all(t.state == TrialState.COMPLETE for t in trials), done.stdout
     pilots = [t for t in trials if "tune" in t.user_attrs]
     reported = [t for t in trials if "tune" not in t.user_attrs]
-    assert sorted(t.user_attrs["repeat"] for t in pilots) == [1000] * 4
+    assert sorted(t.user_attrs["repeat"] for t in pilots) == [1000] * 4 + [1001] * 4 + [1002] * 4
     for t in pilots:
         lr = t.user_attrs["tune"]["model.lr"]
         assert t.user_attrs["censored"] == [lr == 1e-6] and (t.value == 32) >= (lr == 1e-6), (lr, t.value)
