@@ -284,14 +284,14 @@ def _length(batch) -> int:
 def batch_times(clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time):
     """A Lightning callback: the seconds of every training and validation batch with its sequence length
     (``.train``, ``.val``: [(length, seconds)]), each from the end of the batch before (the first from its own start),
-    the validation's total (``.val_total``) and the process's CPU seconds over the training batches (``.train_cpu``).
+    the validation's total (``.val_total``) and the process's CPU seconds of each training batch (``.train_cpu``).
     ``clock``, ``cpu_clock``: seconds (fake ones in the tests)."""
     import lightning as L
     import torch
 
     class BatchTimes(L.Callback):
         def __init__(self):
-            self.train, self.val, self.val_total, self.train_cpu = [], [], 0.0, 0.0
+            self.train, self.val, self.val_total, self.train_cpu = [], [], 0.0, []
             self._last = self._vlast = self._vstart = self._cpu = None
             self.stop_at, self.lengths = None, set()  # stop training at clock() >= stop_at, once every length is timed
 
@@ -307,7 +307,7 @@ def batch_times(clock: Callable[[], float] = time.perf_counter, cpu_clock: Calla
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             t, cpu = self.now(pl_module), cpu_clock()
             self.train.append((_length(batch), t - self._last))
-            self.train_cpu += cpu - self._cpu
+            self.train_cpu.append(cpu - self._cpu)
             self._last, self._cpu = t, cpu
             if self.stop_at is not None and t >= self.stop_at:
                 done = [L for L, _ in self.train]
@@ -344,10 +344,14 @@ def per_length(times: list[tuple[int, float]]) -> dict[int, float]:
 
 def timing_of(times, setup_s: float, threads: int | None = None) -> Timing:
     """A pilot's ``Timing`` from its callback's record: the validation's overhead is its total less its batches;
-    ``threads``: torch's threads on a CPU (None on a GPU: no cpu_share)."""
+    ``threads``: torch's threads on a CPU (None on a GPU: no cpu_share), whose share is taken over the timed batches."""
     val = per_length(times.val)
-    wall = sum(s for _, s in times.train)
-    share = times.train_cpu / (wall * threads) if threads and wall > 0 else None
+    seen, wall, cpu = set(), 0.0, 0.0
+    for (length, seconds), cpu_seconds in zip(times.train, times.train_cpu):
+        if length in seen:  # the timed batches (a warm-up may wait on a compiler's process)
+            wall, cpu = wall + seconds, cpu + cpu_seconds
+        seen.add(length)
+    share = cpu / (wall * threads) if threads and wall > 0 else None
     return Timing(per_length(times.train), val, max(0.0, times.val_total - sum(s for _, s in times.val)), setup_s,
                   share)
 
