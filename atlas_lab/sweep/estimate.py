@@ -66,6 +66,7 @@ SWEEP_DROPS = ("ProgressBar", "ModelCheckpoint", "ModelSummary")  # callbacks a 
 LIGHTNING_MAX_EPOCHS = 1000  # Lightning's max_epochs when neither max_epochs nor max_steps is given
 TRAIN_SHARE = 0.6  # of a time-limited pilot's time after its setup: the rest is the validation's
 BUSY = 0.8  # a CPU pilot with less than this share of its threads' cores says that the machine was busy
+UNBOUNDED = 10**15  # the batches of an epoch whose loader has no length
 
 
 # ---------------------------------------------------------------- the config, without jsonargparse
@@ -257,6 +258,9 @@ def project(timing: Timing, schedule: Schedule) -> dict[str, float]:
                                       t.get("accumulate_grad_batches") or 1, t.get("val_check_interval", 1.0),
                                       t.get("check_val_every_n_epoch", 1), schedule.validate_at_end)
     whole = sum(schedule.train_batches.values())
+    if whole >= UNBOUNDED and t.get("max_steps") in (None, -1):
+        raise ValueError("the training data has no length (a stream) and trainer.max_steps is not set: the fit's "
+                         "length is unknown; set trainer.max_steps")
     training = sum(batches * n / whole * _at(timing.step_s, L) for L, n in schedule.train_batches.items()) \
         if whole else 0.0
     one_val = sum(n * _at(timing.val_batch_s, L) for L, n in schedule.val_batches.items()) + timing.val_overhead_s \
@@ -358,7 +362,7 @@ def timing_of(times, setup_s: float, threads: int | None = None) -> Timing:
 
 class Batches:
     """A loader's batches as index lists with their lengths (a map-style dataset with ``input_ids`` batched by a
-    batch sampler, as every TaskDataModule's); ``None`` for any other loader (a stream)."""
+    batch sampler, as every TaskDataModule's); TypeError for any other loader (a stream: ``Stream``)."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -370,9 +374,9 @@ class Batches:
         self.batches = [list(b) for b in sampler]
         self.lengths = [ids.shape[1] if fixed else max(len(ids[i]) for i in b) for b in self.batches]
 
-    def counts(self, first: int | None = None) -> dict[int, int]:
-        """{length: batches} of the first ``first`` batches (all by default)."""
-        return self.tally(self.lengths[:first])
+    def counts(self, limit=None) -> dict[int, int]:
+        """{length: batches} of the loader, cut by a trainer's ``limit_*_batches`` (an int: the first ones)."""
+        return self.tally(self.lengths[:_val_limit(len(self.lengths), limit)])
 
     @staticmethod
     def tally(lengths) -> dict[int, int]:
@@ -392,6 +396,35 @@ class Batches:
                 taken[length].append(batch)
         chosen = [b[i] for i in range(per_length) for b in taken.values() if i < len(b)]
         return DataLoader(self.loader.dataset, batch_sampler=chosen, collate_fn=self.loader.collate_fn)
+
+
+class Stream:
+    """A loader without index batches (an iterable dataset, e.g. a litdata stream): one length, its first batch's;
+    its batch count where it has a length, else ``UNBOUNDED`` (the trial's max_steps must end the fit); a sample is
+    its first batches."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.lengths = [_length(next(iter(loader)))]
+        try:
+            self.total = len(loader)
+        except TypeError:
+            self.total = UNBOUNDED
+
+    def counts(self, limit=None) -> dict[int, int]:
+        return {self.lengths[0]: _val_limit(self.total, limit)}
+
+    def sample(self, per_length: int) -> list:
+        import itertools
+
+        return list(itertools.islice(iter(self.loader), per_length))
+
+
+def batches_of(loader):
+    try:
+        return Batches(loader)
+    except TypeError:
+        return Stream(loader)
 
 
 def _val_limit(count: int, limit) -> int:
@@ -436,13 +469,13 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     trainer_config = dict(config.get("trainer") or {})
     datamodule.prepare_data()
     datamodule.setup("fit")
-    train = Batches(datamodule.train_dataloader())
+    train = batches_of(datamodule.train_dataloader())
     vals = datamodule.val_dataloader()
-    vals = [Batches(v) for v in (vals if isinstance(vals, (list, tuple)) else [vals])]
+    vals = [batches_of(v) for v in (vals if isinstance(vals, (list, tuple)) else [vals])]
     limit = trainer_config.get("limit_val_batches")
     val_counts: dict[int, int] = {}
     for v in vals:
-        for length, n in v.counts(_val_limit(len(v.batches), limit)).items():
+        for length, n in v.counts(limit).items():
             val_counts[length] = val_counts.get(length, 0) + n
     setup_s = clock() - start
     pilot_train = train.sample(steps)

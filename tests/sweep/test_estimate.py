@@ -123,6 +123,26 @@ def test_config_is_read_as_the_cli_reads_it(tmp_path):
     assert config["data"] == {"class_path": "x.B", "init_args": {"k": 4}}  # another class: its own arguments only
 
 
+def test_a_stream_is_sampled_from_its_start_and_needs_max_steps():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Tokens(IterableDataset):
+        def __iter__(self):
+            for i in range(10**6):
+                yield {"input_ids": torch.full((8,), i), "labels": torch.full((8,), i)}
+
+    stream = estimate.batches_of(DataLoader(Tokens(), batch_size=2))
+    assert isinstance(stream, estimate.Stream) and stream.counts(64) == {8: 64}
+    assert [b["input_ids"][:, 0].tolist() for b in stream.sample(2)] == [[0, 1], [2, 3]]
+    timing = Timing(step_s={8: 0.5}, val_batch_s={8: 0.1})
+    schedule = Schedule(stream.counts(), stream.counts(64), dict(max_epochs=-1, max_steps=100, val_check_interval=50,
+                                                                 check_val_every_n_epoch=None))
+    assert project(timing, schedule)["total"] == 100 * 0.5 + 2 * 64 * 0.1
+    with pytest.raises(ValueError, match="set trainer.max_steps"):
+        project(timing, Schedule(stream.counts(), {}, dict(max_epochs=1)))
+
+
 def test_a_failing_pilot_is_its_rows_error(capsys):
     spec = load_sweep(ROOT / "sweeps" / "demo.yaml")
     timing = dict(step_s={16: 0.01}, val_batch_s={16: 0.005}, val_overhead_s=0.0, setup_s=0.5, cpu_share=0.4)
