@@ -155,38 +155,39 @@ def test_chunk_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, s
                     str(options))
 
 
-U_HALF = 2.0 ** -11  # unit roundoff of float16 (11 significant bits) and of tf32 (also 11)
+UNIT = {"float16": 2.0 ** -11, "tf32": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # unit roundoff: 11 and 8 significant bits
+CAP = {"float16": 0.1, "tf32": 0.1, "bfloat16": 0.5}  # a larger bound could not tell a wrong path (off by O(1))
 
 
 @pytest.mark.parametrize("case", ["window-over-chunks", "dot-walk-tiles", "long-walk"])
-@pytest.mark.parametrize("precision", ["float16", "tf32"])
-def test_chunk_kernel_in_eleven_bits(case, precision):
-    """float16 inputs multiplied as they are passed, and float32 inputs on tf32 dots (torch's matmul precision
-    "high"): every product's operands rounded to 11 bits (fp32 accumulation, fp32 states).
+@pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])
+def test_chunk_kernel_in_fewer_bits(case, precision):
+    """float16 and bfloat16 inputs multiplied as they are passed, and float32 inputs on tf32 dots (torch's matmul
+    precision "high"): every product's operands rounded to 11 (bfloat16: 8) bits, fp32 accumulation and states.
 
-    Error model: tests/helpers.py's, at 11 bits. There a float32 evaluation is the function at inputs and intermediates
+    Error model: tests/helpers.py's, at u bits. There a float32 evaluation is the function at inputs and intermediates
     moved by O(u₃₂), and the float32 twin's spread over one-ulp nudges (float32_spread) measures how far each quantity
-    moves per u₃₂. Rounding the operands of every product to 11 bits moves them by O(u₁₁) = 2⁻¹¹ instead, so the
-    kernel must land within SPREAD × that spread × u₁₁/u₃₂ of the float64 oracle, computed on the same (for float16:
-    float16-rounded) inputs. Under TRITON_INTERPRET=1 tf32 dots are IEEE (numpy), so there the tf32 case checks the
+    moves per u₃₂. Rounding the operands of every product to the unit u instead moves them by O(u), so the kernel
+    must land within SPREAD × that spread × u/u₃₂ of the float64 oracle, computed on the same (for float16 and
+    bfloat16: rounded) inputs. Under TRITON_INTERPRET=1 tf32 dots are IEEE (numpy), so there the tf32 case checks the
     path, not the rounding; on a GPU (--device cuda) it checks both."""
     momentum, bias, window, offset, shape = CHUNK_CASES[case]
     options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias)
     x = chunk_inputs(**shape, momentum=momentum)
-    if precision == "float16":
-        x = {n: t.detach().half().float() for n, t in x.items()}  # float16 values, exactly
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
+    x = {n: t.detach().to(dtype).float() for n, t in x.items()}  # values of the dtype, exactly
     oracle = chunk_results(chunk_linear_memory_naive, options)({n: t.double().cpu() for n, t in x.items()})
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-        got = kernel_results(options, oracle)({n: t.half() if precision == "float16" else t for n, t in x.items()})
+        got = kernel_results(options, oracle)({n: t.to(dtype) for n, t in x.items()})
     finally:
         torch.set_float32_matmul_precision(before)
-    if precision == "float16":
-        assert got["out0"].dtype == got["grad.q"].dtype == torch.float16
+    assert got["out0"].dtype == got["grad.q"].dtype == dtype
     spread = float32_spread(chunk_results(chunk_linear_memory_naive, options), x, oracle, case)
-    bound = {n: SPREAD * max(spread[n], U32) * U_HALF / U32 for n in oracle}
-    assert max(bound.values()) < 0.1, f"{case}: 11 bits cannot be checked here: {bound}"  # a wrong path is off by O(1)
+    bound = {n: SPREAD * max(spread[n], U32) * UNIT[precision] / U32 for n in oracle}
+    assert max(bound.values()) < CAP[precision], f"{case}: {precision} cannot be checked here: {bound}"
     bad = {n: (rel_err(got[n], y), bound[n]) for n, y in oracle.items() if not rel_err(got[n], y) <= bound[n]}
     assert not bad, f"{case} {precision}: (error, bound) exceeded: {bad}"
 

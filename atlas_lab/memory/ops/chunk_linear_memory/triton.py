@@ -572,7 +572,8 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         cfg, grid = _config(D, DV, chunk_size, bias), grids(N, T, D, DV, chunk_size=chunk_size, bias=bias,
                                                               offset=offset)
         l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
-        kw = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=dot_precision(q.dtype))
+        prec = dot_precision(q.dtype)  # the backward's products too, whatever torch's setting is by then
+        kw = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
         f32 = dict(dtype=torch.float32, device=q.device)
         BW = torch.empty(N, NC, DV, D, **f32)
         BS = torch.empty_like(BW) if momentum else BW
@@ -592,18 +593,18 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
             q, k, v, gamma, a, m, Cw, We0, WH, SH, y, T, L, m0, offset, chunk_size, window, L2=l2,
             BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
         ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH)
-        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg, grid)
+        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec)
         return y, WT, ST, WE
 
     @staticmethod
     def backward(ctx, dy, dWT, dST, dWE):
         q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH = ctx.saved_tensors
-        offset, chunk_size, window, bias, momentum, NC, cfg, grid = ctx.args
+        offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
         l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
         NV = triton.cdiv(DV, cfg["BV"])
-        kw = dict(D=D, DV=DV, L2=l2, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=dot_precision(q.dtype))
+        kw = dict(D=D, DV=DV, L2=l2, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
         f32 = dict(dtype=torch.float32, device=q.device)
         dy = dy.to(q.dtype).contiguous()
         ZE = torch.empty(N, NC, DV, D, **f32)
