@@ -64,6 +64,8 @@ import triton
 import triton.language as tl
 
 MAX_FEATURES, MAX_CHUNK = 256, 64
+# The kernels compile once per block sizes, D, d_v, chunk size, bias, momentum and dtype; lengths, offsets and windows
+# are runtime values (do_not_specialize: no recompilation for each length's divisibility by 16).
 DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -138,7 +140,7 @@ def _causal_factors(C, u, delta, idx, pos):
 
 # ---------------------------------------------------------------- forward
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "c", "NK"])
 def chunk_state_contrib_kernel(
     K, V, GAMMA, CW, CS, BW, BS,
     T, L, m0, offset, b, c, NK,
@@ -171,7 +173,7 @@ def chunk_state_contrib_kernel(
         _store_state(BS + (i_n * NC + ci) * DV * D, acc_s, offs_v, offs_k, DV, D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "c", "NC"])
 def chunk_state_scan_kernel(
     K, GAMMA, A, M, S, CW, CS, W0, S0, WE0, BW, BS,
     WT, ST, WE_OUT, WH, SH,
@@ -224,7 +226,7 @@ def chunk_state_scan_kernel(
         _store_state(ST + i_n * DV * D, Sm, offs_v, offs_k, DV, D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "c"])
 def chunk_linear_memory_fwd_kernel(
     Q, K, V, GAMMA, A, M, CW, WE0, WH, SH, Y,
     T, L, m0, offset, b, c,
@@ -272,7 +274,7 @@ def chunk_linear_memory_fwd_kernel(
 
 # ---------------------------------------------------------------- backward
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "c"])
 def chunk_grad_contrib_kernel(
     Q, K, V, GAMMA, A, M, CW, WE0, WH, DY, ZE, ZF, ZS,
     T, L, m0, offset, b, c,
@@ -317,7 +319,7 @@ def chunk_grad_contrib_kernel(
         _store_state(ZF + at, F, offs_v, offs_d, DV, D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "c", "NC"])
 def chunk_grad_scan_kernel(
     K, GAMMA, A, M, S, CW, CS, ZE, ZF, ZS, DWT, DST, DWE_OUT,
     GH, GSH, DW0, DS0, DWE0,
@@ -372,7 +374,7 @@ def chunk_grad_scan_kernel(
         _store_state(DS0 + i_n * DV * D, Gs, offs_v, offs_k, DV, D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "T", "L", "m0", "offset", "c"])
 def chunk_linear_memory_bwd_kernel(
     Q, K, V, GAMMA, A, M, CW, CS, WE0, WH, SH, GH, GSH, DY,
     DQ, DK, DVV, DGAMMA, DA, DM, DS, DCW, DCS,
@@ -483,14 +485,16 @@ def _config(D, DV, b, bias):
     """Block sizes: a chunk (BT), all features (BD), d_v tiles of the chunk-parallel kernels (BV ≤ 32: more programs,
     fewer registers; BVC for the contribution kernel, whose tiles are [BVC, BK]), of the walks (BVS; 16 with l2,
     whose walk holds [BVS, BD] states) and the D tiles of the contribution kernel (BK) and of the walks (BKS: all of
-    D with l2, BK with dot, whose walk is element-wise)."""
+    D with l2, BK with dot, whose walk is element-wise). Loops over key blocks of more than 4,096 elements are not
+    software-pipelined (num_stages 1), so that their fp32 operands (up to [64, 256]: 64 KiB) stay within one
+    multiprocessor's shared memory (228 KiB on an H100/H200) — a precaution, not yet compiled on a GPU."""
     BT = max(16, triton.next_power_of_2(b))
     BD = max(16, triton.next_power_of_2(D))
     BV = max(16, min(triton.next_power_of_2(DV), 32, 4096 // BD))
     BVC = max(16, min(triton.next_power_of_2(DV), 32))
     BK = min(BD, 64)
     return dict(BT=BT, BD=BD, BV=BV, BVC=BVC, BK=BK, BVS=16 if bias == "l2" else BVC, BKS=BD if bias == "l2" else BK,
-                num_warps=4 if BT * BD <= 4096 else 8)
+                num_warps=4 if BT * BD <= 4096 else 8, num_stages=3 if BT * BD <= 4096 else 1)
 
 
 def chunk_count(T, chunk_size, offset):
@@ -571,7 +575,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         NC = chunk_count(T, chunk_size, offset)
         cfg, grid = _config(D, DV, chunk_size, bias), grids(N, T, D, DV, chunk_size=chunk_size, bias=bias,
                                                               offset=offset)
-        l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
+        l2, m0, warps, stages = bias == "l2", L - T, cfg["num_warps"], cfg["num_stages"]
         prec = dot_precision(q.dtype)  # the backward's products too, whatever torch's setting is by then
         kw = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -579,19 +583,19 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         BS = torch.empty_like(BW) if momentum else BW
         chunk_state_contrib_kernel[grid["chunk_state_contrib_kernel"]](
             k, v, gamma, Cw, Cs, BW, BS, T, L, m0, offset, chunk_size, window, triton.cdiv(D, cfg["BK"]),
-            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BVC"], num_warps=4, **kw)
+            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BVC"], num_warps=4, num_stages=stages, **kw)
         WT, WE, ST = torch.empty_like(W0), torch.empty_like(W0), torch.empty_like(S0)
         WH = torch.empty(N, NC, DV, D, **f32)  # every chunk's start states, for the read-out and the backward
         SH = torch.empty_like(WH) if momentum else WH
         chunk_state_scan_kernel[grid["chunk_state_scan_kernel"]](
             k, gamma, a, m, s, Cw, Cs, W0, S0, We0, BW, BS, WT, ST, WE, WH, SH,
             T, L, m0, offset, chunk_size, window, NC, L2=l2, BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"],
-            num_warps=warps, **kw)
+            num_warps=warps, num_stages=stages, **kw)
         del BW, BS
         y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
         chunk_linear_memory_fwd_kernel[grid["chunk_linear_memory_fwd_kernel"]](
             q, k, v, gamma, a, m, Cw, We0, WH, SH, y, T, L, m0, offset, chunk_size, window, L2=l2,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
         ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH)
         ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec)
         return y, WT, ST, WE
@@ -602,7 +606,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
-        l2, m0, warps = bias == "l2", L - T, cfg["num_warps"]
+        l2, m0, warps, stages = bias == "l2", L - T, cfg["num_warps"], cfg["num_stages"]
         NV = triton.cdiv(DV, cfg["BV"])
         kw = dict(D=D, DV=DV, L2=l2, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -612,14 +616,14 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         ZS = torch.empty_like(ZE) if momentum else ZE
         chunk_grad_contrib_kernel[grid["chunk_grad_contrib_kernel"]](
             q, k, v, gamma, a, m, Cw, We0, WH, dy, ZE, ZF, ZS, T, L, m0, offset, chunk_size, window,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
         GH = torch.empty(N, NC, DV, D, **f32)  # ∂L/∂ every chunk's end states
         GSH = torch.empty_like(GH) if momentum else GH
         dW0, dS0, dWe0 = (torch.zeros(N, DV, D, **f32) for _ in range(3))
         chunk_grad_scan_kernel[grid["chunk_grad_scan_kernel"]](
             k, gamma, a, m, s, Cw, Cs, ZE, ZF, ZS, dWT.float().contiguous(), dST.float().contiguous(),
             dWE.float().contiguous(), GH, GSH, dW0, dS0, dWe0, T, L, m0, offset, chunk_size, window, NC,
-            BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"], num_warps=warps, **kw)
+            BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"], num_warps=warps, num_stages=stages, **kw)
         del ZE, ZF, ZS
         dq = torch.empty(NV, N, T, D, **f32)
         dk, dv, dgamma = torch.zeros(N, L, D, **f32), torch.zeros(N, L, DV, **f32), torch.zeros(N, L, **f32)
@@ -628,7 +632,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
         chunk_linear_memory_bwd_kernel[grid["chunk_linear_memory_bwd_kernel"]](
             q, k, v, gamma, a, m, Cw, Cs, We0, WH, SH, GH, GSH, dy,
             dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, N, T, L, m0, offset, chunk_size, window,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, **kw)
+            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
         gates = (da.sum(0), dm.sum(0) if momentum else None, ds.sum(0) if momentum else None, dCw.sum(0),
                  dCs.sum(0) if momentum else None)
         return (dq.sum(0).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype),
