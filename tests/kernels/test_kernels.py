@@ -320,11 +320,13 @@ def split_calls(p, impl, pieces, **options):
     return torch.cat(outs, 1), state
 
 
-@pytest.mark.parametrize("optimizer,window", [("gd", 3), ("momentum", None), ("momentum", 4),
-                                              pytest.param("muon", 3, marks=pytest.mark.slow)])
-def test_state_passing_with_odd_split_points(optimizer, window):
-    """4 + 1 + 6 tokens with chunks of 3 (splits inside chunks) = one reference call on 11 (float32 against float64)."""
-    options = dict(architecture="linear", attentional_bias="l2", window=window,
+@pytest.mark.parametrize("optimizer,window,bias,impl", [
+    ("gd", 3, "l2", "reference"), ("momentum", None, "l2", "reference"), ("momentum", 4, "l2", "chunked"),
+    ("momentum", 2, "dot", "chunked"), pytest.param("muon", 3, "l2", "reference", marks=pytest.mark.slow)])
+def test_state_passing_with_odd_split_points(optimizer, window, bias, impl):
+    """4 + 1 + 6 tokens with chunks of 3 (splits inside chunks) = one call of ``impl`` on 11 (float32 against
+    float64)."""
+    options = dict(architecture="linear", attentional_bias=bias, window=window,
                    optimizer=CUBIC if optimizer == "muon" else optimizer, chunk_size=3, feature_map="taylor")
     def results(impl, pieces):
         def go(p):
@@ -338,8 +340,8 @@ def test_state_passing_with_odd_split_points(optimizer, window):
             return {**out, **{f"grad{i}": g for i, g in enumerate(grads)}}
         return go
 
-    oracle = results("reference", [(0, 11)])(make_problem(T=11, feature_map="taylor", device="cpu"))
-    compare_float32(results("triton", [(0, 4), (4, 5), (5, 11)]), results("reference", [(0, 11)]),
+    oracle = results(impl, [(0, 11)])(make_problem(T=11, feature_map="taylor", device="cpu"))
+    compare_float32(results("triton", [(0, 4), (4, 5), (5, 11)]), results(impl, [(0, 11)]),
                     problem(T=11, feature_map="taylor"), oracle, str(options))
 
 
