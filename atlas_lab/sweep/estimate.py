@@ -278,6 +278,13 @@ def study_hours(rows: list[dict]) -> float:
     return sum(r["fits"] * r["projection"]["total"] for r in rows if "projection" in r) / 3600
 
 
+def busy_free_hours(rows: list[dict]) -> float:
+    """The study's hours at the pilots' CPU time: each configuration's fits × a fit × its pilot's share of its threads'
+    cores (about the wall time where the pilots would have had their cores to themselves)."""
+    return sum(r["fits"] * r["projection"]["total"] * (r.get("cpu_share") or 1.0) for r in rows
+               if "projection" in r) / 3600
+
+
 # ---------------------------------------------------------------- the pilot
 
 def _length(batch) -> int:
@@ -585,7 +592,8 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
     shares = [r["cpu_share"] for r in rows if r.get("cpu_share") is not None]
     if shares and min(shares) < BUSY:
         console.print(f"the pilots had {min(shares):.0%}-{max(shares):.0%} of their threads' cores (other processes "
-                      "ran beside them): the figure is for a machine as busy as this one", markup=False)
+                      "ran beside them): the figure is for a machine as busy as this one; at their CPU time (each "
+                      f"configuration's hours × its share) {busy_free_hours(rows):.2f} hours", markup=False)
     failed = sum("error" in r for r in rows)
     console.print(f"study {spec.study}: {hours:.2f} hours projected in all (one worker; no pruning foreseen"
                   + (f"; {failed} configuration(s) without a pilot are not counted" if failed else "") + ")",

@@ -156,9 +156,10 @@ def test_a_failing_pilot_is_its_rows_error(capsys):
     rows = estimate.print_estimate(spec, 4, run=run)
     assert rows[1]["error"] == "RuntimeError: out of memory"
     assert rows[0]["projection"]["total"] == pytest.approx(0.5 + 600 * 0.01 + 4 * 16 * 0.005)
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the lines as words (the console wraps them)
     assert f"{5 * (0.5 + 6.0 + 0.32) / 3600:.2f} hours projected in all" in out and "not counted" in out
     assert "the pilots had 40%-40% of their threads' cores" in out
+    assert f"at their CPU time (each configuration's hours × its share) {0.4 * 5 * 6.82 / 3600:.2f} hours" in out
 
 
 def test_estimate_end_to_end_writes_nothing(sweep_dir, capsys):
