@@ -26,14 +26,18 @@ def gates_text(config) -> str:
 
 
 PRESET_COLUMNS = ("preset", "layers", "architecture", "feature map", "attentional bias", "window", "chunk",
-                  "optimizer", "gates", "parameters", "state (bytes)", "+bytes/token", "memory FLOPs/token",
+                  "optimizer", "gates", "path (CUDA bf16 / fp32 / CPU)", "parameters", "state (bytes)",
+                  "+bytes/token", "memory FLOPs/token",
                   "attention FLOPs/token")
 
 
 def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, vocab_size: int,
                   swa_window: int, T: int = 4096) -> None:
     """Every preset with its components and sizes (``atlas-lab presets``), readable at any width."""
+    import torch
+
     from .memory.cost import flops_text
+    from .memory.plan import Shapes, plan
     from .models import PRESETS, LanguageModel
 
     rows = []
@@ -42,11 +46,16 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
                               swa_window=swa_window)
         c = model.memory_config
         if c is None:
-            components = ["—"] * 7
+            components = ["—"] * 8
         else:
             memory, fmap, bias, opt = map(repr, c.components())
+            heads = model.config.memory_heads or n_heads
+            shapes = Shapes(1, T, heads, d_model // heads, d_model // heads)
+            paths = [plan(c, shapes, dtype, device) for dtype, device in (
+                (torch.bfloat16, "cuda"), (torch.float32, "cuda"), (torch.float32, "cpu"))]
             components = [memory, fmap, bias, "global" if c.window is None else str(c.window),
-                          str(c.chunk_size), opt, gates_text(c)]
+                          str(c.chunk_size), opt, gates_text(c),
+                          " / ".join(p.op and f"fla {p.op}" or p.path for p in paths)]
         layers = "+".join(dict.fromkeys(model.layer_labels))
         flops = model.flops_per_token(T)
         rows.append([name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
@@ -54,7 +63,8 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
     print_table(console, f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
                          f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1; forward "
                          f"FLOPs per token of the memory and attention cores at T = {T}, all layers: "
-                         f"docs/performance.md)", PRESET_COLUMNS, rows, right=PRESET_COLUMNS[-5:])
+                         f"docs/performance.md; the path of the first memory layer: memory/plan.py)", PRESET_COLUMNS,
+                rows, right=PRESET_COLUMNS[-5:])
 
 
 RUN_COMMANDS = ("fit", "validate", "test")

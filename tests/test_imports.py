@@ -197,3 +197,28 @@ def test_the_files_inside_memory_import_one_way():
                 problems.append(f"{module}:{line}: `{written}` imports {target} (rank {MEMORY_RANKS.get(theirs)}) "
                                 f"from rank {MEMORY_RANKS[mine]}")
     assert not problems, "imports against the order inside memory/:\n" + "\n".join(problems)
+
+
+def test_the_readme_layout_names_every_module():
+    """README.md's Layout section is true to the tree: every module file of atlas_lab is named in the lines of its
+    package (a block starts at a line whose first column names a folder or file; a new module without a word there
+    fails here)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    blocks, current = {}, ""
+    for line in layout.splitlines():
+        head = line[:20].strip().rstrip("/")
+        if head.startswith("atlas_lab/"):
+            current = head.rsplit(".", 1)[0] if head.endswith(".py") else head
+        elif head:  # a subfolder of the block above: "  ops/"
+            current = "/".join(current.split("/")[:2] + [head])
+        blocks[current] = blocks.get(current, "") + " " + line
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent)
+        folder = str(relative.parent)
+        text = " ".join(v for k, v in blocks.items() if folder == k or folder.startswith(k + "/") or
+                        (folder == "atlas_lab" and k.startswith("atlas_lab/") and k.count("/") == 1))
+        if path.name != "__init__.py" and path.name not in text:
+            missing.append(str(relative))
+    assert not missing, f"README.md's Layout does not name: {missing}"

@@ -209,10 +209,12 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
 
 
 def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False, form, block):
-    """read="token": the same arguments and results as ``reference.memorize_reference``, in the plan's ``form`` (its
-    ``block``: the delta rule's WY block). checkpoint: keep only each chunk's inputs for the backward and recompute
-    the chunk there (activation checkpointing per chunk)."""
+                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False, form, block,
+                     start=False):
+    """read="token" (start=True: read="start"): the same arguments and results as ``reference.memorize_reference``, in
+    the plan's ``form`` (its ``block``: the delta rule's WY block). checkpoint: keep only each chunk's inputs for the
+    backward and recompute the chunk there (activation checkpointing per chunk). With start, each chunk's tokens read
+    the weights it started from (``read_at``) and the form's per-token reads are not used."""
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
     if form == "delta_rule":  # chunk 1, window 1: no cache
@@ -222,14 +224,16 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
     ys = []
     for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
+        chunk_start = W if offset == 0 else W_eval  # mid-chunk (chunk > 1, no scale): the evaluation point
         if offset == 0:
             W_eval = W if scale is None else scaled(W, scale[:, t])  # chunk 1: the chunk is token t
 
         def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
-                 n=n, shift=shift):
+                 n=n, shift=shift, chunk_start=chunk_start):
             G = grads(W_eval, phi_k_c, k_c, v_c)
             band = window_band(gamma_c, n, shift, window)
-            return route(mem, optimizer, G, band, alpha_c, eta_c, theta_c, W, S, phi_q_c, q_c)
+            y, W, S = route(mem, optimizer, G, band, alpha_c, eta_c, theta_c, W, S, phi_q_c, q_c)
+            return (read_at(mem, chunk_start, phi_q_c, q_c) if start else y), W, S
 
         args = (W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c)
         if checkpoint and torch.is_grad_enabled():  # keep only the chunk's inputs; recompute the rest in backward

@@ -81,8 +81,10 @@ class MemoryConfig:
         taken, steps per token, resets — "online" (default), "kda", {name: gdn2, erase: learned}, {name: deltaproduct,
         householder_steps: 3}, {name: chunk_commit, reset_every: 64}, or a class_path
     chunk_size: b, the tokens whose gradients share one evaluation point (part of the model)
-    read: token (y_t reads the weights after token t: the exact rule) | chunk (a chunk's tokens read the weights it
-        started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md §4.1)
+    read: token (y_t reads the weights after token t: the exact rule) | start (a chunk's tokens read the weights it
+        started from; the state follows the per-token rule: TNT's global memory) | chunk (a chunk's tokens read the
+        weights it started from; one optimizer step per chunk — one Newton–Schulz per chunk for muon; docs/memory.md
+        §4.1)
     normalize: normalised read-out (linear architecture + dot bias + gd or momentum)
     checkpoint: recompute each chunk in the backward instead of keeping its intermediates (memory for time)
     """
@@ -99,7 +101,7 @@ class MemoryConfig:
     gamma: Gate = 1.0
     eta_max: float = 1.0
     chunk_size: int = 16
-    read: Literal["token", "chunk"] = "token"
+    read: Literal["token", "start", "chunk"] = "token"
     normalize: bool = False
     checkpoint: bool = False
 

@@ -91,17 +91,19 @@ FORMS = {"delta_rule": _delta_rule, "linear": _linear, "transformed": _transform
 
 
 def form_flops(form: str, config, mem, optimizer, shapes: dict, D: int, d_k: int, d_v: int, T: int,
-               block: int) -> float | None:
+               block: int, start: bool = False) -> float | None:
     """Forward FLOPs of T steps of one head in the plan's ``form`` (memory/plan.py), for a memory whose weight
     matrices are ``shapes`` {name: (out, in)} on D = dim φ(k) features, d_v value rows (the normaliser's included);
-    None for a form without a formula (stepwise: ``update`` token by token)."""
+    None for a form without a formula (stepwise: ``update`` token by token). start (read="start"): every token is
+    read once more, at its chunk's start (2·Σ out·in each; the form's own reads are computed too)."""
     if form not in FORMS:
         return None
     # forward at W̃, then ∂ℓ/∂ of the inner layers (the matrices whose input is not φ(k)), per window token
     first = mem.phi_weights(D, d_k, d_v)
     gradient = 2 * sum(o * i for o, i in shapes.values()) + 2 * sum(o * i for n, (o, i) in shapes.items()
                                                                      if n not in first)
-    return FORMS[form](config, optimizer, shapes, D, d_v, T, gradient, block)
+    total = FORMS[form](config, optimizer, shapes, D, d_v, T, gradient, block)
+    return total + (2 * T * sum(o * i for o, i in shapes.values()) if start else 0)
 
 
 def attention_flops(head_dim: int, T: int, window: int | None = None) -> float:

@@ -27,7 +27,10 @@ from typing import Any, Callable
 from .components import Component, build
 
 AXES = ("head", "key", "value")  # a gate per head, per key channel (D = dim φ(k)) or per value channel (d_v)
-READS = ("token", "chunk")  # y_t after token t's step | at the weights its chunk started from (docs/memory.md §4.1)
+# what token t reads (docs/memory.md §4.1): token — W_t, after its own step; start — the weights its chunk started
+# from, the state following the per-token rule (TNT's global memory); chunk — the chunk's start too, the chunk one
+# optimiser step with its mean gradient (Titans' code)
+READS = ("token", "start", "chunk")
 
 
 def _fraction(x):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import torch
 
@@ -29,6 +30,8 @@ def memorize_fla(*args, **kwargs):
 # what computes each path of the plan (memory/plan.py), by read (docs/memory.md §4.1)
 PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked, "triton": memorize_triton,
                    "fla": memorize_fla},
+         "start": {"reference": functools.partial(memorize_reference, start=True),
+                   "chunked": functools.partial(memorize_chunked, start=True)},
          "chunk": {"reference": memorize_reference_chunk_start, "chunked": memorize_chunked_chunk_start}}
 
 
@@ -284,7 +287,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
             options.update(form=how.form, block=how.block)
         if how.path == "fla":
             options["op"] = how.op
-        if implementation is memorize_chunked:
+        if how.path == "chunked":
             options["checkpoint"] = config.checkpoint
         y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, alpha_, eta_, theta_, mem=mem, phi=phi,

@@ -18,7 +18,7 @@ flops    forward FLOPs per token and head of the form (cost.py; None where no fo
 reason   why this path, and why not a faster one
 op       for path fla, fla-core's op (ops/fla.py)
 row      of a token's n_h steps (DeltaProduct), the one whose output it reads: the last (read token), the first
-         (read chunk: the weights before the token)
+         (read start or chunk: the weights before the token)
 
 A capability is what a component declares (components.declares), never its concrete class.
 """
@@ -37,7 +37,7 @@ from .components import declares
 from .delta_rule import delta_rule_applies, delta_rule_block
 
 IMPLS = ("reference", "chunked", "triton", "fla", "auto")
-CARRIED = {"token": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (docs/memory.md §4.1)
+CARRIED = {"token": "eval_weights", "start": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (§4.1)
 FLA_DTYPES = (torch.bfloat16, torch.float16)  # the inputs fla's chunk kernels take (they compute in float32)
 FLA_DEVICES = ("cuda",)
 
@@ -70,7 +70,8 @@ def form_of(config, mem, bias, optimizer, specs: dict) -> tuple[str, int]:
     the delta rule, whose blocks are shorter for a retention per key channel)."""
     if config.read == "chunk":
         return "chunk_start", config.chunk_size
-    if config.chunk_size == 1 and config.window == 1 and delta_rule_applies(mem, bias, optimizer):
+    if config.read == "token" and config.chunk_size == 1 and config.window == 1 and delta_rule_applies(mem, bias,
+                                                                                                      optimizer):
         return "delta_rule", delta_rule_block(specs["alpha"].axis != "head")
     channels = any(spec.axis != "head" for spec in specs.values())
     if channels:
@@ -185,10 +186,11 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     carried = CARRIED[config.read] if config.chunk_size > 1 else "nothing"
     steps = shapes.T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read
     flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
-                            steps, block) if declares(mem, "gradient_factors", "forward") else None
+                            steps, block, config.read == "start") if declares(mem, "gradient_factors", "forward") \
+        else None
     flops = None if flops is None or shapes.T == 0 else flops / shapes.T
 
-    row = rule.steps_per_token - 1 if config.read == "token" else 0
+    row = rule.steps_per_token - 1 if config.read == "token" else 0  # start, chunk: before the token's first step
 
     def made(path, reason):
         return Plan(path, form, block, carried, flops, reason, row)

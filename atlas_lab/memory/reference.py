@@ -6,8 +6,9 @@ For t = 1..T (chunks of b tokens; W̃ = the weights at the end of the previous c
     y_t = M_{W_t}(φ(q_t))
 With gradient_at="retained" or an erase gate (chunk 1) the gradient of token t is taken at W̃ = W_{t−1} Diag(f_t),
 f_t = α_t (retained) ⊙ e_t (erase).
-With chunk-start reads (read="chunk", §4.1) every token of a chunk reads W̃, y_t = M_{W̃}(φ(q_t)), and the
-optimizer steps once, at the chunk's last token, with the chunk's mean gradient (optimizers.commit).
+With read="start" (§4.1) every token of a chunk reads the weights the chunk started from, y_t = M_{W̃}(φ(q_t)), and
+the state follows the rule above. With read="chunk" every token reads W̃ too, and the optimizer steps once, at the
+chunk's last token, with the chunk's mean gradient (optimizers.commit).
 Slow and obviously right; every fast path is tested against it.
 """
 from __future__ import annotations
@@ -44,19 +45,25 @@ def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
 
 
 def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, pending=None, scale=None):
-    """read="token". Flattened inputs: q [N, T, d_k]; k_all, v_all, gamma_all: the window cache followed by the T
-    new tokens ([N, m0+T, ·]); gates [N, T] (α per channel: [N, T, C]); scale: f [N, T(, C)], gradients at
-    W_{t−1} Diag(f_t) (chunk_size 1), None: at W̃. mem, bias, optimizer: component objects (any Memory, AttentionalBias,
-    MemoryOptimizer: only ``token_forward``, ``loss`` and ``update`` are used); phi: the feature map as a function.
-    Returns (y [N, T, d_v], W, S, W̃ or None, offset, None)."""
+                       chunk_size, W, S, W_eval, offset, pending=None, scale=None, start=False):
+    """read="token" (start=True: read="start", each token reads its chunk's start). Flattened inputs: q [N, T, d_k];
+    k_all, v_all, gamma_all: the window cache followed by the T new tokens ([N, m0+T, ·]); gates [N, T] (α per
+    channel: [N, T, C]); scale: f [N, T(, C)], gradients at W_{t−1} Diag(f_t) (chunk_size 1), None: at W̃. mem,
+    bias, optimizer: component objects (any Memory, AttentionalBias, MemoryOptimizer: only ``token_forward``,
+    ``loss`` and ``update`` are used); phi: the feature map as a function. Returns (y [N, T, d_v], W, S, W̃ or None,
+    offset, None)."""
     g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
     ys = []
+    chunk_start = W_eval  # mid-chunk (chunk > 1, no scale): the evaluation point is the chunk's start
     for t in range(q.shape[1]):
         if offset == 0:
+            chunk_start = W
             W_eval = W if scale is None else scaled(W, scale[:, t])
+        if start:
+            ys.append(read_out(chunk_start, t))
         W, S = step(optimizer, W, S, g(W_eval, t), alpha[:, t], eta[:, t], theta[:, t])
-        ys.append(read_out(W, t))
+        if not start:
+            ys.append(read_out(W, t))
         offset = (offset + 1) % chunk_size
     return torch.stack(ys, 1), W, S, (W_eval if offset else None), offset, None
 

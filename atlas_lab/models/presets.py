@@ -182,15 +182,16 @@ PRESETS: dict[str, dict] = {
     # learned initial weights W_0 every S_L tokens, so their segments are independent (read in parallel):
     #     global: W_t = α_t W_{t−1} − η_t ∇ℓ(W̃_G; k_t, v_t), W̃_G the state before its chunk of C_G tokens
     #     local:  the same on chunks of C_L ≪ C_G tokens, with W_{t−1} := W_0 when t ≡ 0 (mod S_L)
-    # Here: Titans MLP memories on the l2 loss with gd and learned α, η, read token; C_G = 64 and C_L = 8 with
-    # S_L = 64 (a reset at each global chunk). Departs from the paper: the global and local memories are separate
-    # layers in turn (the paper sums their reads in one layer, with several local memories of different chunks); its
-    # Q-K projection of the local queries onto the span of the chunk's keys, and the stage-2 fine-tuning at smaller
-    # chunks, are not included.
+    # Here: Titans MLP memories on the l2 loss with gd and learned α, η; the global memory read at its chunk's start
+    # (read: start, the paper's eq. 7: y_t = f(W_{ξ(t, C_G)}, q_t)), the local ones per token (read: token; start
+    # is one YAML key away); C_G = 64 and C_L = 8 with S_L = 64 (a reset at each global chunk). Departs from the
+    # paper: the global and local memories are separate layers in turn (the paper sums their reads in one layer,
+    # with several local memories of different chunks); its Q-K projection of the local queries onto the span of
+    # the chunk's keys, and the stage-2 fine-tuning at smaller chunks, are not included.
     "tnt": dict(layers=[dict(kind="memory"), dict(kind="memory", memory=dict(
-        chunk_size=_TNT_LOCAL, learning_rule={"name": "chunk_commit", "reset_every": _TNT_GLOBAL}))],
+        chunk_size=_TNT_LOCAL, read="token", learning_rule={"name": "chunk_commit", "reset_every": _TNT_GLOBAL}))],
                 memory=_memory("mlp", "l2", learning_rule="chunk_commit", alpha=_L, eta=_L, eta_max=_STABLE_ETA_MAX,
-                               chunk_size=_TNT_GLOBAL)),
+                               chunk_size=_TNT_GLOBAL, read="start")),
 }
 
 

@@ -36,7 +36,7 @@ def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
     return counter.get_total_flops() / 2  # 2 heads
 
 
-@pytest.mark.parametrize("read", ["token", "chunk"])
+@pytest.mark.parametrize("read", ["token", "start", "chunk"])
 @pytest.mark.parametrize("name", MEMORY_PRESETS + list(EXTRA))
 def test_memory_flops_formula_equals_the_counted_forward(name, read, monkeypatch):
     """Every preset's memory and a few more, at T = 37 (a partial last chunk): formula == count, exactly.

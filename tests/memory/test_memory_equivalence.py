@@ -298,6 +298,58 @@ def test_chunk_start_reads_of_chunk_one_read_before_the_exact_step(architecture,
         assert rel_err(s_chunk.weights[n], s_token.weights[n]) < 1e-12
 
 
+# ---------------------------------------------------------------- start reads (read="start", docs/memory.md §4.1)
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_start_reads_chunked_equals_reference(architecture, optimizer, dtype):
+    """read="start", window 2, chunk 3, 7 tokens (a partial last chunk): values, state and gradients."""
+    cubic = {"name": "muon", "ns_coefficients": "cubic" if dtype == torch.float32 else "quintic"}
+    options = dict(architecture=architecture, feature_map="polynomial", window=2, chunk_size=3, read="start",
+                   optimizer=cubic if optimizer == "muon" else optimizer)
+    p = make_problem(architecture=architecture, feature_map="polynomial", dtype=dtype)
+    if dtype == torch.float64:
+        compare(run(p, "chunked", **options), run(p, "reference", **options), TOL, str(options))
+    else:
+        oracle = run(make_problem(architecture=architecture, feature_map="polynomial", dtype=torch.float64),
+                     "reference", **options)
+        compare_float32(lambda p: run(p, "chunked", **options), lambda p: run(p, "reference", **options), p, oracle,
+                        str(options))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+@pytest.mark.parametrize("optimizer", ["gd", "muon"])
+def test_start_reads_are_the_per_token_rule_read_at_each_chunk_start(impl, optimizer):
+    """read="start" keeps the per-token rule's state (read token's, exactly) and reads, at every token of a chunk,
+    the weights the chunk started from: the read-token output of the chunk's first token with its queries read
+    through the previous chunk's last weights. Pieces cut inside a chunk give the one call's result."""
+    p = make_problem(architecture="mlp", feature_map="polynomial", T=10)
+    gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
+    opts = dict(architecture="mlp", feature_map="polynomial", window=2, optimizer=optimizer, chunk_size=4, impl=impl,
+                coefficients=p["coefficients"])
+    o_start, s_start = memorize(p["q"], p["k"], p["v"], read="start", initial_state=p["initial_state"], **gates,
+                                **opts)
+    o_token, s_token = memorize(p["q"], p["k"], p["v"], read="token", initial_state=p["initial_state"], **gates,
+                                **opts)
+    for n in s_token.weights:
+        assert rel_err(s_start.weights[n], s_token.weights[n]) < 1e-12
+    _, before = memorize(p["q"][:, :4], p["k"][:, :4], p["v"][:, :4], read="token", initial_state=p["initial_state"],
+                         **{g: x[:, :4] for g, x in gates.items()}, **opts)
+    W4 = {n: w.unsqueeze(1).expand(-1, 4, *w.shape[1:]) for n, w in before.weights.items()}  # [B, 4 queries, H, ...]
+    q4 = p["q"][:, 4:8].reshape(-1, 1, *p["q"].shape[2:])  # each query of chunk 2 alone, at W_4
+    o_at_start, _ = memorize(q4, p["k"][:, 4:5].repeat_interleave(4, 0), p["v"][:, 4:5].repeat_interleave(4, 0),
+                             read="start", initial_state={n: w.flatten(0, 1) for n, w in W4.items()},
+                             **{g: x[:, 4:5].repeat_interleave(4, 0) for g, x in gates.items()}, **opts)
+    assert rel_err(o_start[:, 4:8], o_at_start.reshape(o_start[:, 4:8].shape)) < 1e-12
+    state, pieces = p["initial_state"], []
+    for lo, hi in [(0, 2), (2, 7), (7, 10)]:
+        o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], read="start", initial_state=state,
+                            **{g: x[:, lo:hi] for g, x in gates.items()}, **opts)
+        pieces.append(o)
+    assert rel_err(torch.cat(pieces, 1), o_start) < 1e-12
+
+
 def test_chunk_start_reads_of_gd_commit_the_exact_chunk_end_state():
     """Linear memory, gd, α = 1, one η for every token, window 1: a chunk's commit W̃ − (Σ η) ḡ is the exact rule's
     state at the chunk's end, W̃ − Σ_t η g_t (both take the gradients at W̃), and every token reads W̃."""

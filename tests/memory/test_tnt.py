@@ -27,8 +27,13 @@ NAMES = ("W1", "W2")
 
 def local(C, R):
     """The preset's local memory with chunk C and reset period R, a hidden width of E·d_v."""
-    return resolve_preset("tnt", layer_changes={"chunk_size": C, "architecture.expansion": E, "learning_rule": {
-        "name": "chunk_commit", "reset_every": R}})[1]
+    return resolve_preset("tnt", layer_changes={"chunk_size": C, "architecture.expansion": E, "read": "token",
+                                                "learning_rule": {"name": "chunk_commit", "reset_every": R}})[1]
+
+
+def global_memory(C):
+    """The preset's global memory with chunk C (no resets, read at the chunk's start), a hidden width of E·d_v."""
+    return resolve_preset("tnt", layer_changes={"chunk_size": C, "architecture.expansion": E})[1]
 
 
 def problem(dtype, seed=0):
@@ -45,8 +50,9 @@ def problem(dtype, seed=0):
     return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
 
 
-def tnt_direct(x, C, R, reset_to="W0"):
-    """The rule above, token by token; reset_to="zero" or "none" breaks the reset (for the test that it matters)."""
+def tnt_direct(x, C, R, reset_to="W0", read="token"):
+    """The rule above, token by token; reset_to="zero" or "none" breaks the reset (for the test that it matters);
+    read="start": y_t = M_{W̃}(q_t), the weights the chunk started from (the global memory, eq. 7)."""
     W0 = {n: x[n] for n in NAMES}
     W, out = dict(W0), []
     for t in range(T):
@@ -58,7 +64,7 @@ def tnt_direct(x, C, R, reset_to="W0"):
         g = residual_mlp_l2_gradients(W_start, x["k"][:, token], x["v"][:, token], torch.ones_like(x["eta"][:, token]))
         a, e = x["alpha"][:, t, :, None, None], x["eta"][:, t, :, None, None]
         W = {n: a * W[n] - e * g[n] for n in NAMES}
-        out.append(residual_mlp(W, x["q"][:, token])[0])
+        out.append(residual_mlp(W_start if read == "start" else W, x["q"][:, token])[0])
     return with_gradients(x, torch.cat(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
 
 
@@ -79,6 +85,23 @@ def test_tnt_local_memory_is_the_rule_float64(impl, C, R):
     """Outputs, final weights and gradients (q, k, v, α, η, θ_0) within 1e-10 of the direct computation."""
     x = problem(torch.float64)
     helpers.compare(ours(impl, C, R)(x), tnt_direct(x, C, R), 1e-10, f"tnt {impl} C={C} R={R}")
+
+
+@pytest.mark.parametrize("C", [1, 3, 5])
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_tnt_global_memory_reads_the_chunk_start_float64(impl, C):
+    """The global memory (eq. 7): the per-token rule, each token read at the weights its chunk started from."""
+    x = problem(torch.float64)
+
+    def ours_global(x):
+        o, state = memorize(x["q"], x["k"], x["v"], global_memory(C), alpha=x["alpha"], eta=x["eta"],
+                            initial_state={n: x[n] for n in NAMES}, impl=impl)
+        return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
+
+    direct = tnt_direct(x, C, T + 1, reset_to="none", read="start")
+    helpers.compare(ours_global(x), direct, 1e-10, f"tnt global {impl} C={C}")
+    if C > 1:  # per-token reads are another function
+        assert rel_err(ours_global(x)["output"], tnt_direct(x, C, T + 1, reset_to="none")["output"]) > 1e-3
 
 
 @pytest.mark.parametrize("C,R", [(2, 6), (4, 8)])
@@ -134,10 +157,12 @@ def test_reset_every_is_checked():
 
 
 def test_tnt_preset_alternates_global_and_local_memories():
-    """The global memory on chunks of 64 without resets, the local one on chunks of 8 reset every 64, in turn."""
+    """The global memory on chunks of 64 without resets, read at each chunk's start (eq. 7), the local one on chunks of
+    8 reset every 64, read per token, in turn."""
     model = LanguageModel(64, "tnt", d_model=16, n_layers=4, n_heads=2)
     configs = [b.mixer.config for b in model.blocks]
-    assert [(c.chunk_size, c.rule().reset_every) for c in configs] == [(64, None), (8, 64)] * 2
-    assert configs[1] == configs[0].replace(chunk_size=8, learning_rule={"name": "chunk_commit", "reset_every": 64})
-    assert (configs[0].architecture, configs[0].attentional_bias, configs[0].optimizer, configs[0].read) == (
-        "mlp", "l2", "gd", "token")
+    assert [(c.chunk_size, c.rule().reset_every, c.read) for c in configs] == [(64, None, "start"),
+                                                                               (8, 64, "token")] * 2
+    assert configs[1] == configs[0].replace(chunk_size=8, read="token", learning_rule={"name": "chunk_commit",
+                                                                                       "reset_every": 64})
+    assert (configs[0].architecture, configs[0].attentional_bias, configs[0].optimizer) == ("mlp", "l2", "gd")
