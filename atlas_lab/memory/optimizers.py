@@ -2,7 +2,8 @@
 
     gd:        W_t = α_t W_{t-1} − η_t g_t
     momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)
-    muon:      S_t = θ_t S_{t-1} + g_t,       W_t = α_t W_{t-1} − η_t NS_k(S_t)  (Atlas eq. 32)
+    muon:      S_t = θ_t S_{t-1} + g_t,       W_t = α_t W_{t-1} − η_t NS_k(S_t)  (Atlas eq. 32; LaCT's Newton–Schulz
+               schedule and its row renormalisation are options: ns_coefficients lact, keep_row_norms)
     adam:      m_t = β₁ m_{t−1} + (1 − β₁) g_t,  v_t = β₂ v_{t−1} + (1 − β₂) g_t²,
                W_t = α_t W_{t−1} − η_t m_t / √(v_t + ε²)                      (no bias correction)
 
@@ -33,21 +34,41 @@ NS_COEFFICIENTS = {
     "quintic": (3.4445, -4.7750, 2.0315),  # Muon's: fast, singular values end up in ~[0.5, 1.5]
     "cubic": (1.5, -0.5, 0.0),  # converges to the polar factor U Vᵀ as the number of steps grows
 }
+# per-iteration coefficients (a_j, b_j, c_j), one triple per step: ns_steps is the schedule's length
+NS_SCHEDULES = {
+    # LaCT's (Zhang et al., arXiv 2505.23884; its official ttt_operation.py): five tuned quintic steps
+    "lact": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+             (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
+}
+NS_CHOICES = (*NS_COEFFICIENTS, *NS_SCHEDULES)
 NS_IMPLS = ("auto", "cpu", "bmm")
+
+
+def ns_schedule(coefficients: str, steps: int) -> tuple:
+    """The (a, b, c) of each of the ``steps`` iterations: a fixed triple repeated, or a schedule (of that length)."""
+    if coefficients in NS_SCHEDULES:
+        schedule = NS_SCHEDULES[coefficients]
+        if steps != len(schedule):
+            raise ValueError(f"ns_coefficients {coefficients!r} is a schedule of {len(schedule)} steps: ns_steps must "
+                             f"be {len(schedule)}, got {steps!r}")
+        return schedule
+    if coefficients not in NS_COEFFICIENTS:
+        raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_CHOICES)}")
+    return (NS_COEFFICIENTS[coefficients],) * steps
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7,
                   impl: str = "auto") -> torch.Tensor:
     """NS_k(G) for a batch of matrices G [..., m, n] (each matrix separately).
 
-    X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X.
+    X_0 = G / (‖G‖_F + eps), on Gᵀ when m > n; k times: A = X Xᵀ, X ← a X + (b A + c A²) X, with one (a, b, c) for
+    every step (quintic, cubic) or the j-th triple of a schedule at step j (lact: ``NS_SCHEDULES``).
     impl: "bmm" runs the iterations as batched matmuls on a cache-sized block of matrices at a time, and the
     backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "cpu" runs
-    them fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``, float32/float64 on the CPU);
-    "auto" takes the kernel where it applies and builds.
+    them fused per matrix in the compiled CPU kernel (``newton_schulz_cpu``, float32/float64 on the CPU, one triple
+    for every step); "auto" takes the kernel where it applies and builds.
     """
-    if coefficients not in NS_COEFFICIENTS:
-        raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
+    schedule = ns_schedule(coefficients, steps)
     if impl not in NS_IMPLS:
         raise ValueError(f"unknown newton_schulz impl {impl!r}; valid choices: {', '.join(NS_IMPLS)}")
     transpose = G.shape[-2] > G.shape[-1]
@@ -55,16 +76,18 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    if impl == "cpu" and not newton_schulz_cpu.applies(X):
-        raise ValueError(f"newton_schulz impl 'cpu' takes float32/float64 CPU tensors where the kernel builds, "
-                         f"not {X.dtype} on {X.device.type}; use impl 'auto' or 'bmm'")
-    if impl == "cpu" or (impl == "auto" and newton_schulz_cpu.applies(X)):
+    fixed = coefficients in NS_COEFFICIENTS  # the kernel takes one triple for every step
+    if impl == "cpu" and not (fixed and newton_schulz_cpu.applies(X)):
+        raise ValueError(f"newton_schulz impl 'cpu' takes float32/float64 CPU tensors where the kernel builds and "
+                         f"one triple for every step, not {X.dtype} on {X.device.type} with {coefficients!r}; use "
+                         f"impl 'auto' or 'bmm'")
+    if impl == "cpu" or (impl == "auto" and fixed and newton_schulz_cpu.applies(X)):
         X = newton_schulz_cpu.NSKernel.apply(X, steps, *NS_COEFFICIENTS[coefficients])
     else:
         m, pad = X.shape[-2], _row_padding(X.shape[-2])
         if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
             X = F.pad(X, (0, 0, 0, pad))
-        X = _NSIterations.apply(X, steps, *NS_COEFFICIENTS[coefficients])[:, :m]
+        X = _NSIterations.apply(X, schedule)[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
 
@@ -81,10 +104,11 @@ def _row_padding(m: int) -> int:
 NS_BLOCK_ELEMENTS = 1 << 18  # matrices per block: about 1 MiB of fp32 iterate, which stays in cache
 
 
-def _ns_iterates(X, steps, a, b, c):
-    """X_0 … X_k and the A_j = X_j X_jᵀ, B_j = b A_j + c A_j² of k iterations. X: [M, m, n], m ≤ n."""
+def _ns_iterates(X, schedule):
+    """X_0 … X_k and the A_j = X_j X_jᵀ, B_j = b_j A_j + c_j A_j² of k iterations (schedule: k triples (a_j, b_j,
+    c_j)). X: [M, m, n], m ≤ n."""
     Xs, As, Bs = [X], [], []
-    for _ in range(steps):
+    for a, b, c in schedule:
         A = Xs[-1] @ Xs[-1].mT
         B = torch.baddbmm(A, A, A, beta=b, alpha=c) if c != 0.0 else b * A
         Xs.append(torch.baddbmm(Xs[-1], B, Xs[-1], beta=a))
@@ -94,33 +118,35 @@ def _ns_iterates(X, steps, a, b, c):
 
 
 class _NSIterations(torch.autograd.Function):
-    """X_k from X_0 [M, m, n] by k steps X ← a X + B X, B = b A + c A², A = X Xᵀ (m ≤ n).
+    """X_k from X_0 [M, m, n] by k steps X ← a_j X + B X, B = b_j A + c_j A², A = X Xᵀ (m ≤ n; schedule: the k
+    triples).
 
     Backward, per step from the last (A, B symmetric), with Ḡ = ∂L/∂X_{j+1}:
-      ∂B = Ḡ X_jᵀ,  ∂A = b ∂B + c (∂B A + A ∂B),  ∂L/∂X_j = a Ḡ + B Ḡ + (∂A + ∂Aᵀ) X_j.
+      ∂B = Ḡ X_jᵀ,  ∂A = b_j ∂B + c_j (∂B A + A ∂B),  ∂L/∂X_j = a_j Ḡ + B Ḡ + (∂A + ∂Aᵀ) X_j.
     """
 
     @staticmethod
-    def forward(ctx, X, steps, a, b, c):
+    def forward(ctx, X, schedule):
         ctx.save_for_backward(X)
         block = max(1, NS_BLOCK_ELEMENTS // (X.shape[-2] * X.shape[-1]))
-        ctx.args = (steps, a, b, c, block)
-        return torch.cat([_ns_iterates(x, steps, a, b, c)[0][-1] for x in X.split(block)])
+        ctx.args = (schedule, block)
+        return torch.cat([_ns_iterates(x, schedule)[0][-1] for x in X.split(block)])
 
     @staticmethod
     def backward(ctx, grad):
         (X,) = ctx.saved_tensors
-        steps, a, b, c, block = ctx.args
+        schedule, block = ctx.args
         out = []
         for x, g in zip(X.split(block), grad.split(block)):
-            Xs, As, Bs = _ns_iterates(x, steps, a, b, c)
-            for j in reversed(range(steps)):
+            Xs, As, Bs = _ns_iterates(x, schedule)
+            for j in reversed(range(len(schedule))):
+                a, b, c = schedule[j]
                 dB = g @ Xs[j].mT
                 dA = torch.baddbmm(dB, dB, As[j], beta=b, alpha=c).baddbmm_(As[j], dB, alpha=c) if c != 0.0 \
                     else b * dB
                 g = torch.baddbmm(torch.baddbmm(g, Bs[j], g, beta=a), dA + dA.mT, Xs[j])
             out.append(g)
-        return torch.cat(out), None, None, None, None
+        return torch.cat(out), None
 
 
 def orthogonalize(S: torch.Tensor, ndim: int, steps: int, coefficients: str, ns=newton_schulz) -> torch.Tensor:
@@ -243,34 +269,72 @@ class Momentum(LinearRule):
 
 
 class Muon(TransformedMomentum):
-    """D(S) = NS_k(S) for matrices (``ns_steps`` k, ``ns_coefficients`` quintic | cubic), S for vectors (Atlas eq. 32).
+    """D(S) = NS_k(S) for matrices, S for vectors (Atlas eq. 32).
 
+    ns_steps:        k
+    ns_coefficients: quintic | cubic (one triple for every step) | lact (LaCT's schedule of five triples, k = 5)
+    keep_row_norms:  after each step, every row of a matrix (a unit's input weights: the last axis) rescaled to the
+                     norm it had before the step, W_t[r] ← W_t[r] ‖W_{t−1}[r]‖ / ‖W_t[r]‖ — LaCT's renormalisation
+                     of its fast weights, which keeps each row at its initial norm. The step is then not W_0 plus a sum
+                     of D(S_t): no closed form over a chunk (``direction`` is None, the chunk runs ``update`` token by
+                     token; with read chunk nothing changes: one step per chunk).
     ns: the Newton–Schulz implementation (``newton_schulz``; the Triton path gives its kernel, ``with_ns``)."""
 
-    def __init__(self, ns_steps: int = 5, ns_coefficients: str = "quintic"):
+    def __init__(self, ns_steps: int = 5, ns_coefficients: str = "quintic", keep_row_norms: bool = False):
         if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
             raise ValueError(f"muon ns_steps must be an int >= 1, got {ns_steps!r}")
-        if ns_coefficients not in NS_COEFFICIENTS:
+        if ns_coefficients not in NS_CHOICES:
             raise ValueError(f"muon ns_coefficients: unknown value {ns_coefficients!r}; valid choices: "
-                             f"{', '.join(NS_COEFFICIENTS)}")
+                             f"{', '.join(NS_CHOICES)}")
+        if ns_coefficients in NS_SCHEDULES and ns_steps != len(NS_SCHEDULES[ns_coefficients]):
+            raise ValueError(f"muon ns_steps: ns_coefficients {ns_coefficients!r} is a schedule of "
+                             f"{len(NS_SCHEDULES[ns_coefficients])} steps, got ns_steps={ns_steps!r}")
+        if not isinstance(keep_row_norms, bool):
+            raise ValueError(f"muon keep_row_norms: expected true or false, got {keep_row_norms!r}")
         self.ns_steps, self.ns_coefficients, self.ns = ns_steps, ns_coefficients, newton_schulz
+        self.keep_row_norms = keep_row_norms
 
-    def with_ns(self, ns) -> "Muon":
-        """The same rule on another Newton–Schulz implementation."""
-        other = Muon(self.ns_steps, self.ns_coefficients)
+    @property
+    def with_ns(self):
+        """``with_ns(ns)``: the same rule on another Newton–Schulz implementation; None (no such capability) for a
+        schedule, which the Triton kernel (one triple for every step) does not compute."""
+        return None if self.ns_coefficients in NS_SCHEDULES else self._with_ns
+
+    def _with_ns(self, ns) -> "Muon":
+        other = Muon(self.ns_steps, self.ns_coefficients, self.keep_row_norms)
         other.ns = ns
         return other
 
-    def direction(self, S, ndim):
+    @property
+    def direction(self):
+        """D(S, ndim): the transformed closed form's map; None with keep_row_norms (no closed form, see above)."""
+        return None if self.keep_row_norms else self._direction
+
+    def _direction(self, S, ndim):
         return orthogonalize(S, ndim, self.ns_steps, self.ns_coefficients, self.ns)
 
+    def update(self, w, s, g, alpha, eta, theta):
+        s = _bc(theta, w) * s + g
+        new = _bc(alpha, w) * w - _bc(eta, w) * self._direction(s, w.dim() - 1)
+        return (kept_row_norms(new, w) if self.keep_row_norms else new), s
+
     def direction_flops(self, out_dim, in_dim):
-        """k steps of A = X Xᵀ (2m²M), A² (2m³, not for cubic: c = 0) and B X (2m²M); m ≤ M the matrix's sides."""
+        """k steps of A = X Xᵀ (2m²M), A² (2m³, not where c = 0: cubic) and B X (2m²M); m ≤ M the matrix's sides."""
         m, M = sorted((out_dim, in_dim))
-        return self.ns_steps * (4 * m * m * M + (2 * m ** 3 if NS_COEFFICIENTS[self.ns_coefficients][2] else 0))
+        return sum(4 * m * m * M + (2 * m ** 3 if c else 0) for _, _, c in ns_schedule(self.ns_coefficients,
+                                                                                       self.ns_steps))
 
     def __repr__(self):
-        return f"muon(k={self.ns_steps},{self.ns_coefficients})"
+        return f"muon(k={self.ns_steps},{self.ns_coefficients}{',rows kept' if self.keep_row_norms else ''})"
+
+
+def kept_row_norms(new, old):
+    """``new`` with each row of a matrix rescaled to the norm of that row in ``old`` (LaCT's renormalisation; weights
+    [N, out, in], rows along the last axis); vectors [N, d] pass through."""
+    if new.dim() != 3:
+        return new
+    norm = torch.linalg.vector_norm(new, dim=-1, keepdim=True)
+    return new * (torch.linalg.vector_norm(old, dim=-1, keepdim=True) / norm.clamp_min(torch.finfo(new.dtype).tiny))
 
 
 class Adam(MemoryOptimizer):

@@ -148,19 +148,28 @@ PRESETS: dict[str, dict] = {
     "samba": dict(layers=["memory", "swa"], memory="mamba2"),
     # Gated DeltaNet-H2 (Yang, Kautz & Hatamizadeh 2025, §4): Mamba2, Gated DeltaNet and SWA layers in turn.
     "gated_deltanet_h2": dict(layers=["mamba2", "memory", "swa"], memory="gated_deltanet"),
-    # LaCT (Zhang et al., "Test-Time Training Done Right", arXiv 2505.23884): large-chunk test-time training beside
-    # sliding-window attention. Its fast weights are a SwiGLU MLP, f_W(k) = W_1 (SiLU(W_2 k) ⊙ W_3 k) (gated_mlp, SiLU,
-    # E = 1, no residual), trained on the dot-product loss −⟨f_W(k), v⟩ with one update per chunk of 2,048 tokens,
-    # every token of a chunk reading the weights the chunk started from ("apply, then update": read chunk):
-    #     M_c = θ_c M_{c−1} + Σ_{t∈c} γ_t ∇ℓ_t(W_{c−1}) / b,   W_c = W_{c−1} − η_c NS_5(M_c)
-    # (γ_t: LaCT's per-token learning rate; NS removes the scale, so η_c = 1 is its muon step). Departs from the paper:
-    # no L2 normalisation of each fast-weight row back to its initial norm after an update (here α = 1: the weights
-    # grow at most by one bounded muon step per chunk); one learning rate γ_t per token and head, not one per weight
-    # matrix, σ(·) instead of softplus; a constant momentum θ_c = 0.9 per chunk (LaCT: the chunk's mean of a learned
-    # per-token momentum); Muon's fixed quintic Newton–Schulz coefficients (LaCT: a schedule of five); the SWA and TTT
-    # branches combined as MAG's gate (o = RMSNorm(SWA) ⊙ σ(RMSNorm(M))), not summed over shared q, k, v; its SWA
-    # window equals the chunk (2,048): `--model.swa_window=2048` (the model's own default is 64).
+    # LaCT (Zhang et al., "Test-Time Training Done Right", arXiv 2505.23884; its official lact_llm code): large-chunk
+    # test-time training beside sliding-window attention. Its fast weights are a SwiGLU MLP, f_W(k) = W_1 (SiLU(W_2 k) ⊙
+    # W_3 k) (gated_mlp, SiLU, E = 1, no residual), trained on the dot-product loss −⟨f_W(k), v⟩ with one update per
+    # chunk of 2,048 tokens, every token of a chunk reading the weights the chunk started from ("apply, then update":
+    # read chunk):
+    #     M_c = θ_c M_{c−1} + Σ_{t∈c} γ_t ∇ℓ_t(W_{c−1}) / b,   W'_c = W_{c−1} − η_c NS_5(M_c),
+    #     W_c[r] = W'_c[r] ‖W_{c−1}[r]‖ / ‖W'_c[r]‖          (each row kept at its norm: muon keep_row_norms)
+    # with LaCT's Newton–Schulz schedule of five coefficient triples (muon ns_coefficients: lact). γ_t: its per-token
+    # learning rate; NS removes the scale, so η_c = 1 is its muon step. Departs from the paper and its code (the
+    # options the engine and the layer do not have yet; docs/memory.md §6): one learning rate γ_t = σ(·) per token and
+    # head, not softplus per weight matrix; a constant momentum θ_c = 0.9 per chunk, not the chunk's mean of a learned
+    # per-token momentum; MAG's gate over branches with projections of their own, not the sum of an SWA and a TTT
+    # branch over shared q, k, v; no RoPE on the fast-weight q, k; the SWA window is the model's (swa_window; LaCT:
+    # the chunk, `--model.swa_window=2048`).
     "lact": dict(layers=["mag"], memory=_memory(
+        {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot",
+        optimizer={"name": "muon", "ns_coefficients": "lact", "keep_row_norms": True},
+        learning_rule="chunk_commit", alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,
+        chunk_size=_LACT_CHUNK, read="chunk")),
+    # lact without its renormalisation and with Muon's fixed quintic Newton–Schulz: the weights move by one bounded
+    # muon step per chunk (α = 1); the other departures as lact's
+    "lact_simple": dict(layers=["mag"], memory=_memory(
         {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot", optimizer="muon",
         learning_rule="chunk_commit", alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,
         chunk_size=_LACT_CHUNK, read="chunk")),

@@ -1,32 +1,43 @@
-"""LaCT (arXiv 2505.23884, "Test-Time Training Done Right"): the `lact` preset's memory against a direct computation
-of its per-chunk update, written here from the paper's definition without the engine.
+"""LaCT (arXiv 2505.23884, "Test-Time Training Done Right"): the `lact` and `lact_simple` presets' memories against a
+direct computation of their per-chunk update, written here from the paper and its official code (lact_llm's
+ttt_operation.py) without the engine.
 
 Per head, with the SwiGLU fast weights f_W(x) = W_1 (SiLU(W_2 x) ⊙ W_3 x) and the dot-product loss
 ℓ_t(W) = −⟨f_W(k_t), v_t⟩, chunk c of b tokens (starting from W = W_{c−1}, momentum M_{c−1}):
 
     y_t = f_W(q_t)                                   every token of the chunk reads the weights before its update
     G_c = (1/b) Σ_{t∈c} γ_t ∇_W ℓ_t(W)               per weight matrix, by the chain rule (no autograd)
-    M_c = θ_c M_{c−1} + G_c,   W_c = α_c W − η_c NS_5(M_c)       α_c = ∏ α_t, η_c = Σ η_t, θ_c = ∏ θ_t over c
+    M_c = θ_c M_{c−1} + G_c,   W'_c = α_c W − η_c NS_5(M_c)       α_c = ∏ α_t, η_c = Σ η_t, θ_c = ∏ θ_t over c
+    W_c[r] = W'_c[r] ‖W_0[r]‖ / ‖W'_c[r]‖            lact only: each row back to its initial norm (official code)
 
-and a partial last chunk reads W without updating it. NS_5 is Muon's quintic Newton–Schulz, written out below.
+and a partial last chunk reads W without updating it. NS_5 is written out below: Muon's quintic (lact_simple) or
+LaCT's schedule of five coefficient triples, one per iteration (lact). The official code renormalises to the initial
+norms with a guard, ‖W'[r]‖ + 1e−5; written here without it (the engine rescales to the norms before the step, equal
+to the initial ones in exact arithmetic).
 """
 import pytest
 import torch
 from torch.nn import functional as F
 
 import helpers
-from atlas_lab.memory import memorize
+from atlas_lab.memory import MemoryConfig, build_optimizer, check_against_reference, memorize, newton_schulz
+from atlas_lab.memory.plan import Shapes, plan
 from atlas_lab.models import LanguageModel, resolve_preset
 from helpers import compare_float32, rel_err, with_gradients
 
 B, T, H, D, DV = 2, 23, 2, 3, 4  # T = 23, chunks of 5: four updates and a partial chunk of 3; W_2, W_3 are 4 × 3
 CHUNK = 5
-QUINTIC = (3.4445, -4.7750, 2.0315)
+QUINTIC = ((3.4445, -4.7750, 2.0315),) * 5
+LACT_NS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+           (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # its ttt_operation.py, iteration by iteration
 NAMES = ("W1", "W2", "W3")
 
 
-def config(**changes):
-    return resolve_preset("lact")[1].replace(chunk_size=CHUNK, **changes)
+PRESETS = ("lact", "lact_simple")
+
+
+def config(preset="lact", **changes):
+    return resolve_preset(preset)[1].replace(chunk_size=CHUNK, **changes)
 
 
 def problem(dtype, seed=0):
@@ -64,21 +75,22 @@ def dot_loss_gradients(W, k, v, weight):
             "W3": torch.einsum("bnho,bnhd->bhod", dz3, k)}
 
 
-def newton_schulz5(G):
-    """Muon's quintic iteration on each matrix of G [..., m, n] (on Gᵀ when m > n), 5 steps."""
-    a, b, c = QUINTIC
+def newton_schulz5(G, schedule=QUINTIC):
+    """The Newton–Schulz iteration on each matrix of G [..., m, n] (on Gᵀ when m > n), one step per triple."""
     X = G.mT if G.shape[-2] > G.shape[-1] else G
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
-    for _ in range(5):
+    for a, b, c in schedule:
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
     return X.mT if G.shape[-2] > G.shape[-1] else X
 
 
-def lact_direct(x, momentum=True, token_lr=True, apply_first=True):
-    """The definition above, chunk by chunk; the switches break one part each (for the test that it matters)."""
+def lact_direct(x, momentum=True, token_lr=True, apply_first=True, schedule=LACT_NS, renormalise=True):
+    """The definition above, chunk by chunk (lact; schedule=QUINTIC, renormalise=False: lact_simple); the switches
+    break one part each (for the test that it matters)."""
     W = {n: x[n] for n in NAMES}
     M = {n: torch.zeros_like(w) for n, w in W.items()}
+    norms = {n: w.norm(dim=-1, keepdim=True) for n, w in W.items()}  # each row's initial norm (its last axis)
     out = []
     for s in range(0, T, CHUNK):
         c = slice(s, min(s + CHUNK, T))
@@ -92,18 +104,25 @@ def lact_direct(x, momentum=True, token_lr=True, apply_first=True):
         alpha, eta, theta = (x[n][:, c].prod(1) if n != "eta" else x[n][:, c].sum(1) for n in ("alpha", "eta", "theta"))
         for n in NAMES:
             M[n] = (theta[..., None, None] * M[n] if momentum else 0) + G[n] / CHUNK
-            W[n] = alpha[..., None, None] * W[n] - eta[..., None, None] * newton_schulz5(M[n])
+            W[n] = alpha[..., None, None] * W[n] - eta[..., None, None] * newton_schulz5(M[n], schedule)
+            if renormalise:
+                W[n] = W[n] / W[n].norm(dim=-1, keepdim=True) * norms[n]
         if not apply_first:
             out.append(swiglu(W, x["q"][:, c])[0])
     return with_gradients(x, torch.cat(out, 1), torch.cat([W[n].flatten(2) for n in NAMES], -1))
 
 
-def direct(x):
-    """``lact_direct`` in the dtype of x."""
-    return lact_direct(x)
+def direct(preset):
+    """``lact_direct`` of the preset, in the dtype of x."""
+    if preset == "lact":
+        return lact_direct
+    return lambda x: lact_direct(x, schedule=QUINTIC, renormalise=False)
 
 
 def ours(impl, cfg=None):
+    if isinstance(cfg, str):
+        cfg = config(cfg)
+
     def f(x):
         o, state = memorize(x["q"], x["k"], x["v"], cfg or config(), alpha=x["alpha"], eta=x["eta"],
                             theta=x["theta"], gamma=x["gamma"], initial_state={n: x[n] for n in NAMES}, impl=impl)
@@ -111,26 +130,32 @@ def ours(impl, cfg=None):
     return f
 
 
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("impl", ["chunked", "reference"])
-def test_lact_memory_is_its_chunk_update_float64(impl):
+def test_lact_memory_is_its_chunk_update_float64(impl, preset):
     """Outputs, committed weights and gradients (q, k, v, every gate, W_0) within 1e-10 of the direct computation."""
     x = problem(torch.float64)
-    helpers.compare(ours(impl)(x), direct(x), 1e-10, f"lact {impl}")
+    helpers.compare(ours(impl, preset)(x), direct(preset)(x), 1e-10, f"{preset} {impl}")
 
 
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("impl", ["chunked", "reference"])
-def test_lact_memory_is_its_chunk_update_float32(impl):
+def test_lact_memory_is_its_chunk_update_float32(impl, preset):
     """float32 against the float64 direct computation within the error model of tests/helpers.py."""
-    compare_float32(ours(impl), direct, problem(torch.float32), direct(problem(torch.float64)), f"lact {impl}")
+    compare_float32(ours(impl, preset), direct(preset), problem(torch.float32), direct(preset)(problem(torch.float64)),
+                    f"{preset} {impl}")
 
 
-@pytest.mark.parametrize("broken", ["no momentum", "no per-token learning rate", "update, then apply"])
+@pytest.mark.parametrize("broken", ["no momentum", "no per-token learning rate", "update, then apply",
+                                    "no renormalisation", "quintic Newton–Schulz"])
 def test_a_broken_part_fails_the_identity(broken):
-    """The identity tells the rule from its neighbours: momentum dropped, γ_t ignored, or the chunk reading its own
-    update (LaCT's "update, then apply", read token's chunk form) are off by far more than rounding."""
+    """The identity tells the rule from its neighbours: momentum dropped, γ_t ignored, the chunk reading its own
+    update (LaCT's "update, then apply", read token's chunk form), the rows left at their new norms or Muon's fixed
+    quintic in place of LaCT's schedule are off by far more than rounding."""
     x = problem(torch.float64)
     switches = {"no momentum": dict(momentum=False), "no per-token learning rate": dict(token_lr=False),
-                "update, then apply": dict(apply_first=False)}[broken]
+                "update, then apply": dict(apply_first=False), "no renormalisation": dict(renormalise=False),
+                "quintic Newton–Schulz": dict(schedule=QUINTIC)}[broken]
     assert rel_err(ours("chunked")(x)["output"], lact_direct(x, **switches)["output"]) > 1e-3
 
 
@@ -169,3 +194,77 @@ def test_lact_preset_is_a_swiglu_memory_beside_sliding_window_attention():
     x = torch.randn(1, 1, 1, 8, dtype=torch.float64)
     o, _ = memorize(x, x, x, c, gamma=1.0, initial_state=W)  # one token: it reads W_0
     assert rel_err(o, swiglu(W, x)[0]) < 1e-12  # d_k = d_v: a residual r(k) = k would show here
+
+
+# ---------------------------------------------------------------- the components' options, one at a time
+
+@pytest.mark.parametrize("shape", [(3, 4, 4), (2, 4, 6), (2, 7, 3)])
+@pytest.mark.parametrize("impl", ["auto", "bmm"])
+def test_lact_newton_schulz_schedule_is_its_five_triples(shape, impl):
+    """newton_schulz(ns_coefficients="lact") is the iteration with LaCT's j-th triple at step j (written out above):
+    values and gradients, float64, square, wide and tall (transposed) matrices."""
+    G = torch.randn(*shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64, requires_grad=True)
+    ours_, theirs = newton_schulz(G, 5, "lact", impl=impl), newton_schulz5(G, LACT_NS)
+    assert rel_err(ours_, theirs) < 1e-12
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    g1, g2 = (torch.autograd.grad((y * weight).sum(), G)[0] for y in (ours_, theirs))
+    assert rel_err(g1, g2) < 1e-10
+    assert rel_err(newton_schulz(G, 5, "quintic", impl=impl), theirs) > 1e-3  # the schedule is not Muon's quintic
+
+
+def test_a_schedule_takes_its_own_number_of_steps():
+    with pytest.raises(ValueError, match="schedule of 5 steps"):
+        build_optimizer({"name": "muon", "ns_coefficients": "lact", "ns_steps": 3})
+    with pytest.raises(ValueError, match="valid choices: quintic, cubic, lact"):
+        build_optimizer({"name": "muon", "ns_coefficients": "septic"})
+    with pytest.raises(ValueError, match="one triple for every step"):  # the compiled CPU kernel takes one triple
+        newton_schulz(torch.randn(2, 4, 4, dtype=torch.float64), 5, "lact", impl="cpu")
+    with pytest.raises(ValueError, match="keep_row_norms: expected true or false"):
+        build_optimizer({"name": "muon", "keep_row_norms": "yes"})
+
+
+@pytest.mark.parametrize("read", ["token", "start", "chunk"])
+def test_kept_row_norms_stay_at_the_initial_norms(read):
+    """With keep_row_norms every row of every matrix ends each step at the norm it started from, whatever the
+    retention α and the read; without it they move."""
+    x = helpers.make_problem(T=11, architecture="mlp")
+    norms = {n: w.norm(dim=-1) for n, w in x["initial_state"].items()}
+    for keep in (True, False):
+        _, state, _ = helpers.run(x, "chunked", optimizer={"name": "muon", "keep_row_norms": keep}, read=read,
+                                  chunk_size=3, window=1)
+        moved = max(rel_err(state.weights[n].norm(dim=-1), norms[n].expand_as(state.weights[n][..., 0]))
+                    for n in norms)
+        assert moved < 1e-12 if keep else moved > 1e-2
+
+
+@pytest.mark.parametrize("read", ["token", "start", "chunk"])
+@pytest.mark.parametrize("optimizer", [{"name": "muon", "ns_coefficients": "lact"},
+                                       {"name": "muon", "keep_row_norms": True},
+                                       {"name": "muon", "ns_coefficients": "lact", "keep_row_norms": True}])
+def test_the_muon_options_against_the_reference(optimizer, read):
+    """check_against_reference (chunked against the token loop, Omega window 3, chunks of 3 over 8 tokens); kept row
+    norms have no closed form over a chunk: the chunked path runs Muon's update token by token (form stepwise)."""
+    errors = check_against_reference(optimizer=optimizer, read=read, tol=1e-10)
+    assert max(errors.values()) < 1e-10
+    cfg = MemoryConfig(optimizer=optimizer, read=read, window=3, chunk_size=3).validate()
+    form = plan(cfg, Shapes(2, 8, 2, 4, 4)).form
+    assert form == ("chunk_start" if read == "chunk" else "stepwise" if optimizer.get("keep_row_norms")
+                    else "transformed")
+
+
+def test_the_schedule_stays_off_the_newton_schulz_kernel():
+    """The Triton Newton–Schulz kernel takes one triple for every step: a schedule on CUDA takes the chunked path
+    (the batched PyTorch iteration), and says so."""
+    cfg = MemoryConfig(optimizer={"name": "muon", "ns_coefficients": "lact"}, window=3).validate()
+    how = plan(cfg, Shapes(2, 64, 2, 16, 16), torch.float32, "cuda")
+    assert how.path == "chunked" and "muon(k=5,lact)" in how.reason, how
+    quintic = MemoryConfig(optimizer="muon", window=3).validate()
+    assert plan(quintic, Shapes(2, 64, 2, 16, 16), torch.float32, "cuda").path == "triton"
+
+
+def test_lact_and_lact_simple_differ_only_in_muon_options():
+    """lact is lact_simple with LaCT's Newton–Schulz schedule and its row renormalisation (one YAML key away)."""
+    official, simple = (resolve_preset(p)[1] for p in PRESETS)
+    assert official.replace(optimizer="muon") == simple
+    _, _, _, opt = official.components()
+    assert (opt.ns_coefficients, opt.keep_row_norms) == ("lact", True)
