@@ -3,11 +3,12 @@ sweep, one JSON.
 
     python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot] [--sweep FILE]
 
-(a) tests     the kernel and memory tests with ``--device cuda``, one pytest per file, tests/kernels/test_kernels.py
-              first, each file given an equal part of what is left of the share (a file that runs over it is stopped
-              and the next one starts), so every file is reached; passed / failed / skipped counted from pytest's
-              per-test lines. Triton's compiled kernels persist in ``TRITON_CACHE_DIR`` (default runs/triton-cache,
-              ignored by git): a second run compiles nothing it compiled before.
+(a) tests     the kernel and memory tests (tests/kernels, tests/memory) with ``--device cuda``: one pytest per file
+              for tests/kernels/test_kernels.py first, then fla's, the memories' equivalence and identity tests, then
+              one for the other files, each given an equal part of what is left of the share (one that runs over it
+              is stopped and the next one starts), so each is reached; passed / failed /
+              skipped counted from pytest's per-test lines. Triton's compiled kernels persist in ``TRITON_CACHE_DIR``
+              (default runs/triton-cache, ignored by git): a second run compiles nothing it compiled before.
 (b) kernels   forward+backward of ``memorize`` for the deltanet, omega and atlas cases at T ∈ {1K, 4K, 16K}:
               triton against chunked, both float32, each row checked before it is timed (outputs and the gradients of
               q, k, v and every gate; a wrong kernel is never timed). Where fla-core is installed, its
@@ -64,8 +65,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ
 import common  # noqa: E402  (benchmarks/common.py; TRITON_INTERPRET must be set first)
 
 SHARES = {"tests": 0.3, "kernels": 0.2, "training": 0.2, "pilot": 0.3}
-TEST_FILES = ["tests/kernels/test_kernels.py", "tests/memory/test_memory_equivalence.py",
-              "tests/memory/test_memory_identities.py"]  # in this order: the kernels' own tests first
+FIRST_TESTS = ["tests/kernels/test_kernels.py", "tests/memory/test_fla_kernels.py",
+               "tests/memory/test_memory_equivalence.py", "tests/memory/test_memory_identities.py"]
+# one pytest each for the kernels' tests, fla's and the memories' equivalence and identities, in this order; then one
+# for every other file of tests/kernels and tests/memory (each pytest costs its start: torch, triton, the conftest)
+OTHER_TESTS = sorted(str(p.relative_to(ROOT)) for d in ("tests/kernels", "tests/memory") for p in (ROOT / d).glob(
+    "test_*.py") if str(p.relative_to(ROOT)) not in FIRST_TESTS)
+TEST_FILES = [f for f in FIRST_TESTS if (ROOT / f).is_file()] + ([" ".join(OTHER_TESTS)] if OTHER_TESTS else [])
 # on the CPU: a subset of the same files that runs in about a minute (the whole default suite covers them in CI)
 CPU_TESTS = "newton_schulz_matches_reference or chunk_size_one_is_the_online_rule or linear_attention or " \
             "split_into_calls and triton"
@@ -143,9 +149,10 @@ def fastest_done(row: dict, done: list[dict]) -> float | None:
 # ---------------------------------------------------------------- (a) tests
 
 def pytest_file(path: str, device: str, log_path: Path, timeout: float) -> dict:
-    """pytest on one test file with ``--device``; counts from its -v lines (kept when stopped at ``timeout``)."""
-    cmd = [sys.executable, "-m", "pytest", path, "-m", "not slow", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "--device", device]
+    """pytest on one test file (or several, space-separated) with ``--device``; counts from its -v lines (kept when
+    stopped at ``timeout``)."""
+    cmd = [sys.executable, "-m", "pytest", *path.split(), "-m", "not slow", "-v", "-p", "no:cacheprovider", "-p",
+           "no:xdist", "--device", device]
     if device == "cpu":
         cmd += ["-k", CPU_TESTS]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,8 @@ def run_tests(share: Share, device: str, log_dir: Path, run_file: Callable = pyt
     files = [dict(file=f) for f in TEST_FILES]
 
     def work(row, seconds):
-        row.update(run_file(row["file"], device, log_dir / f"{Path(row['file']).stem}.log", seconds))
+        name = Path(row["file"]).stem if " " not in row["file"] else "other_tests"
+        row.update(run_file(row["file"], device, log_dir / f"{name}.log", seconds))
 
     run_rows(share, files, work)
     counts: dict[str, int] = {}
@@ -433,6 +441,11 @@ def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = Non
 
 # ---------------------------------------------------------------- tables
 
+def tests_label(files: str) -> str:
+    names = files.split()
+    return names[0] if len(names) == 1 else f"{len(names)} more files of tests/kernels and tests/memory"
+
+
 def fmt(x, spec=".2f", suffix=""):
     return None if x is None else f"{x:{spec}}{suffix}"
 
@@ -444,10 +457,10 @@ def print_tables(result: dict) -> None:
             common.console().print(f"({part}) did not run: {result[part]['error']}", markup=False)
     if "counts" in result.get("tests", {}):
         t = result["tests"]
-        common.print_table(f"(a) kernel and memory tests on {t['device']}, one pytest per file",
+        common.print_table(f"(a) kernel and memory tests on {t['device']}",
                            ["file", "passed", "failed", "errors", "skipped", "stopped at budget", "seconds", "log"],
-                           [[f["file"], f.get("counts", {}).get("passed", 0), f.get("counts", {}).get("failed", 0),
-                             f.get("counts", {}).get("error", 0), f.get("counts", {}).get("skipped", 0),
+                           [[tests_label(f["file"]), *(f.get("counts", {}).get(k, 0) for k in ("passed", "failed",
+                                                                                                 "error", "skipped")),
                              "yes" if f.get("stopped_at_budget") or f.get("check") == "budget" else "no",
                              fmt(f.get("seconds"), ".0f"), f.get("log") or f.get("error")] for f in t["files"]],
                            left=1)

@@ -79,10 +79,14 @@ def test_every_test_file_is_reached_kernels_first(tmp_path):
         clock.now += timeout  # each file runs over and is stopped at its part of the share
         return dict(counts={"passed": 2}, returncode=None, stopped_at_budget=True, log=str(log_path))
 
-    result = gpu_check.run_tests(gpu_check.Share(90, clock), "cuda", tmp_path, run_file)
+    n = len(gpu_check.TEST_FILES)
+    result = gpu_check.run_tests(gpu_check.Share(10 * n, clock), "cuda", tmp_path, run_file)
     assert [c[0] for c in calls] == gpu_check.TEST_FILES and calls[0][0] == "tests/kernels/test_kernels.py"
-    assert [c[1] for c in calls] == [30, 30, 30]
-    assert result["counts"] == {"passed": 6} and result["stopped_at_budget"] and result["returncode"] == 0
+    assert gpu_check.TEST_FILES[2:4] == ["tests/memory/test_memory_equivalence.py",
+                                         "tests/memory/test_memory_identities.py"]
+    assert "tests/memory/test_plan.py" in gpu_check.TEST_FILES[-1].split()  # the others in one pytest, last
+    assert [c[1] for c in calls] == [10] * n
+    assert result["counts"] == {"passed": 2 * n} and result["stopped_at_budget"] and result["returncode"] == 0
 
 
 def test_kernel_rows_are_checked_before_they_are_timed_and_a_peers_error_stays_in_its_row():
