@@ -3,15 +3,19 @@
 MAG (memory as a gate): both branches read the same input; o = RMSNorm(SWA(x)) ⊙ σ(RMSNorm(M(x))).
 MAC (memory as context): segments attend to themselves and to what they retrieve from the memory.
 MAL (memory as a layer) is a layer pattern — a memory layer followed by an SWA layer — built by the model.
+LaCT: sliding-window attention and a large-chunk memory on shared q, k, v, summed (LaCT's official layer).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..memory import memorize
 from ..memory.chunked import read_at
-from .attention import Attention, with_persistent
+from .attention import Attention, sliding_window_attention_blocked, sliding_window_attention_dense, with_persistent
 from .memory_mixer import MemoryConfig, MemoryMixer
 from .rope import rotary
 
@@ -156,3 +160,157 @@ class MAC(nn.Module):
         to 2(r + 1) keys (its segment's h and x tokens up to it; the persistent pairs are not counted)."""
         keys = sum(2 * (t % self.segment + 1) for t in range(T))
         return self.n_heads * 4 * self.head_dim * keys / T
+
+
+def chunk_mean_factors(theta: torch.Tensor, chunk: int, offset: int = 0, pending: torch.Tensor | None = None):
+    """Per-token factors θ'_t whose product over each chunk of ``chunk`` tokens is the chunk's mean of θ_t: θ'_t =
+    m_t / m_{t−1}, m_t the mean of θ over the chunk's tokens up to t (m = 1 before a chunk's first token), so that the
+    chunk-commit rule's θ_c = ∏_t θ'_t is LaCT's momentum, the chunk's mean. theta: [B, T, H]; offset: tokens of the
+    current chunk read before this call (< chunk); pending: their ∏ θ' so far (their mean), [B, H] (a MemoryState's
+    pending["theta"]). The factors of a chunk's later tokens depend on its earlier ones (the commit waits for all)."""
+    B, T, H = theta.shape
+    pos = torch.arange(offset, offset + T, device=theta.device)
+    within = pos % chunk  # each token's place in its chunk
+    total = theta.cumsum(1)
+    before = torch.cat([total.new_zeros(B, 1, H), total], 1)[:, (torch.arange(T, device=theta.device) - within)
+                                                             .clamp_min(0)]  # Σ θ before the token's chunk (in call)
+    sums = total - before
+    carried = offset > 0 and pending is not None
+    if carried:  # the chunk in progress: its first tokens were read before this call, their mean is ``pending``
+        sums = sums + torch.where((pos < chunk)[None, :, None], offset * pending.unsqueeze(1), 0.0)
+    mean = sums / (within + 1).to(theta.dtype)[None, :, None]
+    start = pending.unsqueeze(1) if carried else mean.new_ones(B, 1, H)
+    previous = torch.where((within == 0)[None, :, None], 1.0, torch.cat([start, mean[:, :-1]], 1))
+    return mean / previous
+
+
+def _l2(x, eps=1e-5):
+    """x / (‖x‖ + eps) over the last axis (LaCT's normalisation of the fast q and k)."""
+    return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) + eps)
+
+
+class LaCT(nn.Module):
+    """LaCT's layer (Zhang et al., arXiv 2505.23884; its official layer_lact_swiglu.py). x: [B, T, d] -> [B, T, d].
+
+    One projection gives q, k, v for both branches:
+      SWA:  RoPE on q, k; each query sees the last ``window`` keys (window="chunk": the memory's chunk, LaCT's; an int:
+            that many; "model": ``swa_window``)
+      TTT:  q̂ = SiLU(q ⊙ s_q + o_q), k̂ = SiLU(k ⊙ s_k + o_k) (learned per channel), v̂ = SiLU(v); q̂, k̂ divided by
+            their norm per memory head (+1e-5), then RoPE (rope=True; over the attention's heads, as the official
+            code does); the memory (``config``, read chunk) reads them with γ_t = softplus(w·x + b), b = softplus⁻¹
+            (10⁻³), one per memory head and token (the official code: one per weight matrix), and, with
+            momentum="learned", θ_c = the chunk's mean of θ_t = σ(w·x + b) per head (``chunk_mean_factors``);
+            momentum="config": the config's θ
+      o = W_o (SWA + RMSNorm(TTT) ⊙ SiLU(w·x)), the norm per memory head, the scale one per memory head.
+    Streaming keeps the SWA ring (its last window − 1 rotated keys and values), the position and the memory's state.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, config, swa_window: int, memory_heads: int | None = None,
+                 persistent: int = 0, window="chunk", rope: bool = True, momentum: str = "learned",
+                 rope_base: float = 10000.0):
+        super().__init__()
+        self.config = config.validate()
+        if config.read != "chunk":
+            raise ValueError(f"LaCT: the memory reads its chunk's start (read: chunk); got read={config.read!r}")
+        if momentum not in ("learned", "config"):
+            raise ValueError(f"LaCT momentum: expected 'learned' or 'config', got {momentum!r}")
+        if window == "chunk":
+            window = config.chunk_size
+        elif window == "model":
+            window = swa_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"LaCT window: expected 'chunk', 'model' or an int >= 1, got {window!r}")
+        self.n_heads, self.head_dim, self.window, self.rope, self.rope_base = n_heads, d_model // n_heads, window, \
+            rope, rope_base
+        self.memory_heads = H = memory_heads or n_heads
+        self.memory_dim = d = d_model // H
+        self.momentum = momentum
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.qk_scale = nn.Parameter(torch.ones(2, d_model))
+        self.qk_offset = nn.Parameter(torch.zeros(2, d_model))
+        self.mem, self.feature_map, _, _ = config.components()
+        D = self.feature_map.dim(d)
+        self.initial_weights = nn.ParameterDict(
+            {n: nn.Parameter(w) for n, w in self.mem.init_weights(H, D, d, d).items()})
+        self.lr_proj = nn.Linear(d_model, H)
+        self.momentum_proj = nn.Linear(d_model, H) if momentum == "learned" else None
+        self.scale_proj = nn.Linear(d_model, H)
+        for proj in (self.lr_proj, self.momentum_proj, self.scale_proj):
+            if proj is not None:
+                nn.init.normal_(proj.weight, std=0.02)
+                nn.init.zeros_(proj.bias)
+        self.base_lr = math.log(math.expm1(1e-3))  # softplus⁻¹(10⁻³): γ starts near LaCT's base rate
+        self.ttt_norm = nn.RMSNorm(d)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.persistent = nn.ParameterList([nn.Parameter(torch.randn(n_heads, persistent, self.head_dim) * 0.02)
+                                            for _ in range(2)]) if persistent else None
+
+    def _rotate(self, x, positions):
+        """RoPE over the attention's heads of x [B, T, width]."""
+        B, T, width = x.shape
+        return rotary(x.view(B, T, width // self.head_dim, self.head_dim), positions, self.rope_base).reshape(B, T,
+                                                                                                            width)
+
+    def forward(self, x: torch.Tensor, cache: dict | None = None):
+        B, T, d_model = x.shape
+        cache = cache or {}
+        start = cache.get("position", 0)
+        positions = torch.arange(start, start + T, device=x.device)
+        q, k, v = self.qkv(x).chunk(3, -1)
+        a, ring_k, ring_v = self._attend(q, k, v, positions, cache)
+        # the TTT branch
+        H, d = self.memory_heads, self.memory_dim
+        fq, fk = (F.silu(t * self.qk_scale[i] + self.qk_offset[i]) for i, t in enumerate((q, k)))
+        fq, fk = (_l2(t.view(B, T, H, d)).reshape(B, T, d_model) for t in (fq, fk))
+        if self.rope:
+            fq, fk = self._rotate(fq, positions), self._rotate(fk, positions)
+        fq, fk, fv = (t.view(B, T, H, d) for t in (fq, fk, F.silu(v)))
+        state = cache.get("memory")
+        rule_dtype = torch.promote_types(fq.dtype, torch.float32)  # the gates too (LaCT's: float32 under bf16)
+        gates = {"gamma": F.softplus(self.lr_proj(x).to(rule_dtype) + self.base_lr)}
+        if self.momentum_proj is not None:
+            offset, pending = (0, None) if state is None else (state.offset, (state.pending or {}).get("theta"))
+            gates["theta"] = chunk_mean_factors(torch.sigmoid(self.momentum_proj(x).to(rule_dtype)),
+                                                self.config.chunk_size, offset, pending)
+
+        def exact(t):
+            return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
+
+        with torch.autocast(x.device.type, enabled=False):
+            o, state = memorize(*map(exact, (fq, fk, fv)), self.config,
+                                initial_state=dict(self.initial_weights.items()) if state is None else state,
+                                gates={g: exact(t) for g, t in gates.items()})
+            dtype = self.ttt_norm.weight.dtype
+            ttt = self.ttt_norm(o.to(dtype)) * F.silu(self.scale_proj(x).to(dtype)).unsqueeze(-1)
+        o = a.to(dtype) + ttt.reshape(B, T, d_model)
+        return self.o_proj(o.to(x.dtype)), {"position": start + T, "k": ring_k, "v": ring_v, "memory": state}
+
+    def _attend(self, q, k, v, positions, cache):
+        """Sliding-window attention of this piece over the ring and itself -> (o [B, T, d], the next ring's keys and
+        values)."""
+        B, T, _ = q.shape
+        heads = (B, T, self.n_heads, self.head_dim)
+        q = rotary(q.view(heads), positions, self.rope_base)
+        k, v = rotary(k.view(heads), positions, self.rope_base), v.view(heads)
+        if "k" in cache:
+            k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        p = None if self.persistent is None else tuple(self.persistent)
+        attend = sliding_window_attention_blocked if T > self.window else sliding_window_attention_dense
+        o = attend(qh, kh, vh, self.window, p)
+        keep = min(k.shape[1], self.window - 1)
+        ring = (k[:, k.shape[1] - keep:].contiguous(), v[:, v.shape[1] - keep:].contiguous())
+        return o.transpose(1, 2).reshape(B, T, -1), *ring
+
+    def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
+        """The SWA ring (window − 1 keys and values), the memory's weights, its optimiser state and the pending chunk
+        (Σ g and its gates ∏α, Ση, ∏θ)."""
+        optimizer = self.config.components()[3]
+        weights = sum(w.numel() for w in self.initial_weights.values())
+        momentum = sum(w.shape[0] * math.prod(optimizer.state_shape(tuple(w.shape[1:])) or (0,))
+                       for w in self.initial_weights.values())
+        ring = 2 * (self.window - 1) * self.n_heads * self.head_dim
+        return batch_size * dtype_bytes * (ring + 2 * weights + momentum + 3 * self.memory_heads)
+
+    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        return 0
