@@ -124,6 +124,7 @@ CHUNK_CASES = {  # (momentum, bias, window, offset, shape); grids from chunk_lin
     "dot-walk-tiles": (True, "dot", 3, 1, dict(N=2, T=10, m0=2, D=130, DV=40, b=4)),  # element-wise walk, 3 × 2 tiles
     "one-partial-chunk": (False, "l2", 2, 1, dict(N=2, T=2, m0=1, D=5, DV=6, b=4)),  # W̃ of the last chunk is We0
     "gd-dot-global": (False, "dot", None, 2, dict(N=2, T=9, m0=0, D=5, DV=6, b=3)),
+    "wide-chunks": (True, "l2", 5, 3, dict(N=1, T=70, m0=4, D=6, DV=5, b=40)),  # 64-token blocks, keys in 16s
 }
 
 

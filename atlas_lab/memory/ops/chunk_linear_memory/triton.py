@@ -43,7 +43,7 @@ chunk_grad_scan_kernel (d_v tile [× D tile], sequence): the reverse walk, every
 the initial states; 6. chunk_linear_memory_bwd_kernel (chunk, sequence, d_v tile): the gradients of φ(q), φ(k), v,
 γ and the coefficients (a, m, s, Cw, Cs — their gate gradients follow by autograd), those of tokens shared by
 several windows (keys, values, γ) accumulated atomically. The walks keep a [d_v tile, D] state on chip and visit
-the window's keys in blocks of BT, two products per block with l2 (W̃ Uᵀ, then (· ⊙ c) U); with a global window
+the window's keys in blocks of BI, two products per block with l2 (W̃ Uᵀ, then (· ⊙ c) U); with a global window
 (c = None) a chunk's window is every key before it, so their work grows with the square of T (as before).
 
 **A token's non-finite key** reaches only the outputs at and after it (``atlas_lab.memory.causal``): the read-out
@@ -109,9 +109,9 @@ def _store_state(P, x, offs_v, offs_d, DV, D):
 
 
 @triton.jit
-def _band(GAMMA, i0, first, n, c, offs_t):
-    """Keys i0..i0+BT of a chunk's window: (key index, key mask, band [BT (chunk token), BT (key)], Γ on the band)."""
-    idx = i0 + offs_t
+def _band(GAMMA, i0, first, n, c, offs_t, offs_i):
+    """Keys i0..i0+BI of a chunk's window: (key index, key mask, band [BT (chunk token), BI (key)], Γ on the band)."""
+    idx = i0 + offs_i
     imask = idx < first + n
     g = tl.load(GAMMA + idx, mask=imask, other=0.0).to(tl.float32)
     pos = first + offs_t
@@ -145,13 +145,13 @@ def chunk_state_contrib_kernel(
     K, V, GAMMA, CW, CS, BW, BS,
     T, L, m0, offset, b, c, NK,
     D: tl.constexpr, DV: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Every chunk's state contribution from its inputs alone: BW = B = −Σ_i c_i v_i u_iᵀ (BS = B' with c'),
     [N, NC, DV, D]. Grid (chunk, sequence, d_v tile × D tile)."""
     ci, i_n, i_vk = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NC = tl.num_programs(0)
-    offs_t = tl.arange(0, BT)
+    offs_t, offs_i = tl.arange(0, BT), tl.arange(0, BI)
     offs_v = (i_vk // NK) * BV + tl.arange(0, BV)
     offs_k = (i_vk % NK) * BK + tl.arange(0, BK)
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
@@ -161,8 +161,8 @@ def chunk_state_contrib_kernel(
     cs = _last_coefficients(CS + i_n * T * b, t0, n, b, offs_t)
     acc = tl.zeros([BV, BK], dtype=tl.float32)
     acc_s = tl.zeros([BV, BK], dtype=tl.float32)
-    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
         u = _rows(K, idx, imask, offs_k, D)
         v = _rows(V, idx, imask, offs_v, DV).to(tl.float32)
         acc -= _dot(tl.trans(v * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
@@ -179,13 +179,13 @@ def chunk_state_scan_kernel(
     WT, ST, WE_OUT, WH, SH,
     T, L, m0, offset, b, c, NC,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The walk over chunk states: W_end = a_n W_p + m_n S_p + B + (W̃ Uᵀ ⊙ c) U, S_end = s_n S_p + B' +
     (W̃ Uᵀ ⊙ c') U. Stores every chunk's start states WH, SH [N, NC, DV, D], the final WT, ST and W̃ of the last
     chunk WE_OUT. Grid (d_v tile, D tile, sequence); with l2 one D tile covers every feature (BK ≥ D)."""
     i_v, i_k, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    offs_t = tl.arange(0, BT)
+    offs_t, offs_i = tl.arange(0, BT), tl.arange(0, BI)
     offs_v = i_v * BV + tl.arange(0, BV)
     offs_k = i_k * BK + tl.arange(0, BK)
     K, GAMMA, A, M, S = K + i_n * L * D, GAMMA + i_n * L, A + i_n * T, M + i_n * T, S + i_n * T
@@ -213,8 +213,8 @@ def chunk_state_scan_kernel(
             first = m0 + t0
             cw = _last_coefficients(CW, t0, n, b, offs_t)
             cs = _last_coefficients(CS, t0, n, b, offs_t)
-            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
                 u = _rows(K, idx, imask, offs_k, D)
                 R = _dot(u, tl.trans(We), DT, PREC)  # [key, v]: W̃ u_i
                 W_new += _dot(tl.trans(R * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
@@ -231,14 +231,14 @@ def chunk_linear_memory_fwd_kernel(
     Q, K, V, GAMMA, A, M, CW, WE0, WH, SH, Y,
     T, L, m0, offset, b, c,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Every chunk's read-out from its start states (WH, SH from the walk; W̃ = WE0 for the first chunk):
     y_t = a_t W_p u_q,t + m_t S_p u_q,t + Σ_i C[t, i] (u_q,t · u_i) δ_i. Q [N, T, D]; K [N, L, D]; V [N, L, DV];
     GAMMA [N, L]; A, M [N, T]; CW [N, T, b] -> Y [N, T, DV]. Grid (chunk, sequence, d_v tile)."""
     ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NC = tl.num_programs(0)
-    offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
+    offs_t, offs_i, offs_d = tl.arange(0, BT), tl.arange(0, BI), tl.arange(0, BD)
     offs_v = i_v * BV + tl.arange(0, BV)
     Q, Y, A, M, CW = Q + i_n * T * D, Y + i_n * T * DV, A + i_n * T, M + i_n * T, CW + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
@@ -259,8 +259,8 @@ def chunk_linear_memory_fwd_kernel(
         m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
         y += m[:, None] * _dot(q, tl.trans(Sm), DT, PREC)
     first = m0 + t0
-    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
         u = _rows(K, idx, imask, offs_d, D)
         delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
         if L2:
@@ -279,14 +279,14 @@ def chunk_grad_contrib_kernel(
     Q, K, V, GAMMA, A, M, CW, WE0, WH, DY, ZE, ZF, ZS,
     T, L, m0, offset, b, c,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Every chunk's own share of the state gradients: ZE = E = Σ_t a_t dy_t u_q,tᵀ, ZS = E' (m_t), ZF = F =
     Σ_i (Σ_t C[t, i] (u_q,t · u_i) dy_t) u_iᵀ (l2; keys whose u or δ is non-finite left out, as in the read-out),
     [N, NC, DV, D]. Grid (chunk, sequence, d_v tile)."""
     ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NC = tl.num_programs(0)
-    offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
+    offs_t, offs_i, offs_d = tl.arange(0, BT), tl.arange(0, BI), tl.arange(0, BD)
     offs_v = i_v * BV + tl.arange(0, BV)
     Q, DY, A, M, CW = Q + i_n * T * D, DY + i_n * T * DV, A + i_n * T, M + i_n * T, CW + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
@@ -309,8 +309,8 @@ def chunk_grad_contrib_kernel(
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
         F = tl.zeros([BV, BD], dtype=tl.float32)
         first = m0 + t0
-        for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-            idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+        for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+            idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
             u = _rows(K, idx, imask, offs_d, D)
             delta = _dot(u, tl.trans(We), DT, PREC) - _rows(V, idx, imask, offs_v, DV).to(tl.float32)
             C_y, u_y, _, kept, bad = _causal_factors(_dot(cw, gam, DT, PREC), u, delta, idx, first + offs_t)
@@ -325,13 +325,13 @@ def chunk_grad_scan_kernel(
     GH, GSH, DW0, DS0, DWE0,
     T, L, m0, offset, b, c, NC,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The reverse walk: from G = ∂L/∂W_end, G' = ∂L/∂S_end of the last chunk (DWT, DST; DWE_OUT = ∂L/∂W̃ of the
     last chunk) back to the first, storing every chunk's G, G' (GH, GSH [N, NC, DV, D]) and ∂L/∂W0, ∂L/∂S0,
     ∂L/∂We0. Grid (d_v tile, D tile, sequence); with l2 one D tile covers every feature (BK ≥ D)."""
     i_v, i_k, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    offs_t = tl.arange(0, BT)
+    offs_t, offs_i = tl.arange(0, BT), tl.arange(0, BI)
     offs_v = i_v * BV + tl.arange(0, BV)
     offs_k = i_k * BK + tl.arange(0, BK)
     K, GAMMA, A, M, S = K + i_n * L * D, GAMMA + i_n * L, A + i_n * T, M + i_n * T, S + i_n * T
@@ -355,8 +355,8 @@ def chunk_grad_scan_kernel(
             first = m0 + t0
             cw = _last_coefficients(CW, t0, n, b, offs_t)
             cs = _last_coefficients(CS, t0, n, b, offs_t)
-            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+            for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+                idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
                 u = _rows(K, idx, imask, offs_k, D)
                 R = _dot(u, tl.trans(G), DT, PREC) * tl.sum(cw[:, None] * gam, axis=0)[:, None]
                 if MOMENTUM:
@@ -380,7 +380,7 @@ def chunk_linear_memory_bwd_kernel(
     DQ, DK, DVV, DGAMMA, DA, DM, DS, DCW, DCS,
     N, T, L, m0, offset, b, c,
     D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, MOMENTUM: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BI: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Every chunk's input gradients from its start states (WH, SH; W̃) and the gradients at its end (GH, GSH):
     with P = Q Uᵀ, D_y = dy δᵀ [t, i] and dW = G, dS = G',
@@ -396,7 +396,7 @@ def chunk_linear_memory_bwd_kernel(
     DK [N, L, D], DVV [N, L, DV], DGAMMA [N, L]. Grid (chunk, sequence, d_v tile)."""
     ci, i_n, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NC = tl.num_programs(0)
-    offs_t, offs_d = tl.arange(0, BT), tl.arange(0, BD)
+    offs_t, offs_i, offs_d = tl.arange(0, BT), tl.arange(0, BI), tl.arange(0, BD)
     offs_v = i_v * BV + tl.arange(0, BV)
     Q, DY, A, M = Q + i_n * T * D, DY + i_n * T * DV, A + i_n * T, M + i_n * T
     CW, CS = CW + i_n * T * b, CS + i_n * T * b
@@ -436,8 +436,8 @@ def chunk_linear_memory_bwd_kernel(
         dcs = tl.zeros([BT, BT], dtype=tl.float32)
     dcw = tl.zeros([BT, BT], dtype=tl.float32)
     first = m0 + t0
-    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BT):
-        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t)
+    for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
+        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
         u = _rows(K, idx, imask, offs_d, D)
         delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
         if L2:
@@ -481,20 +481,23 @@ def chunk_linear_memory_bwd_kernel(
 
 # ---------------------------------------------------------------- launch plan
 
-def _config(D, DV, b, bias):
-    """Block sizes: a chunk (BT), all features (BD), d_v tiles of the chunk-parallel kernels (BV ≤ 32: more programs,
-    fewer registers; BVC for the contribution kernel, whose tiles are [BVC, BK]), of the walks (BVS; 16 with l2,
-    whose walk holds [BVS, BD] states) and the D tiles of the contribution kernel (BK) and of the walks (BKS: all of
-    D with l2, BK with dot, whose walk is element-wise). Loops over key blocks of more than 4,096 elements are not
-    software-pipelined (num_stages 1), so that their fp32 operands (up to [64, 256]: 64 KiB) stay within one
-    multiprocessor's shared memory (228 KiB on an H100/H200) — a precaution, not yet compiled on a GPU."""
+def _config(D, DV, b, bias, prec="ieee"):
+    """Block sizes and launch options. BT: a chunk's tokens; BI: a block of its window's keys; BD: all features; BV:
+    the d_v tile of the chunk-parallel kernels (≤ 32: more programs, fewer registers); BVC × BK: the contribution
+    kernel's tiles; BVS × BKS: the walks' (16 × all of D with l2, whose walk holds [16, D] states; BVC × BK with dot,
+    whose walk is element-wise). Chosen by compiling every kernel for sm_90 without a GPU (triton.compile to a cubin,
+    cuobjdump's register, spill and shared-memory counts; docs/performance.md §l) — not by timing:
+    8 warps where a program holds [64, 64] blocks or more (4 spilled more), no software pipelining beyond that
+    (num_stages 1), and the backward read-out kernel in IEEE fp32 at [64, 256] blocks (``bwd_prec``): its tf32
+    operand layouts took 346 KB of shared memory there, over the 227 KB one block may use on an H100/H200."""
     BT = max(16, triton.next_power_of_2(b))
     BD = max(16, triton.next_power_of_2(D))
-    BV = max(16, min(triton.next_power_of_2(DV), 32, 4096 // BD))
     BVC = max(16, min(triton.next_power_of_2(DV), 32))
     BK = min(BD, 64)
-    return dict(BT=BT, BD=BD, BV=BV, BVC=BVC, BK=BK, BVS=16 if bias == "l2" else BVC, BKS=BD if bias == "l2" else BK,
-                num_warps=4 if BT * BD <= 4096 else 8, num_stages=3 if BT * BD <= 4096 else 1)
+    return dict(BT=BT, BI=16, BD=BD, BV=max(16, min(triton.next_power_of_2(DV), 32, 4096 // BD)), BVC=BVC, BK=BK,
+                BVS=16 if bias == "l2" else BVC, BKS=BD if bias == "l2" else BK,
+                num_warps=4 if BT * BD < 4096 else 8, walk_warps=4 if BD <= 128 else 8,
+                num_stages=3 if BT * BD <= 4096 else 1, bwd_prec="ieee" if BT * BD >= 16384 else prec)
 
 
 def chunk_count(T, chunk_size, offset):
@@ -567,72 +570,85 @@ def plan_table(shapes=None, options=None) -> str:
                                                                     for n, r in rows.items()])
 
 
+def launch_options(D, DV, chunk_size, bias, momentum, dtype, prec=None) -> dict:
+    """{kernel name: its constexprs, num_warps and num_stages} for one call (``_config``'s choices); prec: the dot
+    precision (default ``dot_precision(dtype)``, torch's setting now)."""
+    prec = dot_precision(dtype) if prec is None else prec
+    cfg = _config(D, DV, chunk_size, bias, prec)
+    common = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[dtype], BT=cfg["BT"], BI=cfg["BI"], PREC=prec,
+                  num_stages=cfg["num_stages"])
+    chunks = dict(common, L2=bias == "l2", BD=cfg["BD"], BV=cfg["BV"], num_warps=cfg["num_warps"])
+    walk = dict(common, L2=bias == "l2", BK=cfg["BKS"], BV=cfg["BVS"], num_warps=cfg["walk_warps"])
+    return {"chunk_state_contrib_kernel": dict(common, BK=cfg["BK"], BV=cfg["BVC"], num_warps=cfg["walk_warps"]),
+            "chunk_state_scan_kernel": walk, "chunk_linear_memory_fwd_kernel": chunks,
+            "chunk_grad_contrib_kernel": chunks, "chunk_grad_scan_kernel": walk,
+            "chunk_linear_memory_bwd_kernel": dict(chunks, PREC=cfg["bwd_prec"])}
+
+
 class ChunkLinearMemoryFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W0, S0, We0, offset, chunk_size, window, bias, momentum):
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
-        NC = chunk_count(T, chunk_size, offset)
-        cfg, grid = _config(D, DV, chunk_size, bias), grids(N, T, D, DV, chunk_size=chunk_size, bias=bias,
-                                                              offset=offset)
-        l2, m0, warps, stages = bias == "l2", L - T, cfg["num_warps"], cfg["num_stages"]
-        prec = dot_precision(q.dtype)  # the backward's products too, whatever torch's setting is by then
-        kw = dict(D=D, DV=DV, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
+        m0, NC = L - T, chunk_count(T, chunk_size, offset)
+        # the backward's products in the same precision, whatever torch's setting is by then
+        opts = launch_options(D, DV, chunk_size, bias, momentum, q.dtype)
+        grid = grids(N, T, D, DV, chunk_size=chunk_size, bias=bias, offset=offset)
         f32 = dict(dtype=torch.float32, device=q.device)
         BW = torch.empty(N, NC, DV, D, **f32)
         BS = torch.empty_like(BW) if momentum else BW
-        chunk_state_contrib_kernel[grid["chunk_state_contrib_kernel"]](
-            k, v, gamma, Cw, Cs, BW, BS, T, L, m0, offset, chunk_size, window, triton.cdiv(D, cfg["BK"]),
-            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BVC"], num_warps=4, num_stages=stages, **kw)
+        name = "chunk_state_contrib_kernel"
+        chunk_state_contrib_kernel[grid[name]](
+            k, v, gamma, Cw, Cs, BW, BS, T, L, m0, offset, chunk_size, window, triton.cdiv(D, opts[name]["BK"]),
+            **opts[name])
         WT, WE, ST = torch.empty_like(W0), torch.empty_like(W0), torch.empty_like(S0)
         WH = torch.empty(N, NC, DV, D, **f32)  # every chunk's start states, for the read-out and the backward
         SH = torch.empty_like(WH) if momentum else WH
-        chunk_state_scan_kernel[grid["chunk_state_scan_kernel"]](
+        name = "chunk_state_scan_kernel"
+        chunk_state_scan_kernel[grid[name]](
             k, gamma, a, m, s, Cw, Cs, W0, S0, We0, BW, BS, WT, ST, WE, WH, SH,
-            T, L, m0, offset, chunk_size, window, NC, L2=l2, BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"],
-            num_warps=warps, num_stages=stages, **kw)
+            T, L, m0, offset, chunk_size, window, NC, **opts[name])
         del BW, BS
         y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
-        chunk_linear_memory_fwd_kernel[grid["chunk_linear_memory_fwd_kernel"]](
-            q, k, v, gamma, a, m, Cw, We0, WH, SH, y, T, L, m0, offset, chunk_size, window, L2=l2,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
+        name = "chunk_linear_memory_fwd_kernel"
+        chunk_linear_memory_fwd_kernel[grid[name]](
+            q, k, v, gamma, a, m, Cw, We0, WH, SH, y, T, L, m0, offset, chunk_size, window, **opts[name])
         ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH)
-        ctx.args = (offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec)
+        ctx.args = (offset, chunk_size, window, bias, momentum, NC, opts, grid)
         return y, WT, ST, WE
 
     @staticmethod
     def backward(ctx, dy, dWT, dST, dWE):
         q, k, v, gamma, a, m, s, Cw, Cs, We0, WH, SH = ctx.saved_tensors
-        offset, chunk_size, window, bias, momentum, NC, cfg, grid, prec = ctx.args
+        offset, chunk_size, window, bias, momentum, NC, opts, grid = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
-        l2, m0, warps, stages = bias == "l2", L - T, cfg["num_warps"], cfg["num_stages"]
-        NV = triton.cdiv(DV, cfg["BV"])
-        kw = dict(D=D, DV=DV, L2=l2, MOMENTUM=momentum, DT=DTYPES[q.dtype], PREC=prec)
+        m0, l2 = L - T, bias == "l2"
         f32 = dict(dtype=torch.float32, device=q.device)
         dy = dy.to(q.dtype).contiguous()
         ZE = torch.empty(N, NC, DV, D, **f32)
         ZF = torch.empty_like(ZE) if l2 else ZE
         ZS = torch.empty_like(ZE) if momentum else ZE
-        chunk_grad_contrib_kernel[grid["chunk_grad_contrib_kernel"]](
-            q, k, v, gamma, a, m, Cw, We0, WH, dy, ZE, ZF, ZS, T, L, m0, offset, chunk_size, window,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
+        name = "chunk_grad_contrib_kernel"
+        chunk_grad_contrib_kernel[grid[name]](
+            q, k, v, gamma, a, m, Cw, We0, WH, dy, ZE, ZF, ZS, T, L, m0, offset, chunk_size, window, **opts[name])
         GH = torch.empty(N, NC, DV, D, **f32)  # ∂L/∂ every chunk's end states
         GSH = torch.empty_like(GH) if momentum else GH
         dW0, dS0, dWe0 = (torch.zeros(N, DV, D, **f32) for _ in range(3))
-        chunk_grad_scan_kernel[grid["chunk_grad_scan_kernel"]](
+        name = "chunk_grad_scan_kernel"
+        chunk_grad_scan_kernel[grid[name]](
             k, gamma, a, m, s, Cw, Cs, ZE, ZF, ZS, dWT.float().contiguous(), dST.float().contiguous(),
-            dWE.float().contiguous(), GH, GSH, dW0, dS0, dWe0, T, L, m0, offset, chunk_size, window, NC,
-            BT=cfg["BT"], BK=cfg["BKS"], BV=cfg["BVS"], num_warps=warps, num_stages=stages, **kw)
+            dWE.float().contiguous(), GH, GSH, dW0, dS0, dWe0, T, L, m0, offset, chunk_size, window, NC, **opts[name])
         del ZE, ZF, ZS
+        name = "chunk_linear_memory_bwd_kernel"
+        NV = grid[name][2]
         dq = torch.empty(NV, N, T, D, **f32)
         dk, dv, dgamma = torch.zeros(N, L, D, **f32), torch.zeros(N, L, DV, **f32), torch.zeros(N, L, **f32)
         da, dm, ds = (torch.zeros(NV, N, T, **f32) for _ in range(3))
         dCw, dCs = torch.zeros(NV, N, T, chunk_size, **f32), torch.zeros(NV, N, T, chunk_size, **f32)
-        chunk_linear_memory_bwd_kernel[grid["chunk_linear_memory_bwd_kernel"]](
+        chunk_linear_memory_bwd_kernel[grid[name]](
             q, k, v, gamma, a, m, Cw, Cs, We0, WH, SH, GH, GSH, dy,
-            dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, N, T, L, m0, offset, chunk_size, window,
-            BT=cfg["BT"], BD=cfg["BD"], BV=cfg["BV"], num_warps=warps, num_stages=stages, **kw)
+            dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, N, T, L, m0, offset, chunk_size, window, **opts[name])
         gates = (da.sum(0), dm.sum(0) if momentum else None, ds.sum(0) if momentum else None, dCw.sum(0),
                  dCs.sum(0) if momentum else None)
         return (dq.sum(0).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype),
