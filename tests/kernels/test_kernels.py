@@ -7,6 +7,9 @@ Without a GPU the kernels run under Triton's interpreter (small shapes, fp32); c
 before triton is first imported. Heavier sweeps are marked slow.
 """
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,6 +258,21 @@ def test_plan_counts_the_dots_the_kernels_run(window, bias, momentum, monkeypatc
     x = chunk_inputs(N=2, T=64, m0=0, D=16, DV=16, b=16, momentum=momentum)
     chunk_run(chunk_linear_memory, x, offset=0, chunk_size=16, window=window, bias=bias)
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
+
+
+@pytest.mark.slow
+def test_every_launch_compiles_for_sm90():
+    """Every launch of the table's shape and of the largest blocks ([64, 256], tf32) compiles for sm_90 without a GPU
+    and fits the shared memory of one block (tests/kernels/sm90_resources.py, in a process without
+    TRITON_INTERPRET; ~3 minutes on 2 cores)."""
+    pytest.importorskip("triton.backends.nvidia")
+    root = Path(__file__).resolve().parents[2]
+    env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    run_ = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_resources.py")),
+                           "64", "64", "16", "l2", "float32", "tf32", "256", "64", "64", "l2", "float32", "tf32"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert run_.returncode == 0, run_.stdout + run_.stderr[-3000:]
 
 
 def test_the_kernel_table_in_docs_is_what_plan_gives():
