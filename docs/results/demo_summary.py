@@ -1,0 +1,108 @@
+"""`make demo`'s last step: one 80-column table and one plot from the files the demo's commands wrote.
+
+Reads the capacity probe's rows (runs/capacity/capacity-demo/capacity.csv) and the trained study's report
+files (runs/sweeps/demo-state/results.csv, differences.csv: `atlas-lab report demo-state --power DELTA` fills
+their power columns),
+prints per memory rule and head dim the probe's accuracy at the task's N beside the trained mean and interval, then
+each comparison's difference, Holm p, power and verdict, and draws both on one plot against the state size
+(floats per head): the probe's curve per rule, the trained means with their 95 % intervals, chance and 1/N
+dotted. The report's own tables, with every column, are in runs/sweeps/demo-state/results.md.
+
+    python docs/results/demo_summary.py [--study demo-state] [--capacity FILE] [--n-pairs 4] [--chance 0.03125]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from atlas_lab.tables import print_table
+
+AXIS = "model"  # the grid axis: "<rule>, head dim <d>"
+
+
+def head_dim(label: str) -> int:
+    """'delta rule, head dim 16' -> 16."""
+    return int(re.search(r"head dim (\d+)", label).group(1))
+
+
+def rule(label: str) -> str:
+    """'delta rule, head dim 16' -> 'delta rule'."""
+    return label.split(", head dim")[0]
+
+
+def fmt(value: str | None, digits: int = 3) -> str:
+    return "—" if value in (None, "", "None") else f"{float(value):.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--study", default="demo-state")
+    p.add_argument("--capacity", default="runs/capacity/capacity-demo/capacity.csv")
+    p.add_argument("--n-pairs", type=int, default=4, help="the task's N: the probe's row drawn and shown")
+    p.add_argument("--chance", type=float, default=1 / 32, help="the trained model's chance (1 / values)")
+    args = p.parse_args(argv)
+    folder = Path("runs/sweeps") / args.study
+    points = list(csv.DictReader((folder / "results.csv").open()))
+    diffs = list(csv.DictReader((folder / "differences.csv").open()))
+    probe = {(r["combination"], int(r["head_dim"])): r for r in csv.DictReader(Path(args.capacity).open())
+             if int(r["n_pairs"]) == args.n_pairs}
+    console = Console()
+    rows = sorted(points, key=lambda r: (rule(r[AXIS]), head_dim(r[AXIS])))
+    print_table(console, f"{args.study}: val/acc (best validation) of a trained model, 5 seeds, against the "
+                         f"capacity probe's recall of N = {args.n_pairs} random pairs in one head (no training)",
+                ["rule", "head dim", "floats/head", f"probe N={args.n_pairs}", "trained", "95% CI", "seeds"],
+                [[rule(r[AXIS]), head_dim(r[AXIS]), head_dim(r[AXIS]) ** 2,
+                  fmt((probe.get((rule(r[AXIS]), head_dim(r[AXIS]))) or {}).get("retrieval_acc")), fmt(r["mean"]),
+                  f"{fmt(r['ci_low'])} … {fmt(r['ci_high'])}", r["n"]] for r in rows], keys=2)
+    console.print(Text("point − baseline, paired by seed (Holm over every comparison; power at the Holm level):"))
+    for d in diffs:
+        power = f"power {fmt(d['power'], 2)}, seeds for power 0.8: {d['seeds'] or '—'}" if d.get("power") else ""
+        console.print(Text(f"  {d['changes']}: {fmt(d['diff'])} [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}], "
+                           f"Holm p {fmt(d['p_holm'], 4)}, {power}"))
+        console.print(Text(f"    {d['verdict']}"))
+    path = plot(points, probe, args, folder / "demo.png")
+    console.print(Text(f"plot: {path}; every column: {folder / 'results.md'}"))
+
+
+def plot(points: list[dict], probe: dict, args, path: Path) -> Path:
+    """Accuracy against floats per head (log 2): per rule the probe's line and the trained means with their 95 %
+    intervals, chance and 1/N dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    rules = list(dict.fromkeys(rule(r[AXIS]) for r in points))
+    for rule, color in zip(rules, ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
+        line = sorted((int(r["state_floats"]), float(r["retrieval_acc"])) for (c, _), r in probe.items() if c == rule)
+        if line:
+            ax.plot(*zip(*line), color=color, linestyle="--", marker="x",
+                    label=f"{rule}: probe, N = {args.n_pairs} random pairs")
+        mine = sorted((head_dim(r[AXIS]) ** 2, r) for r in points if rule(r[AXIS]) == rule and r["mean"])
+        xs = [x * (1.06 if i else 0.94) for x, _ in mine for i in [rules.index(rule)]]
+        ys = [float(r["mean"]) for _, r in mine]
+        err = [[y - float(r["ci_low"] or y) for y, (_, r) in zip(ys, mine)],
+               [float(r["ci_high"] or y) - y for y, (_, r) in zip(ys, mine)]]
+        ax.errorbar(xs, ys, yerr=err, color=color, fmt="o", capsize=3, label=f"{rule}: trained (mean, 95% CI)")
+    ax.axhline(args.chance, color="tab:red", linestyle=":", linewidth=1, label=f"chance ({args.chance:.4g})")
+    ax.axhline(1 / args.n_pairs, color="tab:purple", linestyle=":", linewidth=1,
+               label=f"1/N plateau ({1 / args.n_pairs:.4g})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("state floats per memory head (head dim²)")
+    ax.set_ylabel("recall accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    main()
