@@ -54,7 +54,8 @@ so is every later output.
 inputs are multiplied as they are passed (fp32 intermediates — C, δ, the states — rounded to that dtype first, as
 fla's kernels do); float32 on tensor cores in tf32 when torch allows it (``torch.get_float32_matmul_precision()`` is
 "high" or "medium", e.g. ``torch.backends.cuda.matmul.allow_tf32 = True``), IEEE otherwise (the default "highest",
-like torch's own fp32 matmul). Element-wise arithmetic, states and gradients are fp32.
+like torch's own fp32 matmul; and the backward read-out kernel at [64, 256] blocks, whose tf32 layouts do not fit a
+block's shared memory: ``_config``). Element-wise arithmetic, states and gradients are fp32.
 The same computation in plain PyTorch is ``naive.chunk_linear_memory_naive`` (next to this file).
 """
 from __future__ import annotations
