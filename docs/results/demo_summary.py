@@ -9,6 +9,7 @@ each comparison's difference, Holm p, power and verdict, and draws both on one p
 dotted. The report's own tables, with every column, are in runs/sweeps/demo-state/results.md.
 
     python docs/results/demo_summary.py [--study demo-state] [--capacity FILE] [--n-pairs 4] [--chance 0.03125]
+                                        [--delta 0.1]
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity", default="runs/capacity/capacity-demo/capacity.csv")
     p.add_argument("--n-pairs", type=int, default=4, help="the task's N: the probe's row drawn and shown")
     p.add_argument("--chance", type=float, default=1 / 32, help="the trained model's chance (1 / values)")
+    p.add_argument("--delta", type=float, default=0.1, help="the difference `report --power` was given")
     args = p.parse_args(argv)
     folder = Path("runs/sweeps") / args.study
     points = list(csv.DictReader((folder / "results.csv").open()))
@@ -53,18 +55,25 @@ def main(argv: list[str] | None = None) -> None:
              if int(r["n_pairs"]) == args.n_pairs}
     console = Console()
     rows = sorted(points, key=lambda r: (rule(r[AXIS]), head_dim(r[AXIS])))
-    print_table(console, f"{args.study}: val/acc (best validation) of a trained model, 5 seeds, against the "
-                         f"capacity probe's recall of N = {args.n_pairs} random pairs in one head (no training)",
-                ["rule", "head dim", "floats/head", f"probe N={args.n_pairs}", "trained", "95% CI", "seeds"],
+    seeds = sorted({int(r["n"]) for r in rows})
+    print_table(console, f"{args.study}: val/acc (the best validation) of trained models, mean and 95 % interval "
+                         f"over {'/'.join(map(str, seeds))} seeds, beside the capacity probe's recall of "
+                         f"N = {args.n_pairs} random pairs in one head (no training); state: floats per head",
+                ["rule", "head dim", "state", "probe", "trained", "95% CI"],
                 [[rule(r[AXIS]), head_dim(r[AXIS]), head_dim(r[AXIS]) ** 2,
                   fmt((probe.get((rule(r[AXIS]), head_dim(r[AXIS]))) or {}).get("retrieval_acc")), fmt(r["mean"]),
-                  f"{fmt(r['ci_low'])} … {fmt(r['ci_high'])}", r["n"]] for r in rows], keys=2)
-    console.print(Text("point − baseline, paired by seed (Holm over every comparison; power at the Holm level):"))
+                  f"{fmt(r['ci_low'])}–{fmt(r['ci_high'])}"] for r in rows], keys=2)
+    if diffs:
+        base = next(r[AXIS] for r in points if r[AXIS] not in {d["changes"].split("=", 1)[1] for d in diffs})
+        setting = diffs[0]["verdict"].split(" at ", 1)[1] if " at " in diffs[0]["verdict"] else ""
+        console.print(Text(f"each point − {base}, paired by seed: mean and 95 % t interval, Holm p over "
+                           f"{len(diffs)} comparisons, power of the paired t test against ±{args.delta:g} at its "
+                           f"Holm level (and the seeds that give 0.8), the verdict at {setting}:"))
     for d in diffs:
-        power = f"power {fmt(d['power'], 2)}, seeds for power 0.8: {d['seeds'] or '—'}" if d.get("power") else ""
-        console.print(Text(f"  {d['changes']}: {fmt(d['diff'])} [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}], "
-                           f"Holm p {fmt(d['p_holm'], 4)}, {power}"))
-        console.print(Text(f"    {d['verdict']}"))
+        power = f", power {fmt(d['power'], 2)} (0.8 at {d['seeds'] or '—'} seeds)" if d.get("power") else ""
+        console.print(Text(f"  {d['changes'].split('=', 1)[1]}: {d['verdict'].split(' at ', 1)[0]}\n"
+                           f"    {float(d['diff']):+.3f} [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}], "
+                           f"Holm p {fmt(d['p_holm'], 2)}{power}"))
     path = plot(points, probe, args, folder / "demo.png")
     console.print(Text(f"plot: {path}; every column: {folder / 'results.md'}"))
 
@@ -79,17 +88,18 @@ def plot(points: list[dict], probe: dict, args, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     rules = list(dict.fromkeys(rule(r[AXIS]) for r in points))
-    for rule, color in zip(rules, ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
-        line = sorted((int(r["state_floats"]), float(r["retrieval_acc"])) for (c, _), r in probe.items() if c == rule)
+    for name, color in zip(rules, ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
+        line = sorted((int(r["state_floats"]), float(r["retrieval_acc"])) for (c, _), r in probe.items() if c == name)
         if line:
             ax.plot(*zip(*line), color=color, linestyle="--", marker="x",
-                    label=f"{rule}: probe, N = {args.n_pairs} random pairs")
-        mine = sorted((head_dim(r[AXIS]) ** 2, r) for r in points if rule(r[AXIS]) == rule and r["mean"])
-        xs = [x * (1.06 if i else 0.94) for x, _ in mine for i in [rules.index(rule)]]
+                    label=f"{name}: probe, N = {args.n_pairs} random pairs")
+        mine = sorted(((head_dim(r[AXIS]) ** 2, r) for r in points if rule(r[AXIS]) == name and r["mean"]),
+                      key=lambda x: x[0])
+        xs = [x * (1.06 if rules.index(name) else 0.94) for x, _ in mine]
         ys = [float(r["mean"]) for _, r in mine]
         err = [[y - float(r["ci_low"] or y) for y, (_, r) in zip(ys, mine)],
                [float(r["ci_high"] or y) - y for y, (_, r) in zip(ys, mine)]]
-        ax.errorbar(xs, ys, yerr=err, color=color, fmt="o", capsize=3, label=f"{rule}: trained (mean, 95% CI)")
+        ax.errorbar(xs, ys, yerr=err, color=color, fmt="o", capsize=3, label=f"{name}: trained (mean, 95% CI)")
     ax.axhline(args.chance, color="tab:red", linestyle=":", linewidth=1, label=f"chance ({args.chance:.4g})")
     ax.axhline(1 / args.n_pairs, color="tab:purple", linestyle=":", linewidth=1,
                label=f"1/N plateau ({1 / args.n_pairs:.4g})")
