@@ -74,13 +74,26 @@ def main(argv: list[str] | None = None) -> None:
         console.print(Text(f"  {d['changes'].split('=', 1)[1]}: {d['verdict'].split(' at ', 1)[0]}\n"
                            f"    {float(d['diff']):+.3f} [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}], "
                            f"Holm p {fmt(d['p_holm'], 2)}{power}"))
-    path = plot(points, probe, args, folder / "demo.png")
+    path = plot(points, probe, args, folder / "demo.png", seed_values(args.study))
     console.print(Text(f"plot: {path}; every column: {folder / 'results.md'}"))
 
 
-def plot(points: list[dict], probe: dict, args, path: Path) -> Path:
+def seed_values(study: str) -> dict[str, list[float]]:
+    """Each grid point's value per seed, from the study's journal ({} where it cannot be read)."""
+    from atlas_lab.sweep.report import result_rows
+    from atlas_lab.sweep.spec import default_storage
+    from atlas_lab.sweep.study import load_existing
+
+    try:
+        columns, rows = result_rows(load_existing(default_storage(study), study))
+    except Exception:  # the plot is drawn without them
+        return {}
+    return {r[AXIS]: list(r["values"].values()) for r in rows if AXIS in columns}
+
+
+def plot(points: list[dict], probe: dict, args, path: Path, seeds: dict[str, list[float]]) -> Path:
     """Accuracy against floats per head (log 2): per rule the probe's line and the trained means with their 95 %
-    intervals, chance and 1/N dotted."""
+    intervals and each seed's value, chance and 1/N dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,6 +113,9 @@ def plot(points: list[dict], probe: dict, args, path: Path) -> Path:
         err = [[y - float(r["ci_low"] or y) for y, (_, r) in zip(ys, mine)],
                [float(r["ci_high"] or y) - y for y, (_, r) in zip(ys, mine)]]
         ax.errorbar(xs, ys, yerr=err, color=color, fmt="o", capsize=3, label=f"{name}: trained (mean, 95% CI)")
+        dots = [(x * 1.04, v) for x, (_, r) in zip(xs, mine) for v in seeds.get(r[AXIS], [])]
+        if dots:
+            ax.scatter(*zip(*dots), color=color, s=9, alpha=0.5, label=f"{name}: trained, each seed")
     ax.axhline(args.chance, color="tab:red", linestyle=":", linewidth=1, label=f"chance ({args.chance:.4g})")
     ax.axhline(1 / args.n_pairs, color="tab:purple", linestyle=":", linewidth=1,
                label=f"1/N plateau ({1 / args.n_pairs:.4g})")
