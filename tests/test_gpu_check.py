@@ -180,7 +180,7 @@ def test_pilot_part_runs_without_mlflow_optuna_or_jsonargparse(tmp_path):
                        timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     pilot = json.loads(out.read_text())["pilot"]
-    assert pilot["piloted"] == pilot["configurations"] == 2, pilot
+    assert pilot["piloted"] == pilot["configurations"] >= 2, pilot
     assert "hours projected for one worker" in p.stdout
 
 
@@ -249,7 +249,7 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     for model, row in rows.items():
         assert row.get("finite") and row["tokens_per_s"] > 0 and row["peak_gib"] > 0, (model, row)
     assert rows["transformer"]["speed_vs_transformer"] == 1.0
-    assert result["pilot"]["piloted"] == 2 and result["pilot"]["hours"] > 0
+    assert result["pilot"]["piloted"] == result["pilot"]["configurations"] >= 2 and result["pilot"]["hours"] > 0
     for title in ("(a) kernel and memory tests", "(b) memorize forward+backward", "(c) one training step",
                   "(d) pilot of sweeps/demo.yaml"):
         assert title in p.stdout

@@ -270,7 +270,7 @@ def project(timing: Timing, schedule: Schedule) -> dict[str, float]:
     if cap is not None:
         run = min(run, cap)
     return dict(setup=timing.setup_s, training=training, validation=validations * one_val, one_validation=one_val,
-                batches=batches, validations=validations, total=timing.setup_s + run)
+                batches=batches, validations=validations, cap=cap, total=timing.setup_s + run)
 
 
 def study_hours(rows: list[dict]) -> float:
@@ -279,10 +279,16 @@ def study_hours(rows: list[dict]) -> float:
 
 
 def busy_free_hours(rows: list[dict]) -> float:
-    """The study's hours at the pilots' CPU time: each configuration's fits × a fit × its pilot's share of its threads'
-    cores (about the wall time where the pilots would have had their cores to themselves)."""
-    return sum(r["fits"] * r["projection"]["total"] * (r.get("cpu_share") or 1.0) for r in rows
-               if "projection" in r) / 3600
+    """The study's hours at the pilots' CPU time: each configuration's fits × a fit whose training and validations
+    are scaled by its pilot's share of its threads' cores, then capped at max_time (about the wall time where the
+    pilots would have had their cores to themselves)."""
+    total = 0.0
+    for r in rows:
+        if "projection" in r:
+            p = r["projection"]
+            run = (p["training"] + p["validation"]) * (r.get("cpu_share") or 1.0)
+            total += r["fits"] * (p["setup"] + (run if p.get("cap") is None else min(run, p["cap"])))
+    return total / 3600
 
 
 # ---------------------------------------------------------------- the pilot
@@ -593,7 +599,8 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
     if shares and min(shares) < BUSY:
         console.print(f"the pilots had {min(shares):.0%}-{max(shares):.0%} of their threads' cores (other processes "
                       "ran beside them): the figure is for a machine as busy as this one; at their CPU time (each "
-                      f"configuration's hours × its share) {busy_free_hours(rows):.2f} hours", markup=False)
+                      f"configuration's steps and validations × its share) {busy_free_hours(rows):.2f} hours",
+                      markup=False)
     failed = sum("error" in r for r in rows)
     console.print(f"study {spec.study}: {hours:.2f} hours projected in all (one worker; no pruning foreseen"
                   + (f"; {failed} configuration(s) without a pilot are not counted" if failed else "") + ")",

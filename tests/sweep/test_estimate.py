@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sweep_helpers import ROOT, write_sweep
+from sweep_helpers import write_sweep
 
 from atlas_lab.cli import main
 from atlas_lab.sweep import estimate
@@ -143,8 +143,9 @@ def test_a_stream_is_sampled_from_its_start_and_needs_max_steps():
         project(timing, Schedule(stream.counts(), {}, dict(max_epochs=1)))
 
 
-def test_a_failing_pilot_is_its_rows_error(capsys):
-    spec = load_sweep(ROOT / "sweeps" / "demo.yaml")
+def test_a_failing_pilot_is_its_rows_error(sweep_dir, capsys):
+    spec = load_sweep(write_sweep("d.yaml", grid={"model.memory_heads": {"head dim 16": 2, "head dim 2": 16}},
+                                  repeats=5))
     timing = dict(step_s={16: 0.01}, val_batch_s={16: 0.005}, val_overhead_s=0.0, setup_s=0.5, cpu_share=0.4)
     schedule = dict(train_batches={16: 600}, val_batches={16: 16}, trainer=dict(max_epochs=1, val_check_interval=0.25))
 
@@ -159,7 +160,12 @@ def test_a_failing_pilot_is_its_rows_error(capsys):
     out = " ".join(capsys.readouterr().out.split())  # the lines as words (the console wraps them)
     assert f"{5 * (0.5 + 6.0 + 0.32) / 3600:.2f} hours projected in all" in out and "not counted" in out
     assert "the pilots had 40%-40% of their threads' cores" in out
-    assert f"at their CPU time (each configuration's hours × its share) {0.4 * 5 * 6.82 / 3600:.2f} hours" in out
+    assert f"at their CPU time (each configuration's steps and validations × its share) " \
+           f"{5 * (0.5 + 0.4 * 6.32) / 3600:.2f} hours" in out
+    # a fit capped at max_time: the share scales its run before the cap (here it stays capped), never after
+    capped = dict(fits=2, cpu_share=0.5, projection=dict(setup=1.0, training=300.0, validation=100.0, cap=60.0))
+    assert estimate.busy_free_hours([capped]) == 2 * (1.0 + 60.0) / 3600
+    assert estimate.busy_free_hours([dict(capped, cpu_share=0.1)]) == 2 * (1.0 + 40.0) / 3600
 
 
 def test_estimate_end_to_end_writes_nothing(sweep_dir, capsys):
