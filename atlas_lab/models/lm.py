@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers import MAC, MAG, Attention, MemoryMixer
+from ..layers import MAC, MAG, Attention, LaCT, MemoryMixer
 from .documents import read_documents
 from .presets import LAYER_KINDS, MEMORY_KINDS, PRESETS, layer_entry, layer_label, resolve_preset
 
@@ -152,6 +152,8 @@ class LanguageModel(nn.Module):
                 return MAC(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
             if kind == "mag":
                 return MAG(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
+            if kind == "lact":  # LaCT's layer: shared q, k, v, SWA over the chunk, RoPE on the fast q, k
+                return LaCT(d_model, n_heads, c, swa_window, memory_heads, persistent_tokens)
             return MemoryMixer(d_model, memory_heads, c)  # memory, or a one-memory-layer preset
 
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -261,9 +263,12 @@ class LanguageModel(nn.Module):
         for m in self.modules():
             if isinstance(m, MAC):
                 out["attention"] += m.attention_flops(T)
-            elif isinstance(m, MemoryMixer):
-                flops = plan(m.config, Shapes(1, T, m.n_heads, m.head_dim, m.head_dim), impl="chunked").flops
-                out["memory"] = None if flops is None or out["memory"] is None else out["memory"] + m.n_heads * flops
+            elif isinstance(m, (MemoryMixer, LaCT)):
+                heads, dim = (m.n_heads, m.head_dim) if isinstance(m, MemoryMixer) else (m.memory_heads, m.memory_dim)
+                flops = plan(m.config, Shapes(1, T, heads, dim, dim), impl="chunked").flops
+                out["memory"] = None if flops is None or out["memory"] is None else out["memory"] + heads * flops
+                if isinstance(m, LaCT):  # its SWA branch
+                    out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)
             elif isinstance(m, Attention) and id(m) not in segment_attention:
                 out["attention"] += m.n_heads * attention_flops(m.head_dim, T, m.window)
         return out

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from ..memory import MemoryConfig
 
-LAYER_KINDS = ("memory", "attention", "swa", "mag", "mac")
-MEMORY_KINDS = ("memory", "mag", "mac")  # the kinds that hold a memory (and a one-memory-layer preset's name)
+LAYER_KINDS = ("memory", "attention", "swa", "mag", "mac", "lact")
+MEMORY_KINDS = ("memory", "mag", "mac", "lact")  # the kinds that hold a memory (and a one-memory-layer preset's name)
 _L = "learned"
 _WINDOW = 8
 # η_max of the deep gd/momentum memories. Chunk-start gradients take b = 16 steps at one point: the chunk's update
@@ -156,13 +156,12 @@ PRESETS: dict[str, dict] = {
     #     M_c = θ_c M_{c−1} + Σ_{t∈c} γ_t ∇ℓ_t(W_{c−1}) / b,   W'_c = W_{c−1} − η_c NS_5(M_c),
     #     W_c[r] = W'_c[r] ‖W_{c−1}[r]‖ / ‖W'_c[r]‖          (each row kept at its norm: muon keep_row_norms)
     # with LaCT's Newton–Schulz schedule of five coefficient triples (muon ns_coefficients: lact). γ_t: its per-token
-    # learning rate; NS removes the scale, so η_c = 1 is its muon step. Departs from the paper and its code (the
-    # options the engine and the layer do not have yet; docs/memory.md §6): one learning rate γ_t = σ(·) per token and
-    # head, not softplus per weight matrix; a constant momentum θ_c = 0.9 per chunk, not the chunk's mean of a learned
-    # per-token momentum; MAG's gate over branches with projections of their own, not the sum of an SWA and a TTT
-    # branch over shared q, k, v; no RoPE on the fast-weight q, k; the SWA window is the model's (swa_window; LaCT:
-    # the chunk, `--model.swa_window=2048`).
-    "lact": dict(layers=["mag"], memory=_memory(
+    # learning rate; NS removes the scale, so η_c = 1 is its muon step. Its layer is LaCT's (layers.hybrid.LaCT,
+    # layer kind lact): one q, k, v projection for the SWA and the memory branch, summed; the SWA window the chunk;
+    # RoPE on the fast-weight q, k; the momentum the chunk's mean of a learned per-token σ(·); γ_t = softplus per
+    # memory head. Departs from the paper and its code (docs/memory.md §6): one learning rate per token and head, not
+    # one per weight matrix.
+    "lact": dict(layers=["lact"], memory=_memory(
         {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot",
         optimizer={"name": "muon", "ns_coefficients": "lact", "keep_row_norms": True},
         learning_rule="chunk_commit", alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,

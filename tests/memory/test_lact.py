@@ -182,12 +182,14 @@ def test_lact_streams_across_chunks():
 
 
 def test_lact_preset_is_a_swiglu_memory_beside_sliding_window_attention():
-    """The preset: MAG layers (memory and SWA branches); the memory's f_W is SwiGLU without residual; the layer
-    learns γ per head and token; a chunk's η sums to 1 and θ multiplies to 0.9."""
-    model = LanguageModel(64, "lact", d_model=16, n_layers=1, n_heads=2)
+    """lact_simple: MAG layers (memory and SWA branches; lact: LaCT's own layer, tests/layers/test_lact_layer.py); the
+    memory's f_W is SwiGLU without residual; the layer learns γ per head and token; a chunk's η sums to 1 and θ
+    multiplies to 0.9."""
+    assert type(LanguageModel(64, "lact", d_model=16, n_layers=1, n_heads=2).blocks[0].mixer).__name__ == "LaCT"
+    model = LanguageModel(64, "lact_simple", d_model=16, n_layers=1, n_heads=2)
     mag = model.blocks[0].mixer
     assert type(mag).__name__ == "MAG"
-    c = resolve_preset("lact")[1]
+    c = resolve_preset("lact_simple")[1]
     assert c.chunk_size * c.eta == pytest.approx(1.0) and c.theta ** c.chunk_size == pytest.approx(0.9)
     assert set(mag.memory.learned_gates) == {"gamma"}
     W = {n: torch.randn(1, 1, *w.shape[1:], dtype=torch.float64) for n, w in mag.memory.initial_weights.items()}

@@ -45,6 +45,7 @@ ROUTES = {
     "moneta": ("chunked", "chunked", "accumulated"),
     "memora": ("chunked", "chunked", "accumulated"),
     "lact": ("chunked", "chunked", "chunk_start"),
+    "lact_simple": ("chunked", "chunked", "chunk_start"),
     "hope_cms": ("chunked", "chunked", "chunk_start"),
     "tnt": ("chunked", "chunked", "linear"),
 }

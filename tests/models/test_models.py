@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from atlas_lab.layers import Attention, MemoryMixer
+from atlas_lab.layers import Attention, LaCT, MemoryMixer
 from atlas_lab.memory import MemoryConfig
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
 from helpers import rel_err
@@ -23,7 +23,7 @@ def test_preset_trains_a_step(preset):
     # a large-chunk memory (lact: 2,048 tokens; hope_cms's slower levels) learns only at a chunk's end: chunks of 8
     # here, so that 21 tokens do
     model = tiny(preset)
-    if max((m.config.chunk_size for m in model.modules() if isinstance(m, MemoryMixer)), default=1) > 21:
+    if max((m.config.chunk_size for m in model.modules() if isinstance(m, (MemoryMixer, LaCT))), default=1) > 21:
         model = tiny(preset, memory={"chunk_size": 8})
     x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1))
     logits, _ = model(x)
@@ -93,8 +93,8 @@ def test_chunk_start_reads_train_a_step_and_stream(preset):
 def test_recurrent_state_does_not_grow(preset):
     """After the first window, the streaming cache of every recurrent preset keeps a constant size, and that size
     counted tensor by tensor (float32 values, int64 positions) is the ``state_bytes`` that `atlas-lab presets`
-    shows."""
-    model = tiny(preset)
+    shows. (lact's attention window is its chunk: chunks of 8 here.)"""
+    model = tiny(preset, memory={"chunk_size": 8}) if preset == "lact" else tiny(preset)
     g = torch.Generator().manual_seed(3)
     sizes = []
     cache = None
