@@ -215,6 +215,8 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
         fla_gap = ""
     if impl == "triton" or (impl == "auto" and torch.device(device).type == "cuda"):
         gap = triton_gap(config, mem, bias, optimizer, form, weights, dtype, device, per_token)
+        if gap is None and impl == "auto" and form == "delta_rule":  # computed right, but T steps in sequence
+            gap = "chunk_size=1 well: its walk over chunk states would be T steps (the chunked path: WY blocks)"
         if gap is None:
             return made("triton", "asked" if impl == "triton" else f"the kernels cover it on CUDA{fla_gap}")
         if impl == "triton":

@@ -18,7 +18,7 @@ import torch
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
 from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
-from atlas_lab.memory.ops.chunk_linear_memory.triton import dot_precision, plan, plan_table
+from atlas_lab.memory.ops.chunk_linear_memory.triton import dot_precision, launches, launches_table
 from helpers import SPREAD, U32, compare_float32, float32_spread, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
@@ -213,20 +213,20 @@ def test_a_call_of_eight_sequences_fills_the_chip():
     """B·H = 8 (B 2, H 4, d 64, T 16K, chunks of 64: gpu_check's deltanet row): each chunk-parallel launch has at least
     ten programs per multiprocessor of a 132-SM GPU (the kernel before had 16 programs in all); only the two walks run
     per (d_v tile, sequence)."""
-    launches = plan(8, 16384, 64, 64, chunk_size=64, window=1, bias="l2", momentum=False)
-    for name, (grid, programs, flops) in launches.items():
+    each = launches(8, 16384, 64, 64, chunk_size=64, window=1, bias="l2", momentum=False)
+    for name, (grid, programs, flops) in each.items():
         if "scan" in name:
             assert grid == (4, 1, 8)
         else:
             assert programs >= 10 * 132, (name, grid)
-    walk = sum(f for n, (_, _, f) in launches.items() if "scan" in n)
-    assert walk <= 0.25 * sum(f for _, _, f in launches.values())  # most of the work is chunk-parallel
+    walk = sum(f for n, (_, _, f) in each.items() if "scan" in n)
+    assert walk <= 0.25 * sum(f for _, _, f in each.values())  # most of the work is chunk-parallel
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
 @pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
-def test_plan_counts_the_dots_the_kernels_run(window, bias, momentum, monkeypatch):
-    """plan()'s FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
+def test_launches_counts_the_dots_the_kernels_run(window, bias, momentum, monkeypatch):
+    """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
     chunks of 16 = BT, D = d_v = 16, windows of 1 and 17 keys over chunks of 16)."""
     import importlib
 
@@ -252,7 +252,7 @@ def test_plan_counts_the_dots_the_kernels_run(window, bias, momentum, monkeypatc
             return launch
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
-    expected = plan(2, 64, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum)
+    expected = launches(2, 64, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum)
     for name in expected:
         monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
     x = chunk_inputs(N=2, T=64, m0=0, D=16, DV=16, b=16, momentum=momentum)
@@ -276,10 +276,10 @@ def test_every_launch_compiles_for_sm90():
 
 
 def test_the_kernel_table_in_docs_is_what_plan_gives():
-    """docs/performance.md's grid and FLOPs table is ``plan_table()``'s output, line for line."""
+    """docs/performance.md's grid and FLOPs table is ``launches_table()``'s output, line for line."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "performance.md").read_text()
-    for line in plan_table().splitlines():
-        assert line in doc, f"docs/performance.md lacks the line {line!r} (print plan_table() and paste it)"
+    for line in launches_table().splitlines():
+        assert line in doc, f"docs/performance.md lacks the line {line!r} (print launches_table() and paste it)"
 
 
 # ---------------------------------------------------------------- memorize(impl="triton") against reference

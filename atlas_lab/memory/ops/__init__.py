@@ -1,13 +1,15 @@
 """Fused kernels for atlas-lab's hot paths (docs/memory.md §5.3), flash-linear-attention style: one folder per
 operation, its fast paths and their twin side by side under one signature.
 
-    chunk_linear_memory/  linear memory, l2 / dot, Omega window, gates, gd / momentum, one launch per pass
-                          (triton.py: ``chunk_linear_memory``; naive.py: ``chunk_linear_memory_naive``, its oracle)
+    chunk_linear_memory/  linear memory, l2 / dot, Omega window, gates, gd / momentum: every chunk's products in
+                          parallel around one walk over chunk states (triton.py: ``chunk_linear_memory``; naive.py:
+                          ``chunk_linear_memory_naive``, its oracle)
     newton_schulz/        batched NS_k (quintic / cubic), k steps fused, forward + recomputation backward
                           (triton.py: ``newton_schulz``; cpu.py + cpu.cpp: the compiled CPU kernel)
     dispatch.py           ``memorize_triton``: ``memorize(..., impl="triton")`` on top of them (``INTERPRETED``: the
                           kernels run under Triton's interpreter)
     limits.py             what the kernels cover (``COVERAGE``), read by the plan (memory/plan.py) without triton
+    fla.py                ``memorize_fla``: ``memorize(..., impl="fla")`` on fla-core's chunk kernels
 
 Nothing here imports triton until a kernel is asked for: the memory package imports this package (its optimisers use
 the CPU Newton–Schulz kernel), on machines without triton too, and ``dispatch`` itself builds on the memory modules.

@@ -3,8 +3,8 @@
 The plan (memory/plan.py: ``triton_gap``, ops/limits.py: ``COVERAGE``) decides which calls come here; this runs them
 with the same arguments and results as ``memorize_reference``:
   * a linear memory with an optimiser linear in the gradients (gd, momentum), bias l2 or dot, any window and feature
-    map (φ is applied in PyTorch), normalize=True: one fused chunk kernel (``chunk_linear_memory``), forward and
-    backward;
+    map (φ is applied in PyTorch), normalize=True: the chunk kernels (``chunk_linear_memory``: each chunk's products
+    in parallel around one walk over chunk states), forward and backward;
   * muon with a built-in memory (linear, mlp, gated_mlp): the chunked path, with every chunk's per-token momenta
     orthogonalised by one batched Newton–Schulz launch.
 """

@@ -1,7 +1,7 @@
 """Chunked linear memory (docs/memory.md §3–§5), the fast path and its naive twin under one signature:
 
     triton.py  chunk_linear_memory        Triton: every chunk's own products in parallel around one walk over
-                                          chunk states, three launches a pass (``plan``: their grids and FLOPs)
+                                          chunk states, three launches a pass (``launches``: their grids and FLOPs)
     naive.py   chunk_linear_memory_naive  the same computation in plain PyTorch, chunk by chunk (the kernel's oracle)
 
 The equations are in ``triton.py``'s docstring. This package is imported with the memory package (whose optimisers

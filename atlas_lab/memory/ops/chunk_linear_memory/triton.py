@@ -32,7 +32,7 @@ W̃ through δ_i, read by y_t with weight C[t, i] (u_q,t · u_i) and by the end 
 the chunk's own; G, G' at every chunk end come from the walk, and then every input gradient of a chunk follows from
 its start state and G, G' alone (the products of ``chunk_linear_memory_bwd_kernel``'s docstring).
 
-**Launches** (``plan`` gives each one's grid and FLOPs), forward:
+**Launches** (``launches`` gives each one's grid and FLOPs), forward:
 
     1. chunk_state_contrib_kernel   (chunk, sequence, d_v tile × D tile)  B, B' of every chunk
     2. chunk_state_scan_kernel      (d_v tile [× D tile with dot], sequence)  the walk: every chunk's W_p, S_p
@@ -64,7 +64,6 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_FEATURES, MAX_CHUNK = 256, 64
 # The kernels compile once per block sizes, D, d_v, chunk size, bias, momentum and dtype; lengths, offsets and windows
 # are runtime values (do_not_specialize: no recompilation for each length's divisibility by 16).
 DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -480,7 +479,7 @@ def chunk_linear_memory_bwd_kernel(
         tl.store(DCS + rows[:, None] * b + offs_t[None, :], dcs, mask=cmask)
 
 
-# ---------------------------------------------------------------- launch plan
+# ---------------------------------------------------------------- launches
 
 def _config(D, DV, b, bias, prec="ieee"):
     """Block sizes and launch options. BT: a chunk's tokens; BI: a block of its window's keys; BD: all features; BV:
@@ -517,7 +516,7 @@ def grids(N, T, D, DV, *, chunk_size, bias="l2", offset=0):
             "chunk_linear_memory_bwd_kernel": parallel}
 
 
-def plan(N, T, D, DV, *, chunk_size, window=None, bias="l2", momentum=True, offset=0, m0=0):
+def launches(N, T, D, DV, *, chunk_size, window=None, bias="l2", momentum=True, offset=0, m0=0):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
     tokens (m0 cached keys), D features, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own sizes
     (a chunk's n tokens, its window's keys, D, DV; the padding of blocks to powers of two left out)."""
@@ -553,7 +552,7 @@ TABLE_OPTIONS = dict(chunk_size=16, window=8, bias="l2", momentum=True)  # an Om
 MULTIPROCESSORS = 132  # an H100 / H200
 
 
-def plan_table(shapes=None, options=None) -> str:
+def launches_table(shapes=None, options=None) -> str:
     """docs/performance.md's table: each launch's grid, its programs per multiprocessor and its dot GFLOP, at each
     shape of ``shapes`` (default TABLE_SHAPES, with TABLE_OPTIONS; D = d_v = d), and the single kernel each pass
     was before (one program per (d_v block, sequence), walking every chunk)."""
@@ -561,9 +560,9 @@ def plan_table(shapes=None, options=None) -> str:
     head = "| launch | " + " | ".join(f"{s}: grid = programs (per SM) | GFLOP" for s in shapes) + " |"
     rows = {}
     for B, H, d, T in shapes.values():
-        launches = plan(B * H, T, d, d, **options)
+        each = launches(B * H, T, d, d, **options)
         before = (triton.cdiv(d, _config(d, d, options["chunk_size"], options["bias"])["BV"]), B * H)
-        for name, (grid, programs, flops) in {**launches, "before: the one forward (or backward) kernel":
+        for name, (grid, programs, flops) in {**each, "before: the one forward (or backward) kernel":
                                               (before, before[0] * before[1], None)}.items():
             gflop = "—" if flops is None else f"{flops / 1e9:,.2f}"
             rows.setdefault(name, []).append(f"{grid} = {programs:,} ({programs / MULTIPROCESSORS:,.1f}) | {gflop}")

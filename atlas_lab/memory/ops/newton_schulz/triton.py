@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ...optimizers import NS_COEFFICIENTS
 
-MAX_ROWS, MAX_COLS = 128, 512  # after the transpose to rows ≤ cols
+from ..limits import MAX_COLS, MAX_ROWS  # after the transpose to rows ≤ cols
 IEEE = tl.constexpr("ieee")  # exact fp32 dots (no tf32), like torch's default fp32 matmul
 
 
