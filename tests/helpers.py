@@ -296,3 +296,39 @@ def residual_mlp_l2_gradients(W, k, v, weight):
     gelu_grad = 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)
     dz = torch.einsum("bhde,bnhd->bnhe", W["W2"], dy) * gelu_grad
     return {"W1": torch.einsum("bnhe,bnhd->bhed", dz, k), "W2": torch.einsum("bnhd,bnhe->bhde", dy, h)}
+
+
+# ---------------------------------------------------------------- LaCT's fast weights, written out
+QUINTIC = ((3.4445, -4.7750, 2.0315),) * 5  # Muon's Newton–Schulz, one triple for every step
+LACT_NS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+           (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # LaCT's ttt_operation.py, iteration by iteration
+
+
+def swiglu(W, x):
+    """f_W(x) = W1 (SiLU(W2 x) ⊙ W3 x) per head; x [B, n, H, D] -> (y [B, n, H, d_v], the pre-activations z2, z3,
+    and u = SiLU(z2) ⊙ z3)."""
+    z2, z3 = (torch.einsum("bhod,bnhd->bnho", W[n], x) for n in ("W2", "W3"))
+    u = torch.nn.functional.silu(z2) * z3
+    return torch.einsum("bhvo,bnho->bnhv", W["W1"], u), z2, z3, u
+
+
+def dot_loss_gradients(W, k, v, weight):
+    """Σ_t weight_t ∇_W ℓ_t(W) for ℓ_t = −⟨f_W(k_t), v_t⟩ (f_W: ``swiglu``), by the chain rule: {W1, W2, W3}."""
+    _, z2, z3, u = swiglu(W, k)
+    dy = -v * weight[..., None]
+    du = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy)
+    s = torch.sigmoid(z2)
+    dz2 = du * z3 * s * (1 + z2 * (1 - s))  # SiLU'(z) = σ(z)(1 + z(1 − σ(z)))
+    dz3 = du * torch.nn.functional.silu(z2)
+    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy, u), "W2": torch.einsum("bnho,bnhd->bhod", dz2, k),
+            "W3": torch.einsum("bnho,bnhd->bhod", dz3, k)}
+
+
+def newton_schulz_steps(G, schedule=QUINTIC):
+    """The Newton–Schulz iteration on each matrix of G [..., m, n] (on Gᵀ when m > n), one step per triple."""
+    X = G.mT if G.shape[-2] > G.shape[-1] else G
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
+    for a, b, c in schedule:
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if G.shape[-2] > G.shape[-1] else X

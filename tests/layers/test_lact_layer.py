@@ -21,12 +21,11 @@ from torch.nn import functional as F
 
 from atlas_lab.layers.hybrid import LaCT, chunk_mean_factors
 from atlas_lab.models import resolve_preset
-from helpers import rel_err
+from helpers import LACT_NS, QUINTIC, rel_err, swiglu
+from helpers import dot_loss_gradients as gradients
+from helpers import newton_schulz_steps as newton_schulz
 
 B, T, D_MODEL, HEADS, MEMORY_HEADS, CHUNK = 2, 23, 16, 2, 4, 5  # four commits and a partial chunk; 2 attention heads
-LACT_NS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-           (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))
-QUINTIC = ((3.4445, -4.7750, 2.0315),) * 5
 
 
 def layer(preset="lact", **options):
@@ -52,33 +51,6 @@ def rope(x, heads):
     c, s = angle.cos().double()[None, :, None], angle.sin().double()[None, :, None]
     x1, x2 = x[..., :d // 2], x[..., d // 2:]
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1).reshape(B, -1, width)
-
-
-def newton_schulz(G, schedule):
-    X = G.mT if G.shape[-2] > G.shape[-1] else G
-    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
-    for a, b, c in schedule:
-        A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.mT if G.shape[-2] > G.shape[-1] else X
-
-
-def swiglu(W, x):
-    """f_W(x) = W1 (SiLU(W2 x) ⊙ W3 x) per head; x [B, n, H, d] -> (y, z2, z3, u)."""
-    z2, z3 = (torch.einsum("bhod,bnhd->bnho", W[n], x) for n in ("W2", "W3"))
-    u = F.silu(z2) * z3
-    return torch.einsum("bhvo,bnho->bnhv", W["W1"], u), z2, z3, u
-
-
-def gradients(W, k, v, weight):
-    """Σ_t weight_t ∇_W(−⟨f_W(k_t), v_t⟩) by the chain rule."""
-    _, z2, z3, u = swiglu(W, k)
-    dy = -v * weight[..., None]
-    du = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy)
-    s = torch.sigmoid(z2)
-    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy, u),
-            "W2": torch.einsum("bnho,bnhd->bhod", du * z3 * s * (1 + z2 * (1 - s)), k),
-            "W3": torch.einsum("bnho,bnhd->bhod", du * F.silu(z2), k)}
 
 
 def rms_norm(x, weight):

@@ -23,13 +23,11 @@ import helpers
 from atlas_lab.memory import MemoryConfig, build_optimizer, check_against_reference, memorize, newton_schulz
 from atlas_lab.memory.plan import Shapes, plan
 from atlas_lab.models import LanguageModel, resolve_preset
-from helpers import compare_float32, rel_err, with_gradients
+from helpers import (LACT_NS, QUINTIC, compare_float32, dot_loss_gradients, rel_err, swiglu, with_gradients,
+                     newton_schulz_steps as newton_schulz5)
 
 B, T, H, D, DV = 2, 23, 2, 3, 4  # T = 23, chunks of 5: four updates and a partial chunk of 3; W_2, W_3 are 4 × 3
 CHUNK = 5
-QUINTIC = ((3.4445, -4.7750, 2.0315),) * 5
-LACT_NS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-           (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # its ttt_operation.py, iteration by iteration
 NAMES = ("W1", "W2", "W3")
 
 
@@ -54,35 +52,6 @@ def problem(dtype, seed=0):
              alpha=uni(0.9, 1.0), eta=uni(0.0, 0.4), theta=uni(0.8, 1.0), gamma=uni(0.2, 1.0),
              W1=rnd(B, H, DV, DV, scale=0.5), W2=rnd(B, H, DV, D, scale=0.5), W3=rnd(B, H, DV, D, scale=0.5))
     return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
-
-
-def swiglu(W, x):
-    """f_W(x) for x [B, n, H, D] -> [B, n, H, d_v], with the pre-activations."""
-    z2, z3 = (torch.einsum("bhod,bnhd->bnho", W[n], x) for n in ("W2", "W3"))
-    u = F.silu(z2) * z3
-    return torch.einsum("bhvo,bnho->bnhv", W["W1"], u), z2, z3, u
-
-
-def dot_loss_gradients(W, k, v, weight):
-    """Σ_t weight_t ∇_W ℓ_t(W) for ℓ_t = −⟨f_W(k_t), v_t⟩, by the chain rule: {W1, W2, W3}."""
-    _, z2, z3, u = swiglu(W, k)
-    dy = -v * weight[..., None]
-    du = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy)
-    s = torch.sigmoid(z2)
-    dz2 = du * z3 * s * (1 + z2 * (1 - s))  # SiLU'(z) = σ(z)(1 + z(1 − σ(z)))
-    dz3 = du * F.silu(z2)
-    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy, u), "W2": torch.einsum("bnho,bnhd->bhod", dz2, k),
-            "W3": torch.einsum("bnho,bnhd->bhod", dz3, k)}
-
-
-def newton_schulz5(G, schedule=QUINTIC):
-    """The Newton–Schulz iteration on each matrix of G [..., m, n] (on Gᵀ when m > n), one step per triple."""
-    X = G.mT if G.shape[-2] > G.shape[-1] else G
-    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)
-    for a, b, c in schedule:
-        A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.mT if G.shape[-2] > G.shape[-1] else X
 
 
 def lact_direct(x, momentum=True, token_lr=True, apply_first=True, schedule=LACT_NS, renormalise=True):
