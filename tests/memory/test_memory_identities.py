@@ -287,7 +287,7 @@ def test_momentum_with_zero_decay_is_gd():
     (dict(window=0), "memorize.window: expected an int >= 1 or null (global), got 0"),
     (dict(chunk_size=0), "memorize.chunk_size: expected an int >= 1"),
     (dict(impl="cuda"), "valid choices: reference, chunked, triton"),
-    (dict(read="every"), "memorize.read: unknown value 'every'; valid choices: token, chunk"),
+    (dict(read="every"), "memorize.read: unknown value 'every'; valid choices: token, start, chunk"),
     (dict(alpha=torch.ones(2, 3)), "gate alpha must be a [B, T, H]"),
     (dict(normalize=True), "memorize.normalize: needs architecture linear, attentional_bias dot"),
     (dict(architecture="linear", initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
