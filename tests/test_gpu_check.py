@@ -5,6 +5,7 @@ part on a machine without MLflow, Optuna or jsonargparse, and ``atlas-lab fit --
 MLflow. The whole dry run, which runs a pytest subset of its own, is ``slow``."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -175,9 +176,14 @@ def test_pilot_part_runs_without_mlflow_optuna_or_jsonargparse(tmp_path):
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), OMP_NUM_THREADS="1")
     out = tmp_path / "gpu_check.json"
+    # the demo's grid cut to two points: each configuration is a child process that imports Lightning (~4 s)
+    demo = (ROOT / "sweeps" / "demo.yaml").read_text()
+    two = re.sub(r"\n    delta rule, head dim 32: .*\n    linear attention, head dim 16: .*\n", "\n", demo)
+    assert two != demo
+    (tmp_path / "two.yaml").write_text(two.replace("base: [experiments/", f"base: [{ROOT}/experiments/"))
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--parts", "pilot", "--out",
-                        str(out), "--pilot-steps", "2", "--budget", "300"], capture_output=True, text=True, env=env,
-                       timeout=600)
+                        str(out), "--pilot-steps", "2", "--budget", "300", "--sweep", str(tmp_path / "two.yaml")],
+                       capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     pilot = json.loads(out.read_text())["pilot"]
     assert pilot["piloted"] == pilot["configurations"] >= 2, pilot

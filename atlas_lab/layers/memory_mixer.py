@@ -50,6 +50,7 @@ class MemoryMixer(nn.Module):
         self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
                                         attentional_bias=self.bias, optimizer=self.optimizer,
                                         learning_rule=self.learning_rule)
+        self.fla_routes: dict[tuple, bool] = {}  # takes_fla's answers by (dtype, device)
         D = self.feature_map.dim(d)
         self.gate_specs = self.learning_rule.gates(config, self.optimizer)
         # the learned gates and their outputs per head: 1, or one per channel of the gate's axis (D keys, d values)
@@ -127,7 +128,7 @@ class MemoryMixer(nn.Module):
         # own output, already in its precision. Where the plan routes the call to fla (CUDA, a rule fla computes),
         # q, k and v stay as the projections give them: fla's kernels take them so and compute in float32.
         rule_dtype = torch.promote_types(q.dtype, torch.float32)
-        fla = plan(self.rule, Shapes(B, T, self.n_heads, self.head_dim, self.head_dim), q.dtype, q.device).path == "fla"
+        fla = self.takes_fla(q.dtype, q.device)
 
         def exact(t):
             return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
@@ -139,6 +140,15 @@ class MemoryMixer(nn.Module):
                 coefficients=exact(coefficients), impl="auto", gates={g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "state": state}
+
+    def takes_fla(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the plan routes this layer's calls in ``dtype`` on ``device`` to fla (it does not depend on B or T);
+        asked once per dtype and device."""
+        key = (dtype, str(device))
+        if key not in self.fla_routes:
+            shapes = Shapes(1, 1, self.n_heads, self.head_dim, self.head_dim)
+            self.fla_routes[key] = plan(self.rule, shapes, dtype, device).path == "fla"
+        return self.fla_routes[key]
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
         """Bytes of the fixed-size streaming state: memory weights (+ momentum), window cache, conv caches (+ W_0 with

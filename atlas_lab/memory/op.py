@@ -10,7 +10,7 @@ import torch
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
 from .optimizers import start as optimizer_start
-from .plan import IMPLS, Shapes, acting, plan
+from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import PENDING_GATES, MemoryState
 
@@ -33,11 +33,6 @@ PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked,
          "start": {"reference": functools.partial(memorize_reference, start=True),
                    "chunked": functools.partial(memorize_chunked, start=True)},
          "chunk": {"reference": memorize_reference_chunk_start, "chunked": memorize_chunked_chunk_start}}
-
-
-def _choice(key, value, choices):
-    if value not in choices:
-        raise ValueError(f"memorize: unknown {key}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
 def _gate(name, gate, value, B, T, H, like, channels=None):
@@ -188,7 +183,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     within one chunk of a linear memory; elsewhere autograd multiplies the zero gradient of a later, non-finite
     output by NaN and they may not.
     """
-    _choice("impl", impl, IMPLS)
+    check_impl(impl)
     if config is None:
         config = MemoryConfig()
     if not isinstance(config, MemoryConfig):

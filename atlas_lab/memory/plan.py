@@ -165,14 +165,19 @@ def acting(specs: dict, given: dict | None = None) -> dict[str, bool]:
             for g, value in ((g, spec.value if given.get(g) is None else given[g]) for g, spec in specs.items())}
 
 
+def check_impl(impl: str) -> None:
+    """ValueError unless ``impl`` is one of IMPLS (memorize checks it first: a call with resets may plan no piece)."""
+    if impl not in IMPLS:
+        raise ValueError(f"memorize: unknown impl={impl!r}; valid choices: {', '.join(IMPLS)}")
+
+
 def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = "auto", acts: dict | None = None
          ) -> Plan:
     """How ``memorize`` computes a call of ``config`` (a validated MemoryConfig) at ``shapes``, in ``dtype`` on
     ``device``, with ``impl`` asked (memorize's argument). acts: {gate: whether it acts} (``acting``; None: as the
     config sets them). An impl that cannot compute the call raises
     NotImplementedError with the reason and what it covers."""
-    if impl not in IMPLS:
-        raise ValueError(f"memorize: unknown impl={impl!r}; valid choices: {', '.join(IMPLS)}")
+    check_impl(impl)
     mem, fmap, bias, optimizer = config.components()
     rule = config.rule()
     specs = rule.gates(config, optimizer)

@@ -83,6 +83,7 @@ def test_two_workers_share_one_grid_through_a_tracking_server(workdir, capsys):
     assert main(["sweep", one]) == 0 and load("t").get_trials()[0].state == TrialState.COMPLETE
 
 
+@pytest.mark.slow  # ~16 s; the default suite has a trial ending before its first validation (test_the_end_of_fit_...)
 def test_a_smoke_study_of_a_few_steps_measures_each_trial_at_its_end(workdir):
     """The study a user runs first: a grid over seeds and trainer.max_steps, here 2 steps (before the first
     validation, after the epoch's 4 batches) and 4 (on it). `atlas-lab sweep` completes every trial with the metric

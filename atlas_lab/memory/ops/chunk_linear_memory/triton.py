@@ -120,6 +120,19 @@ def _band(GAMMA, i0, first, n, c, offs_t, offs_i):
 
 
 @triton.jit
+def _window(K, V, GAMMA, We, cw, i0, first, n, c, offs_t, offs_i, offs_d, offs_v, D: tl.constexpr, DV: tl.constexpr,
+            L2: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """Keys i0..i0+BI of a chunk's window as the read-out and its gradient take them: ``_band``'s four (key index,
+    key mask, band, Γ on the band), u [BI, D], δ [BI, DV] = W̃ u_i − v_i (l2) or −v_i (dot), C [BT, BI] = Cw Γ."""
+    idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
+    u = _rows(K, idx, imask, offs_d, D)
+    delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
+    if L2:
+        delta += _dot(u, tl.trans(We), DT, PREC)
+    return idx, imask, band, gam, u, delta, _dot(cw, gam, DT, PREC)
+
+
+@triton.jit
 def _last_coefficients(C, t0, n, b, offs_t):
     """Row n − 1 of a chunk's closed form (Cw or Cs) over its tokens [BT], fp32."""
     return tl.load(C + (t0 + n - 1) * b + offs_t, mask=offs_t < n, other=0.0).to(tl.float32)
@@ -260,12 +273,8 @@ def chunk_linear_memory_fwd_kernel(
         y += m[:, None] * _dot(q, tl.trans(Sm), DT, PREC)
     first = m0 + t0
     for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
-        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
-        u = _rows(K, idx, imask, offs_d, D)
-        delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
-        if L2:
-            delta += _dot(u, tl.trans(We), DT, PREC)
-        C = _dot(cw, gam, DT, PREC)
+        idx, _, _, _, u, delta, C = _window(K, V, GAMMA, We, cw, i0, first, n, c, offs_t, offs_i, offs_d, offs_v, D,
+                                            DV, L2, DT, PREC)
         C_y, u_y, delta_y, _, _ = _causal_factors(C, u, delta, idx, first + offs_t)
         y += _dot(C_y * _dot(q, tl.trans(u_y), DT, PREC), delta_y, DT, PREC)
     tl.store(Y + rows[:, None] * DV + offs_v[None, :], y.to(Y.dtype.element_ty),
@@ -437,12 +446,8 @@ def chunk_linear_memory_bwd_kernel(
     dcw = tl.zeros([BT, BT], dtype=tl.float32)
     first = m0 + t0
     for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
-        idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
-        u = _rows(K, idx, imask, offs_d, D)
-        delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
-        if L2:
-            delta += _dot(u, tl.trans(We), DT, PREC)
-        C = _dot(cw, gam, DT, PREC)
+        idx, imask, band, gam, u, delta, C = _window(K, V, GAMMA, We, cw, i0, first, n, c, offs_t, offs_i, offs_d,
+                                                      offs_v, D, DV, L2, DT, PREC)
         c_last = tl.sum(tl.where(last[:, None], C, 0.0), axis=0)
         C_y, u_y, delta_y, kept, bad = _causal_factors(C, u, delta, idx, first + offs_t)  # the read-out's
         P = _dot(q, tl.trans(u_y), DT, PREC)
