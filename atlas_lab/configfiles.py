@@ -3,7 +3,11 @@ Lightning: the command checks them before it imports the LightningCLI (``atlas_l
 missing or broken file or a bad model value is one line at once; the CLI's parser checks everything again."""
 from __future__ import annotations
 
+import argparse
+import ast
+import functools
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -48,25 +52,59 @@ def _expected(kind: str) -> str:
     return {"NoneType": "null"}.get(cls.group(1), cls.group(1)) if cls else kind
 
 
+# keys of earlier versions -> their name now: each a hidden argument of the parsers (``add_renamed``)
+RENAMED = {"model.mixer": "model.preset"}
+
+
+class Renamed(argparse.ArgumentTypeError, ValueError):
+    """A value given to a renamed key: argparse keeps the message of an ArgumentTypeError (a value on the command
+    line), jsonargparse that of a ValueError (a value in a config file)."""
+
+
+def _refuse(new: str, value: str):
+    raise Renamed(f"renamed; write {new}: {value}")
+
+
+def add_renamed(parser) -> None:
+    """Each key of ``RENAMED`` as a hidden argument of ``parser`` that refuses any value, saying how to write it now;
+    given no value it is not in the parsed config."""
+    for old, new in RENAMED.items():
+        parser.add_argument(f"--{old}", type=functools.partial(_refuse, new), default=argparse.SUPPRESS,
+                            help=argparse.SUPPRESS)
+
+
 def one_line(message: str) -> str:
     """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
     was expected (every alternative), and the value given.
 
     The one place that reads jsonargparse's text: jsonargparse 4.53 reports a bad value as an ``ArgumentError``
     whose only content is that text (its causes are ``ValueError``s of text too), with no key, type or value to
-    read apart."""
+    read apart; a bad value inside a typed mapping (``model.memory``) is named by its key only in the text of the
+    value given (``NestedArg(key='window', ...)``)."""
+    single = re.fullmatch(r'(?:Parser key "([^"]+)"|argument --(\S+)): ([^\n]*)', message)
+    if single:  # a message of the project's own (a renamed key): the key and the message
+        return f"{single.group(1) or single.group(2)}: {single.group(3)}"
     keys = re.findall(r'Parser key "([^"]+)"', message)
-    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"])
+    nested = re.search(r"Given value: NestedArg\(key='((?!class_path|init_args)[\w.]+)'", message)
+    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"] + ([nested.group(1)] if nested else []))
+    unexpected = re.search(r"Unexpected keys: (\{[^}]*\})", message)
+    if keys and unexpected:  # a typed mapping's unknown key (model.memory: MemoryConfig's fields)
+        from .memory.config import MemoryConfig
+
+        names = ", ".join(sorted(ast.literal_eval(unexpected.group(1))))
+        valid = ", ".join(f.name for f in fields(MemoryConfig)) if keys[0] == "model.memory" else None
+        return f"{keys[0]}.{names}: unknown key" + (f"; valid keys: {valid}" if valid else "")
     missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
                         message, re.M)
     if keys and missing:  # a class that cannot be imported: name it, not one of the Union's alternatives
         return f"{key}: class_path '{missing.group(1)}' cannot be imported ({missing.group(2).strip()})"
     causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
-    causes = [c for c in causes if not c.startswith("Expected a") and not c.startswith("Problem with")]
+    causes = [c for c in causes if not c.startswith(("Expected a", "Problem with", "Does not validate"))]
     if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
         return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
-    expected = list(dict.fromkeys(_expected(e.strip().rstrip("."))
-                                  for e in re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)))
+    expected = re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)
+    # a value inside model.memory: the last alternative is the mapping's own null (Optional), not the value's
+    expected = list(dict.fromkeys(_expected(e.strip().rstrip(".")) for e in expected[:-1 if nested else None]))
     given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
     if not keys or not expected:
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
@@ -112,26 +150,33 @@ def section(args: list[str], trees: dict, name: str, keys) -> dict:
 
 
 def check_values(args: list[str], trees: dict) -> None:
-    """The model's values (ModelConfig's types and ranges) and the trainer's (``TRAINER_VALUES``) through
-    jsonargparse's public parser, before Lightning is imported: a bad preset, size or step count is the line the CLI's
-    parser would give, in ~1 s (torch's import) instead of ~4 s. What this cannot see (other keys, the memory's
-    options) the CLI checks."""
-    from dataclasses import fields
-
+    """The model's values (ModelConfig's types and ranges, a renamed key) and the trainer's (``TRAINER_VALUES``)
+    through jsonargparse's public parser, before Lightning is imported: each config file's on its own (the line names
+    the file), then as the run will see them. A bad preset, size or step count is the line the CLI's parser would
+    give, in ~1 s (torch's import) instead of ~4 s. What this cannot see (other keys, the memory's options) the CLI
+    checks."""
     from jsonargparse import ArgumentError, ArgumentParser
 
-    from .models.lm import ModelConfig
+    from .models.lm import MemoryChanges, ModelConfig
 
-    model = section(args, trees, "model", {f.name for f in fields(ModelConfig)})
-    trainer = section(args, trees, "trainer", TRAINER_VALUES)
+    memory = ArgumentParser(exit_on_error=False)  # each key of model.memory an argument: a bad value names its key
+    for key, kind in MemoryChanges.__annotations__.items():
+        memory.add_argument(f"--model.memory.{key}", type=kind)
+    model_keys = {f.name for f in fields(ModelConfig)} | {k.removeprefix("model.") for k in RENAMED}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ModelConfig, "model")
     for key, kind in TRAINER_VALUES.items():
         parser.add_argument(f"--trainer.{key}", type=kind)
-    try:
-        values = parser.parse_object({"model": model, "trainer": trainer})
-    except ArgumentError as e:
-        raise ConfigError(one_line(str(e))) from None
+    add_renamed(parser)
+    for where, given in [*((f" (in {path})", ["-c", path]) for path in trees), ("", args)]:
+        model = section(given, trees, "model", model_keys)
+        changes = model.get("memory") if isinstance(model.get("memory"), dict) else {}
+        try:
+            memory.parse_object({"model": {"memory": {k: v for k, v in changes.items() if k in
+                                                      MemoryChanges.__annotations__}}})
+            values = parser.parse_object({"model": model, "trainer": section(given, trees, "trainer", TRAINER_VALUES)})
+        except ArgumentError as e:
+            raise ConfigError(one_line(str(e)) + where) from None
     try:
         ModelConfig(**vars(values.model))
     except ValueError as e:

@@ -267,7 +267,15 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "not an int": (["fit", *TINY_RUN, "--trainer.max_epochs=three"],
                    "trainer.max_epochs: expected int or null; got three"),
     "window type": (["fit", *TINY_RUN, "--model.memory.window=wide"],
-                    "model.memory.window: expected an int >= 1 or null (global), got 'wide'"),
+                    "model.memory.window: expected int or null; got wide"),
+    "window type in a file": (["fit", *TINY_RUN, "-c", "memory.yaml"],
+                              "model.memory.window: expected int or null; got wide (in memory.yaml)"),
+    "memory key": (["fit", *TINY_RUN, "--model.memory.windw=3"],
+                   "model.memory.windw: unknown key; valid keys: architecture, feature_map, attentional_bias"),
+    "memory key in a file": (["fit", *TINY_RUN, "-c", "windw.yaml"], "model.memory.windw: unknown key; valid keys: "
+                             "architecture, feature_map, attentional_bias, optimizer, learning_rule, window"),
+    "memory choice": (["fit", *TINY_RUN, "--model.memory.read=tok"],
+                      "model.memory.read: expected 'token', 'start', 'chunk'; got tok"),
     "yaml syntax": (["fit", "-c", "broken.yaml"], "broken.yaml: not valid YAML at line 2, column 1"),
     "missing config": (["fit", "-c", "experiments/nothere.yaml"], "experiments/nothere.yaml: config file not found"),
     # the model: every value out of its range, before any training step
@@ -292,8 +300,8 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "ns_steps flat": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.ns_steps=3"],
                       "model.memory.ns_steps: an option of the optimizer now; write optimizer.ns_steps: 3"),
     "mixer": (["fit", *TINY_RUN, "--model.mixer=atlas"], "model.mixer: renamed; write model.preset: atlas"),
-    "mixer in a file": (["fit", *TINY_RUN, "-c", "old.yaml"], "model.mixer: renamed; write model.preset: ... (in "
-                                                             "old.yaml)"),
+    "mixer in a file": (["fit", *TINY_RUN, "-c", "old.yaml"],
+                        "model.mixer: renamed; write model.preset: atlas (in old.yaml)"),
     "degree 0": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.feature_map.degree=0"],
                  "model.memory.feature_map: polynomial degree must be an int >= 1, got 0"),
     "window 0": (["fit", *TINY_RUN, "--model.memory.window=0"], "model.memory.window: expected an int >= 1 or null"),
@@ -347,6 +355,8 @@ def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
     args, message = BAD_RUNS[case]
     Path("broken.yaml").write_text("model: [1, 2\n")
     Path("old.yaml").write_text("model:\n  mixer: atlas\n")
+    Path("memory.yaml").write_text("model:\n  memory:\n    window: wide\n")
+    Path("windw.yaml").write_text("model:\n  memory:\n    windw: 3\n")
     Path("empty.txt").write_text("")
     Path("binary.bin").write_bytes(bytes(range(256)) * 40)
     Path("x.ckpt").write_bytes(b"")
@@ -364,6 +374,9 @@ EARLY_VALUES = {  # a model or trainer value a config file or argument gets wron
     "trainer flag": ("--trainer.enable_progress_bar=maybe", "trainer.enable_progress_bar: expected bool or null"),
     "type": ("--model.d_model=abc", "model.d_model: expected int; got abc"),
     "range": ("--model.n_layers=0", "model.n_layers: expected an int >= 1, got 0"),
+    "renamed": ("--model.mixer=atlas", "model.mixer: renamed; write model.preset: atlas"),
+    "memory key": ("--model.memory={windw: 3}", "model.memory.windw: unknown key; valid keys: architecture"),
+    "memory value": ("--model.memory={window: wide}", "model.memory.window: expected int or null; got wide"),
     "heads": ("--model.n_heads=5", "model.n_heads: d_model=16 must be divisible by n_heads=5"),
 }
 

@@ -22,7 +22,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from ..configfiles import ConfigError, check_config_files, one_line
+from ..configfiles import ConfigError, add_renamed, one_line
+from ..memory.config import COMPONENTS, with_option
 from ..store import init_store, resolve_uri
 from .module import CheckpointOnSigterm, SequenceModel, ValidateAtEnd
 
@@ -37,39 +38,18 @@ RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-ru
 }
 
 
-# keys of earlier versions -> their name now
-RENAMED = {"model.mixer": "model.preset"}
 # --model.memory.<component>.<option>=<value>: one option of a memory component (MemoryConfig.replace's dotted form)
 COMPONENT_OPTION = re.compile(r"--model\.memory\.(\w+\.\w+)(?:=(.*))?$")
-
-
-def _keys(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        yield f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _keys(value, f"{prefix}{key}.")
-
-
-def check_renamed(args: list[str], trees: dict) -> None:
-    """A key renamed since an earlier version, on the command line or in a config file (``trees``: {path: its
-    YAML}, as check_config_files read them): one line saying how to write it now."""
-    given = []
-    for i, arg in enumerate(args):
-        if arg.startswith("--"):
-            key, _, value = arg[2:].partition("=")
-            given.append((key, value or (args[i + 1] if i + 1 < len(args) else ""), "the command line"))
-    for path, tree in trees.items():
-        given += [(key, "...", path) for key in _keys(tree)] if isinstance(tree, dict) else []
-    for key, value, where in given:
-        if key in RENAMED:
-            raise ConfigError(f"{key}: renamed; write {RENAMED[key]}: {value}" + ("" if where == "the command line"
-                                                                                  else f" (in {where})"))
 
 
 def component_options(args: list[str]) -> tuple[list[str], dict]:
     """The command line without its ``--model.memory.<component>.<option>`` arguments, and those as
     {"<component>.<option>": value} (YAML values), to be applied after the config files and the other arguments:
-    a component given as a short-hand (``optimizer: muon``) keeps its name and gains the option."""
+    a component given as a short-hand (``optimizer: muon``) keeps its name and gains the option.
+
+    The one place that reads the command line before the parser: jsonargparse 4.53 sets ``--a.b.c=v`` into a
+    mapping ``a`` by replacing a ``b`` that is not itself a mapping (``b: muon`` becomes ``b: {c: v}``, its
+    name lost), and no public type of it turns a short-hand into a mapping with the value it had before."""
     rest, options, i = [], {}, 0
     while i < len(args):
         match = COMPONENT_OPTION.match(args[i])
@@ -85,15 +65,19 @@ def component_options(args: list[str]) -> tuple[list[str], dict]:
     return rest, options
 
 
-def read_command_line(args: list[str]) -> tuple[list[str], dict]:
-    """The command line as the parser takes it, and the memory components' options it holds (``component_options``),
-    after a key renamed since an earlier version is refused (``check_renamed``, the command line and its config files).
-
-    The one place that reads the command line before the parser: jsonargparse 4.53 has no key that names its
-    replacement, and it reads ``--model.memory.optimizer.ns_steps=3`` into a component the config files give (a
-    name or a mapping) by replacing it with ``{ns_steps: '3'}``, not by adding the option."""
-    check_renamed(args, check_config_files(args))
-    return component_options(args)
+def with_options(memory: dict, options: dict) -> dict:
+    """The memory changes with the components' options (``component_options``) set: a component the changes give
+    (a short-hand or a mapping) gains the option, another is given as a mapping of options of the preset's
+    (``{ns_steps: 3}``: MemoryConfig.replace); a key that names no component stays as given, for the parser to
+    refuse."""
+    memory = dict(memory)
+    for key, value in options.items():
+        field, option = key.split(".")
+        if field in COMPONENTS:
+            memory[field] = with_option(memory.get(field, {}), option, value, f"model.memory.{field}")
+        else:
+            memory[key] = value
+    return memory
 
 
 def _reason(e: Exception) -> str:
@@ -289,19 +273,19 @@ class AtlasCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
-        """LightningCLI's parse of the command line as ``read_command_line`` gives it, a bad value as its one line
-        (``one_line``), the memory components' options added, and the run checked (``check_run``) before LightningCLI
-        reads the hyper-parameters of a ``--ckpt_path`` checkpoint."""
+        """LightningCLI's parse of the command line without its memory components' options (``component_options``),
+        a bad value as its one line (``one_line``), those options added, and the run checked (``check_run``) before
+        LightningCLI reads the hyper-parameters of a ``--ckpt_path`` checkpoint."""
         options = {}
         if isinstance(args, list) or args is None:
-            args, options = read_command_line(sys.argv[1:] if args is None else args)
+            args, options = component_options(sys.argv[1:] if args is None else args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
             raise ConfigError(one_line(str(e))) from None
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         if options:
-            config["model"]["memory"] = {**(config["model"].get("memory") or {}), **options}
+            config["model"]["memory"] = with_options(config["model"].get("memory") or {}, options)
         self.check_run(config)
 
     def check_run(self, config) -> None:
@@ -417,6 +401,7 @@ class AtlasCLI(LightningCLI):
         parser.add_argument("--validate_at_end", type=bool, default=True,
                             help="fit: validate once more when the fit ends after steps no validation has seen (or "
                                  "before any validation), so the validation metrics are those of the trained model")
+        add_renamed(parser)
         parser.link_arguments("data", "model.vocab_size", compute_fn=_data_attribute("vocab_size"),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.slice_names", compute_fn=_data_attribute("slice_names"),

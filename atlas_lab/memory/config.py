@@ -46,10 +46,10 @@ def with_option(spec, option: str, value, where: str):
     """A component spec with one option set: "muon" + ns_steps=3 -> {"name": "muon", "ns_steps": 3}."""
     if isinstance(spec, str):
         return {"name": spec, option: value}
-    if isinstance(spec, dict) and "name" in spec:
-        return {**spec, option: value}
     if isinstance(spec, dict) and "class_path" in spec:
         return {**spec, "init_args": {**(spec.get("init_args") or {}), option: value}}
+    if isinstance(spec, dict):
+        return {**spec, option: value}
     raise ValueError(f"{where}.{option}: the component is given as an object ({spec!r}); set its options where it "
                      f"is built, or write it as {{name: ..., {option}: ...}}")
 
@@ -144,7 +144,8 @@ class MemoryConfig:
         return self
 
     def replace(self, where: str = "memory", **changes) -> "MemoryConfig":
-        """A validated copy with fields changed, in order; ``component.option`` keys set one option of a component.
+        """A validated copy with fields changed, in order; ``component.option`` keys, and a component given as a
+        mapping of options without ``name`` (``optimizer: {ns_steps: 3}``), set options of the component it has.
         An unknown field is an error listing the valid ones; a key of the old flat form says how to write it now."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         for key, value in changes.items():
@@ -153,7 +154,11 @@ class MemoryConfig:
                 if (field in MOVED or field in RULE_FIELDS) and not option:
                     raise ValueError(moved_hint(field, value, where))
                 raise ValueError(f"{where}.{field}: unknown field; valid fields: {', '.join(values)}")
-            if not option:
+            named = isinstance(value, dict) and bool({"name", "class_path"} & set(value))
+            if field in COMPONENTS and not option and isinstance(value, dict) and not named:
+                for name, option_value in value.items():  # options without a name: of the component it has
+                    values[field] = with_option(values[field], name, option_value, f"{where}.{field}")
+            elif not option:
                 values[field] = value
             elif field in COMPONENTS:
                 values[field] = with_option(values[field], option, value, f"{where}.{field}")

@@ -7,14 +7,15 @@ with ``document_start``: each document as a sequence of its own (models/document
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from dataclasses import dataclass, fields
+from typing import Literal, Optional, TypedDict, Union, get_type_hints
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..layers import MAC, MAG, Attention, LaCT, MemoryMixer
+from ..memory.config import COMPONENTS, MOVED, RULE_FIELDS, MemoryConfig
 from .documents import read_documents
 from .presets import LAYER_KINDS, MEMORY_KINDS, PRESETS, layer_entry, layer_label, resolve_preset
 
@@ -49,6 +50,13 @@ PresetName = Literal[tuple(PRESETS)]  # every preset name: the CLI's parser list
 # a memory field's value as YAML writes it: data, never an object a parser builds (a component's class_path stays a
 # mapping, which MemoryConfig builds and names in a bad one)
 MemoryValue = Union[bool, int, float, str, None, list, dict]
+# changes to a preset's memory: MemoryConfig's fields, each optional, a component as a short-hand or a mapping; the
+# parser names an unknown key or a value of the wrong type. The keys of the earlier flat form pass, so that
+# MemoryConfig.replace says how to write them now.
+MemoryChanges = TypedDict("MemoryChanges", {
+    **{f.name: Union[str, dict[str, MemoryValue]] if f.name in COMPONENTS else get_type_hints(MemoryConfig)[f.name]
+       for f in fields(MemoryConfig)},
+    **{key: MemoryValue for key in (*MOVED, *RULE_FIELDS)}}, total=False)
 
 
 def _count(value, least: int) -> bool:
@@ -81,7 +89,7 @@ class ModelConfig:
     """
 
     preset: PresetName = "atlas"
-    memory: Optional[dict[str, MemoryValue]] = None
+    memory: Optional[MemoryChanges] = None
     layers: Optional[list[Union[str, dict[str, MemoryValue]]]] = None
     d_model: int = 128
     n_layers: int = 4

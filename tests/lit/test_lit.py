@@ -253,3 +253,20 @@ def test_evaluation_in_streaming_pieces_equals_one_call(preset):
     assert ((pieces - whole).norm() / whole.norm()).item() < 1e-10
     module.hparams.eval_piece = 5
     assert [h.shape[1] for h in module.model.hidden_pieces(x, 5)] == [5, 5, 5, 5, 3]
+
+
+def test_model_memory_is_typed_for_the_parser_and_a_component_option_joins_a_short_hand(workdir):
+    """model.memory's keys and value types are the parser's to check (its line, not MemoryConfig's); a component's
+    option on the command line joins the short-hand a config file gives, or the preset's component."""
+    from atlas_lab.configfiles import ConfigError
+
+    for arg, line in [("--model.memory.windw=3", "model.memory.windw: unknown key; valid keys: architecture"),
+                      ("--model.memory.window=wide", "model.memory.window: expected int or null; got wide"),
+                      ("--model.memory={eta: fast}", "model.memory: expected float or 'learned', 'head_decay'")]:
+        with pytest.raises(ConfigError, match=line.replace("(", r"\(")):
+            check_config([*tiny_mqar(), arg])
+    Path("muon.yaml").write_text("model:\n  memory:\n    optimizer: muon\n")
+    cli = check_config([*tiny_mqar(), "-c", "muon.yaml", "--model.memory.optimizer.ns_steps=3"])
+    assert cli.model.model.memory_config.optimizer == {"name": "muon", "ns_steps": 3}
+    cli = check_config([*tiny_mqar(), "--model.preset=atlas", "--model.memory.optimizer.ns_steps", "2"])
+    assert cli.model.model.memory_config.components()[3].ns_steps == 2
