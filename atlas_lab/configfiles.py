@@ -159,9 +159,6 @@ def check_values(args: list[str], trees: dict) -> None:
 
     from .models.lm import MemoryChanges, ModelConfig
 
-    memory = ArgumentParser(exit_on_error=False)  # each key of model.memory an argument: a bad value names its key
-    for key, kind in MemoryChanges.__annotations__.items():
-        memory.add_argument(f"--model.memory.{key}", type=kind)
     model_keys = {f.name for f in fields(ModelConfig)} | {k.removeprefix("model.") for k in RENAMED}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ModelConfig, "model")
@@ -171,9 +168,13 @@ def check_values(args: list[str], trees: dict) -> None:
     for where, given in [*((f" (in {path})", ["-c", path]) for path in trees), ("", args)]:
         model = section(given, trees, "model", model_keys)
         changes = model.get("memory") if isinstance(model.get("memory"), dict) else {}
+        changes = {k: v for k, v in changes.items() if k in MemoryChanges.__annotations__}
         try:
-            memory.parse_object({"model": {"memory": {k: v for k, v in changes.items() if k in
-                                                      MemoryChanges.__annotations__}}})
+            if changes:  # each key of model.memory an argument of its own: a bad value is named by its key
+                memory = ArgumentParser(exit_on_error=False)
+                for key in changes:
+                    memory.add_argument(f"--model.memory.{key}", type=MemoryChanges.__annotations__[key])
+                memory.parse_object({"model": {"memory": changes}})
             values = parser.parse_object({"model": model, "trainer": section(given, trees, "trainer", TRAINER_VALUES)})
         except ArgumentError as e:
             raise ConfigError(one_line(str(e)) + where) from None
