@@ -267,15 +267,15 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
     "not an int": (["fit", *TINY_RUN, "--trainer.max_epochs=three"],
                    "trainer.max_epochs: expected int or null; got three"),
     "window type": (["fit", *TINY_RUN, "--model.memory.window=wide"],
-                    "model.memory.window: expected int or null; got wide"),
+                    "model.memory.window: expected an int >= 1 or null (global), got 'wide'"),
     "window type in a file": (["fit", *TINY_RUN, "-c", "memory.yaml"],
-                              "model.memory.window: expected int or null; got wide (in memory.yaml)"),
+                              "model.memory.window: expected an int >= 1 or null (global), got 'wide'"),
     "memory key": (["fit", *TINY_RUN, "--model.memory.windw=3"],
                    "model.memory.windw: unknown key; valid keys: architecture, feature_map, attentional_bias"),
     "memory key in a file": (["fit", *TINY_RUN, "-c", "windw.yaml"], "model.memory.windw: unknown key; valid keys: "
                              "architecture, feature_map, attentional_bias, optimizer, learning_rule, window"),
     "memory choice": (["fit", *TINY_RUN, "--model.memory.read=tok"],
-                      "model.memory.read: expected 'token', 'start', 'chunk'; got tok"),
+                      "model.memory.read: unknown value 'tok'; valid choices: token, start, chunk"),
     "yaml syntax": (["fit", "-c", "broken.yaml"], "broken.yaml: not valid YAML at line 2, column 1"),
     "missing config": (["fit", "-c", "experiments/nothere.yaml"], "experiments/nothere.yaml: config file not found"),
     # the model: every value out of its range, before any training step
@@ -376,7 +376,6 @@ EARLY_VALUES = {  # a model or trainer value a config file or argument gets wron
     "range": ("--model.n_layers=0", "model.n_layers: expected an int >= 1, got 0"),
     "renamed": ("--model.mixer=atlas", "model.mixer: renamed; write model.preset: atlas"),
     "memory key": ("--model.memory={windw: 3}", "model.memory.windw: unknown key; valid keys: architecture"),
-    "memory value": ("--model.memory={window: wide}", "model.memory.window: expected int or null; got wide"),
     "heads": ("--model.n_heads=5", "model.n_heads: d_model=16 must be divisible by n_heads=5"),
 }
 

@@ -8,7 +8,7 @@ with ``document_start``: each document as a sequence of its own (models/document
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal, Optional, TypedDict, Union, get_type_hints
+from typing import Literal, Optional, TypedDict, Union
 
 import torch
 from torch import nn
@@ -51,10 +51,11 @@ PresetName = Literal[tuple(PRESETS)]  # every preset name: the CLI's parser list
 # mapping, which MemoryConfig builds and names in a bad one)
 MemoryValue = Union[bool, int, float, str, None, list, dict]
 # changes to a preset's memory: MemoryConfig's fields, each optional, a component as a short-hand or a mapping; the
-# parser names an unknown key or a value of the wrong type. The keys of the earlier flat form pass, so that
-# MemoryConfig.replace says how to write them now.
+# parser names an unknown key. A value is checked by MemoryConfig, whose line states the range and the choices
+# (``model.memory.window: expected an int >= 1 or null (global), got 'wide'``). The keys of the earlier flat form
+# pass, so that MemoryConfig.replace says how to write them now.
 MemoryChanges = TypedDict("MemoryChanges", {
-    **{f.name: Union[str, dict[str, MemoryValue]] if f.name in COMPONENTS else get_type_hints(MemoryConfig)[f.name]
+    **{f.name: Union[str, dict[str, MemoryValue]] if f.name in COMPONENTS else MemoryValue
        for f in fields(MemoryConfig)},
     **{key: MemoryValue for key in (*MOVED, *RULE_FIELDS)}}, total=False)
 
