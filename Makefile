@@ -64,7 +64,7 @@ demo: $(VENV)/.installed
 	@mkdir -p runs/demo
 	$(VENV)/bin/atlas-lab capacity sweeps/capacity/demo.yaml
 	@echo "training 20 models (delta rule at head dims 8, 16, 32 and linear attention at 16; 5 seeds each) on" \
-	      "2 workers, 750 steps each: progress in runs/demo/sweep.log"
+	      "2 workers, 1,000 steps each: progress in runs/demo/sweep.log"
 	$(VENV)/bin/atlas-lab sweep sweeps/demo.yaml --workers 2 > runs/demo/sweep.log 2>&1 \
 	    || { tail -n 40 runs/demo/sweep.log; exit 1; }
 	$(VENV)/bin/atlas-lab report demo-state --power 0.1 > runs/demo/report.txt
