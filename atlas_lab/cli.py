@@ -10,16 +10,17 @@ from rich.console import Console
 from .tables import print_table
 
 def gates_text(config) -> str:
-    """The learning rule's gates: learned ones by symbol (``_t,c``: one per channel), constants as symbol=value (θ only
-    where the optimiser uses it; a gate that is 1 by default, gdn2's erase and write, only where it is not 1), then what
-    the rule adds (n_h: DeltaProduct's steps per token; R: the tokens between resets)."""
+    """The learning rule's gates: learned ones by symbol (``_t,c``: one per channel, ``_t,m``: one per weight
+    matrix), constants as symbol=value (θ only where the optimiser uses it; a gate that is 1 by default, gdn2's erase
+    and write, only where it is not 1), then what the rule adds (n_h: DeltaProduct's steps per token; R: the tokens
+    between resets)."""
     parts = []
     rule = config.rule()
     for spec in rule.gates(config, config.components()[3]).values():
         value = spec.value
         if not spec.used or value == spec.neutral:
             continue
-        per = ",c" if spec.axis != "head" else ""
+        per = {"head": "", "matrix": ",m"}.get(spec.axis, ",c")
         parts.append(f"{spec.symbol}_t{per}" if value == "learned" else f"{spec.symbol}_h" if value == "head_decay"
                      else f"{spec.symbol}={value:g}")
     return " ".join(parts + [rule.describe()] if rule.describe() else parts)

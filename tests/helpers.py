@@ -313,14 +313,15 @@ def swiglu(W, x):
 
 
 def dot_loss_gradients(W, k, v, weight):
-    """Σ_t weight_t ∇_W ℓ_t(W) for ℓ_t = −⟨f_W(k_t), v_t⟩ (f_W: ``swiglu``), by the chain rule: {W1, W2, W3}."""
+    """Σ_t weight_t ∇_W ℓ_t(W) for ℓ_t = −⟨f_W(k_t), v_t⟩ (f_W: ``swiglu``), by the chain rule: {W1, W2, W3}.
+    weight: [B, n, H], or [B, n, H, 3]: one per matrix (W1, W2, W3: LaCT's per-matrix learning rates)."""
     _, z2, z3, u = swiglu(W, k)
-    dy = -v * weight[..., None]
-    du = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy)
+    weights = [weight[..., i] if weight.dim() == 4 else weight for i in range(3)]
+    dy1, dy2, dy3 = (-v * w[..., None] for w in weights)
     s = torch.sigmoid(z2)
-    dz2 = du * z3 * s * (1 + z2 * (1 - s))  # SiLU'(z) = σ(z)(1 + z(1 − σ(z)))
-    dz3 = du * torch.nn.functional.silu(z2)
-    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy, u), "W2": torch.einsum("bnho,bnhd->bhod", dz2, k),
+    dz2 = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy2) * z3 * s * (1 + z2 * (1 - s))  # SiLU' = σ(z)(1 + z(1 − σ))
+    dz3 = torch.einsum("bhvo,bnhv->bnho", W["W1"], dy3) * torch.nn.functional.silu(z2)
+    return {"W1": torch.einsum("bnhv,bnho->bhvo", dy1, u), "W2": torch.einsum("bnho,bnhd->bhod", dz2, k),
             "W3": torch.einsum("bnho,bnhd->bhod", dz3, k)}
 
 

@@ -198,7 +198,8 @@ class LaCT(nn.Module):
       TTT:  q̂ = SiLU(q ⊙ s_q + o_q), k̂ = SiLU(k ⊙ s_k + o_k) (learned per channel), v̂ = SiLU(v); q̂, k̂ divided by
             their norm per memory head (+1e-5), then RoPE (rope=True; over the attention's heads, as the official
             code does); the memory (``config``, read chunk) reads them with γ_t = softplus(w·x + b), b = softplus⁻¹
-            (10⁻³), one per memory head and token (the official code: one per weight matrix), and, with
+            (10⁻³), one per memory head and token, or, where the rule learns γ per matrix (chunk_commit with
+            per_matrix: LaCT's), one per weight matrix too (in the memory's order W1, W2, W3), and, with
             momentum="learned", θ_c = the chunk's mean of θ_t = σ(w·x + b) per head (``chunk_mean_factors``);
             momentum="config": the config's θ
       o = W_o (SWA + RMSNorm(TTT) ⊙ SiLU(w·x)), the norm per memory head, the scale one per memory head.
@@ -232,7 +233,10 @@ class LaCT(nn.Module):
         D = self.feature_map.dim(d)
         self.initial_weights = nn.ParameterDict(
             {n: nn.Parameter(w) for n, w in self.mem.init_weights(H, D, d, d).items()})
-        self.lr_proj = nn.Linear(d_model, H)
+        # γ per memory head, or per head and weight matrix (the rule's γ on the matrix axis)
+        self.rates = len(self.initial_weights) if config.rule().gates(config, config.components()[3])[
+            "gamma"].axis == "matrix" else 1
+        self.lr_proj = nn.Linear(d_model, H * self.rates)
         self.momentum_proj = nn.Linear(d_model, H) if momentum == "learned" else None
         self.scale_proj = nn.Linear(d_model, H)
         for proj in (self.lr_proj, self.momentum_proj, self.scale_proj):
@@ -267,7 +271,8 @@ class LaCT(nn.Module):
         fq, fk, fv = (t.view(B, T, H, d) for t in (fq, fk, F.silu(v)))
         state = cache.get("memory")
         rule_dtype = torch.promote_types(fq.dtype, torch.float32)  # the gates too (LaCT's: float32 under bf16)
-        gates = {"gamma": F.softplus(self.lr_proj(x).to(rule_dtype) + self.base_lr)}
+        gamma = F.softplus(self.lr_proj(x).to(rule_dtype) + self.base_lr)
+        gates = {"gamma": gamma.view(B, T, H, self.rates) if self.rates > 1 else gamma}
         if self.momentum_proj is not None:
             offset, pending = (0, None) if state is None else (state.offset, (state.pending or {}).get("theta"))
             gates["theta"] = chunk_mean_factors(torch.sigmoid(self.momentum_proj(x).to(rule_dtype)),

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..memory import MemoryConfig, memorize
+from ..memory.learning_rules import axis_width
 from ..memory.plan import Shapes, plan
 from ..memory.state import PENDING_GATES
 from .conv import ShortConv
@@ -53,8 +54,10 @@ class MemoryMixer(nn.Module):
         self.fla_routes: dict[tuple, bool] = {}  # takes_fla's answers by (dtype, device)
         D = self.feature_map.dim(d)
         self.gate_specs = self.learning_rule.gates(config, self.optimizer)
-        # the learned gates and their outputs per head: 1, or one per channel of the gate's axis (D keys, d values)
-        self.learned_gates = {g: {"head": 1, "key": D, "value": d}[spec.axis] for g, spec in self.gate_specs.items()
+        # the learned gates and their outputs per head: 1, or one per channel of the gate's axis (D keys, d values,
+        # the memory's weight matrices)
+        matrices = len(self.mem.shapes(D, d, d + int(config.normalize)))
+        self.learned_gates = {g: axis_width(spec.axis, D, d, matrices) for g, spec in self.gate_specs.items()
                               if spec.value == "learned" and spec.used}
         # one block of outputs per gate: per head (and channel), per step for the gates of a step
         self.gate_sizes = [(n if self.gate_specs[g].per_step else 1) * n_heads * width

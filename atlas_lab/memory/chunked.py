@@ -259,8 +259,10 @@ def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, 
             q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
         G = grads(W if scale is None else scaled(W, scale[:, t]), phi_k_c, k_c, v_c)  # chunk 1: the chunk is token t
         ys.append(read_at(mem, W, phi_q_c, q_c))
-        weight = window_band(gamma_c, n, shift, window).sum(1)  # [N, L]: Σ_t Γ[t, i]
-        pending = accumulate(pending, {name: combine_last(weight, G[name]) for name in W}, alpha_c.prod(1),
+        # [N, L]: Σ_t Γ[t, i], one for every matrix, or for each (γ per weight matrix: gamma_c [N, L, M])
+        weight = {name: window_band(gamma_c if gamma_c.dim() == 2 else gamma_c[..., m], n, shift, window).sum(1)
+                  for m, name in enumerate(W)}
+        pending = accumulate(pending, {name: combine_last(weight[name], G[name]) for name in W}, alpha_c.prod(1),
                              eta_c.sum(1), theta_c.prod(1))
         offset = (offset + n) % chunk_size
         if offset == 0:

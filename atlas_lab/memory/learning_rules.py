@@ -14,19 +14,26 @@ gate, n_h steps of it per token (``steps_per_token``) and a return to W_0 every 
     gdn2          Gated DeltaNet-2: KDA with an erase gate e_t (key channels) and a write gate w_t (value channels)
     deltaproduct  Gated DeltaProduct: n_h Householder (delta-rule) steps per token
     chunk_commit  LaCT's and TNT's chunk-parallel memories: a chunk's tokens share W̃; TNT's local memories return
-                  to W_0 every ``reset_every`` tokens
+                  to W_0 every ``reset_every`` tokens; ``per_matrix``: γ one per weight matrix (LaCT's learning rates)
 
 A rule is given like the other components (components.py): "kda", {name: deltaproduct, householder_steps: 3}, a
 class_path, or an object; a user's own is one LearningRule subclass (docs/components.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .components import Component, build
 
-AXES = ("head", "key", "value")  # a gate per head, per key channel (D = dim φ(k)) or per value channel (d_v)
+# a gate per head, per key channel (D = dim φ(k)), per value channel (d_v) or per weight matrix of the memory
+AXES = ("head", "key", "value", "matrix")
+
+
+def axis_width(axis: str, D: int, d_v: int, matrices: int) -> int:
+    """Gates per head of a gate learned on ``axis`` (AXES): 1, D, d_v, or one per weight matrix."""
+    return {"head": 1, "key": D, "value": d_v, "matrix": matrices}[axis]
+
 # what token t reads (docs/memory.md §4.1): token — W_t, after its own step; start — the weights its chunk started
 # from, the state following the per-token rule (TNT's global memory); chunk — the chunk's start too, the chunk one
 # optimiser step with its mean gradient (Titans' code)
@@ -52,7 +59,8 @@ class GateSpec:
     value:    "learned" (σ(w·x + b) per token, times ``scale``), a constant, or "head_decay" (α only: RetNet's
               fixed α_h = 1 − 2^(−5−h))
     init:     a learned gate's σ at initialisation; holds, expected: the range of a constant
-    axis:     head (one per head) | key (one per key channel, D) | value (one per value channel, d_v)
+    axis:     head (one per head) | key (one per key channel, D) | value (one per value channel, d_v) | matrix (one
+              per weight matrix of the memory, in its ``shapes`` order: each matrix's gradients weighted by its own)
     per_step: one per step of the rule (n_h per token), else one per token, acting at the token's first step
     used:     whether the rule reads it (θ only where the optimizer has momentum): an unused gate is not learned
     scale:    the largest value of a learned gate (η_max for η)
@@ -234,14 +242,30 @@ class ChunkCommit(Online):
     """The chunk-parallel rule of LaCT and TNT: a chunk's tokens take their gradients at the weights W̃ it started
     from (with read chunk: one commit per chunk); reset_every R (TNT's local memories, a multiple of chunk_size):
     the state returns to W_0 (a fresh optimiser state, an empty window) before tokens R, 2R, …, so the segments of
-    R tokens are independent."""
+    R tokens are independent. per_matrix (LaCT's per-matrix learning rates, read chunk, window 1): γ one per weight
+    matrix m, the chunk's gradient of m is Σ_t γ_t^(m) ∇_m ℓ_t(W̃)."""
 
-    def __init__(self, reset_every: int | None = None):
+    def __init__(self, reset_every: int | None = None, per_matrix: bool = False):
         super().__init__("state")
         if reset_every is not None and (not isinstance(reset_every, int) or isinstance(reset_every, bool)
                                         or reset_every < 1):
             raise ValueError(f"reset_every: expected null or an int >= 1, got {reset_every!r}")
-        self.reset_every = reset_every
+        if not isinstance(per_matrix, bool):
+            raise ValueError(f"per_matrix: expected true or false, got {per_matrix!r}")
+        self.reset_every, self.per_matrix = reset_every, per_matrix
+
+    def gates(self, config, optimizer):
+        specs = super().gates(config, optimizer)
+        if self.per_matrix:
+            specs["gamma"] = replace(specs["gamma"], axis="matrix")
+        return specs
+
+    def check(self, config, optimizer, linear_map: bool, where: str) -> None:
+        super().check(config, optimizer, linear_map, where)
+        if self.per_matrix and (config.read != "chunk" or config.window != 1):
+            raise ValueError(f"{where}.learning_rule.per_matrix: weights each matrix's gradients in the chunk's "
+                             f"commit: needs read chunk and window 1 (got read={config.read!r}, window="
+                             f"{config.window!r})")
 
     def describe(self):
         return "" if self.reset_every is None else f"R={self.reset_every}"

@@ -9,6 +9,7 @@ import torch
 
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
+from .learning_rules import axis_width
 from .optimizers import start as optimizer_start
 from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
@@ -211,7 +212,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     acts = acting(specs, given)
     how = plan(config, Shapes(B, T, H, d_k, d_v), q.dtype, q.device, impl, acts)
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
-    channels = {g: {"key": D, "value": d_v}[spec.axis] for g, spec in specs.items() if spec.axis != "head"}
+    channels = {g: axis_width(spec.axis, D, d_v, len(shapes)) for g, spec in specs.items() if spec.axis != "head"}
     # the gates in q's dtype; in float32 for fla (its kernels take low-precision q, k, v and float32 decays)
     like = q.new_empty(0, dtype=torch.float32) if how.path == "fla" else q
     tensors = {g: _gate(g, spec, given[g], B, T * steps if spec.per_step else T, H, like, channels.get(g))
@@ -272,7 +273,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
 
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
-    g_all = torch.cat([cache_g, gamma_], 1)
+    g_all = torch.cat([cache_g.reshape(B * H, -1, *gamma_.shape[2:]), gamma_], 1)  # γ per matrix: window 1, none cached
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:

@@ -35,8 +35,9 @@ def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
         j = m0 + t
         lo = 0 if window is None else max(0, j - window + 1)
         G = grads(W, phi_k[:, lo:j + 1], k_all[:, lo:j + 1], v_all[:, lo:j + 1])
-        gam = gamma_all[:, lo:j + 1]
-        return {n: (gam.reshape(gam.shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
+        gam = gamma_all[:, lo:j + 1]  # [N, L], or [N, L, M]: γ per weight matrix, in W's order
+        gams = {n: gam if gam.dim() == 2 else gam[..., m] for m, n in enumerate(G)}
+        return {n: (gams[n].reshape(gams[n].shape + (1,) * (G[n].dim() - 2)) * G[n]).sum(1) for n in G}
 
     def read_out(W, t):
         return vmap(f)(W, phi_q[:, t], q[:, t])

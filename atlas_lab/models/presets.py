@@ -164,7 +164,8 @@ PRESETS: dict[str, dict] = {
     "lact": dict(layers=["lact"], memory=_memory(
         {"name": "gated_mlp", "activation": "silu", "residual": False, "expansion": 1}, "dot",
         optimizer={"name": "muon", "ns_coefficients": "lact", "keep_row_norms": True},
-        learning_rule="chunk_commit", alpha=1.0, eta=1 / _LACT_CHUNK, theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,
+        learning_rule={"name": "chunk_commit", "per_matrix": True}, alpha=1.0, eta=1 / _LACT_CHUNK,
+        theta=0.9 ** (1 / _LACT_CHUNK), gamma=_L,
         chunk_size=_LACT_CHUNK, read="chunk")),
     # lact without its renormalisation and with Muon's fixed quintic Newton–Schulz: the weights move by one bounded
     # muon step per chunk (α = 1); the other departures as lact's

@@ -10,8 +10,9 @@ official lact_llm layer_lact_swiglu.py / ttt_operation.py), float64, without the
           their initial norms;  γ_t = softplus(w·x + softplus⁻¹(10⁻³)), θ_t = σ(w·x + b)
     o = W_o (SWA + RMSNorm(y) ⊙ SiLU(w·x))
 
-The project's departures, written so here too: one γ_t per memory head for the three matrices (the official code
-learns one per matrix), and the (1/b) of the mean gradient (Newton–Schulz removes the scale, up to its 1e−7).
+γ_t is one per memory head and weight matrix (LaCT's per-matrix learning rates: the projection's three outputs per
+head in the memory's order W1, W2, W3). The project's departure, written so here too: the (1/b) of the mean gradient
+(Newton–Schulz removes the scale, up to its 1e−7).
 """
 import math
 
@@ -74,7 +75,8 @@ def lact_layer(m, x, mean_momentum=True, rotate=True, schedule=LACT_NS, renormal
     if rotate:
         fq, fk = (rope(t.reshape(B, T, D_MODEL), HEADS).view(B, T, H, d) for t in (fq, fk))
     fv = F.silu(v).view(B, T, H, d)
-    lr = F.softplus(x @ m.lr_proj.weight.T + m.lr_proj.bias + math.log(math.expm1(1e-3)))
+    lr = F.softplus(x @ m.lr_proj.weight.T + m.lr_proj.bias + math.log(math.expm1(1e-3))).view(B, T, H, -1)
+    lr = lr if lr.shape[-1] > 1 else lr[..., 0]  # one per matrix (lact), or one per head
     momentum = torch.sigmoid(x @ m.momentum_proj.weight.T + m.momentum_proj.bias)
     W = {n: w.expand(B, *w.shape) for n, w in m.initial_weights.items()}
     norms = {n: w.norm(dim=-1, keepdim=True) for n, w in W.items()}
@@ -164,7 +166,7 @@ def test_lact_layer_options():
     assert m.window == CHUNK and m.rope and m.momentum == "learned"
     assert layer(window="model").window == 64 and layer(window=3).window == 3
     with pytest.raises(ValueError, match="read: chunk"):
-        LaCT(D_MODEL, HEADS, resolve_preset("lact")[1].replace(read="start"), 64)
+        LaCT(D_MODEL, HEADS, resolve_preset("lact")[1].replace(read="start", learning_rule="chunk_commit"), 64)
     with pytest.raises(ValueError, match="window: expected 'chunk', 'model' or an int"):
         layer(window="all")
     assert layer(momentum="config").momentum_proj is None

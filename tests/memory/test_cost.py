@@ -44,6 +44,8 @@ def test_memory_flops_formula_equals_the_counted_forward(name, read, monkeypatch
     The compiled CPU Newton–Schulz kernel is not an aten op, so the count runs NS as batched matmuls."""
     monkeypatch.setenv("ATLAS_LAB_NS_KERNEL", "0")
     config = resolve_preset(name)[1] if name in PRESETS else MemoryConfig(**EXTRA[name])
+    if read != "chunk" and getattr(config.rule(), "per_matrix", False):
+        config = config.replace(learning_rule="chunk_commit")  # γ per matrix (lact) takes chunk reads only
     config = config.replace(read=read)
     T, head_dim = 37, 8
     how = plan(config, Shapes(1, T, 2, head_dim, head_dim), impl="chunked")

@@ -38,18 +38,24 @@ def config(preset="lact", **changes):
     return resolve_preset(preset)[1].replace(chunk_size=CHUNK, **changes)
 
 
-def problem(dtype, seed=0):
-    """q, k (unit norm), v; per-token gates α ∈ [0.9, 1], η ∈ [0, 0.4], θ ∈ [0.8, 1], γ ∈ [0.2, 1]; W_0."""
+def rates(preset):
+    """γ per head and token (lact_simple), or per weight matrix too (lact: LaCT's per-matrix learning rates)."""
+    return (len(NAMES),) if preset == "lact" else ()
+
+
+def problem(dtype, seed=0, preset="lact"):
+    """q, k (unit norm), v; per-token gates α ∈ [0.9, 1], η ∈ [0, 0.4], θ ∈ [0.8, 1], γ ∈ [0.2, 1] (per matrix for
+    lact); W_0."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0):
         return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    def uni(lo, hi):
-        return lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    def uni(lo, hi, *channels):
+        return lo + (hi - lo) * torch.rand(B, T, H, *channels, generator=g, dtype=torch.float64)
 
     x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, DV),
-             alpha=uni(0.9, 1.0), eta=uni(0.0, 0.4), theta=uni(0.8, 1.0), gamma=uni(0.2, 1.0),
+             alpha=uni(0.9, 1.0), eta=uni(0.0, 0.4), theta=uni(0.8, 1.0), gamma=uni(0.2, 1.0, *rates(preset)),
              W1=rnd(B, H, DV, DV, scale=0.5), W2=rnd(B, H, DV, D, scale=0.5), W3=rnd(B, H, DV, D, scale=0.5))
     return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
 
@@ -103,7 +109,7 @@ def ours(impl, cfg=None):
 @pytest.mark.parametrize("impl", ["chunked", "reference"])
 def test_lact_memory_is_its_chunk_update_float64(impl, preset):
     """Outputs, committed weights and gradients (q, k, v, every gate, W_0) within 1e-10 of the direct computation."""
-    x = problem(torch.float64)
+    x = problem(torch.float64, preset=preset)
     helpers.compare(ours(impl, preset)(x), direct(preset)(x), 1e-10, f"{preset} {impl}")
 
 
@@ -111,17 +117,21 @@ def test_lact_memory_is_its_chunk_update_float64(impl, preset):
 @pytest.mark.parametrize("impl", ["chunked", "reference"])
 def test_lact_memory_is_its_chunk_update_float32(impl, preset):
     """float32 against the float64 direct computation within the error model of tests/helpers.py."""
-    compare_float32(ours(impl, preset), direct(preset), problem(torch.float32), direct(preset)(problem(torch.float64)),
-                    f"{preset} {impl}")
+    compare_float32(ours(impl, preset), direct(preset), problem(torch.float32, preset=preset),
+                    direct(preset)(problem(torch.float64, preset=preset)), f"{preset} {impl}")
 
 
-@pytest.mark.parametrize("broken", ["no momentum", "no per-token learning rate", "update, then apply",
-                                    "no renormalisation", "quintic Newton–Schulz"])
+@pytest.mark.parametrize("broken", ["no momentum", "no per-token learning rate", "one rate for every matrix",
+                                    "update, then apply", "no renormalisation", "quintic Newton–Schulz"])
 def test_a_broken_part_fails_the_identity(broken):
-    """The identity tells the rule from its neighbours: momentum dropped, γ_t ignored, the chunk reading its own
-    update (LaCT's "update, then apply", read token's chunk form), the rows left at their new norms or Muon's fixed
-    quintic in place of LaCT's schedule are off by far more than rounding."""
+    """The identity tells the rule from its neighbours: momentum dropped, γ_t ignored, W1's rate for all three
+    matrices, the chunk reading its own update (LaCT's "update, then apply", read token's chunk form), the rows left
+    at their new norms or Muon's fixed quintic in place of LaCT's schedule are off by far more than rounding."""
     x = problem(torch.float64)
+    if broken == "one rate for every matrix":
+        y = dict(x, gamma=x["gamma"][..., :1].expand(x["gamma"].shape))
+        assert rel_err(ours("chunked")(x)["output"], lact_direct(y)["output"]) > 1e-3
+        return
     switches = {"no momentum": dict(momentum=False), "no per-token learning rate": dict(token_lr=False),
                 "update, then apply": dict(apply_first=False), "no renormalisation": dict(renormalise=False),
                 "quintic Newton–Schulz": dict(schedule=QUINTIC)}[broken]
@@ -233,9 +243,32 @@ def test_the_schedule_stays_off_the_newton_schulz_kernel():
     assert plan(quintic, Shapes(2, 64, 2, 16, 16), torch.float32, "cuda").path == "triton"
 
 
-def test_lact_and_lact_simple_differ_only_in_muon_options():
-    """lact is lact_simple with LaCT's Newton–Schulz schedule and its row renormalisation (one YAML key away)."""
+def test_lact_and_lact_simple_differ_only_in_muon_options_and_the_rates_per_matrix():
+    """lact's memory is lact_simple's with LaCT's Newton–Schulz schedule, its row renormalisation and its learning
+    rates per matrix (two YAML keys away)."""
     official, simple = (resolve_preset(p)[1] for p in PRESETS)
-    assert official.replace(optimizer="muon") == simple
+    assert official.replace(optimizer="muon", learning_rule="chunk_commit") == simple
+    assert official.rule().per_matrix and not simple.rule().per_matrix
     _, _, _, opt = official.components()
     assert (opt.ns_coefficients, opt.keep_row_norms) == ("lact", True)
+
+
+def test_rates_per_matrix_that_are_equal_are_the_rule_per_head():
+    """chunk_commit with per_matrix and the same γ_t for W1, W2, W3 is chunk_commit with that γ_t per head, bit for
+    bit (each matrix's window weights are the same numbers)."""
+    x = problem(torch.float64, preset="lact_simple")
+    per_matrix = config()
+    per_head = per_matrix.replace(learning_rule="chunk_commit")
+    gates = {g: x[g] for g in ("alpha", "eta", "theta")}
+    W = {n: x[n] for n in NAMES}
+    o_head, _ = memorize(x["q"], x["k"], x["v"], per_head, gates={**gates, "gamma": x["gamma"]}, initial_state=W)
+    o_matrix, _ = memorize(x["q"], x["k"], x["v"], per_matrix, initial_state=W,
+                           gates={**gates, "gamma": x["gamma"].unsqueeze(-1).expand(B, T, H, len(NAMES))})
+    assert torch.equal(o_head, o_matrix)
+
+
+@pytest.mark.parametrize("changes", [dict(read="start"), dict(read="token"), dict(window=2)])
+def test_rates_per_matrix_need_chunk_reads_and_window_1(changes):
+    with pytest.raises(ValueError, match=r"learning_rule.per_matrix: weights each matrix's gradients in the chunk's "
+                                         r"commit: needs read chunk and window 1"):
+        config(**changes)
