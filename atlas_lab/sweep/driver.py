@@ -420,6 +420,12 @@ def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, re
                 if finer:
                     console.print(Text(f"{finer} tune trial(s) enqueued: finer candidates between a diverged one and "
                                        "its stable neighbour"))
+            if spec.tune and studies.stale_reported(study, spec):
+                with interrupts_deferred(), lock:  # more pilot seeds chose another setting: its repeats run again
+                    again = studies.retune(study, spec)
+                if again:
+                    console.print(Text(f"{again} reported trial(s) enqueued again: their point's tuned choice changed "
+                                       "(more pilot seeds or a finer candidate)", style="yellow"))
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             alive = [p for p in procs.values() if p.poll() is None]

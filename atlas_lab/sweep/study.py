@@ -238,7 +238,7 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
     """Keep the sweep's definition and what a report needs (metric, direction, sampler, grid axes) in the study.
     A study of that name with another definition is a SweepError that says how to proceed. Call it under the lock."""
     new, old = definition(spec), study.user_attrs.get("definition")
-    if old is not None and old != new:
+    if old is not None and old != new and not more_pilot_seeds(old, new):
         differ = [k for k in DEFINITION_KEYS if old.get(k) != new.get(k)]
         where = f"rm {storage_url}" if not is_postgres(storage_url) else \
             f"optuna delete-study --study-name {spec.study} --storage <the storage URL>"
@@ -253,6 +253,14 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
                        ("claims", spec.claims)):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
+
+
+def more_pilot_seeds(old: dict, new: dict) -> bool:
+    """Whether a definition differs from the recorded one only by more pilot seeds in its tune block: the study
+    goes on (its pilots so far count; ``retune`` re-runs the points whose choice the new seeds change)."""
+    if "tune" not in old or "tune" not in new or {**old, "tune": None} != {**new, "tune": None}:
+        return False
+    return old["tune"]["grid"] == new["tune"]["grid"] and new["tune"]["seeds"] > old["tune"]["seeds"]
 
 
 def trial_key(trial) -> tuple:
@@ -386,6 +394,35 @@ def enqueue_refinements(study: optuna.Study, spec: SweepSpec) -> int:
                 added += 1
             slot += 1
     return added
+
+
+def stale_reported(study: optuna.Study, spec: SweepSpec) -> list:
+    """The finished reported trials of tuned grid points that ran at a setting other than their point's choice of
+    now (more pilot seeds, a finer candidate changed it; ``tuned``: the setting a trial ran at). A point still tuning
+    (a pilot waiting or running, a finer candidate due) has none yet."""
+    trials = study.get_trials(deepcopy=False)
+    busy = {json.dumps(t.user_attrs["labels"], sort_keys=True) for t in trials
+            if is_tune(t) and t.state in (TrialState.WAITING, TrialState.RUNNING)}
+    stale = []
+    for labels in spec.grid_points() if spec.tune else []:
+        if json.dumps(labels, sort_keys=True) in busy or refinements(study, labels):
+            continue
+        choice = tuned_setting(study, labels)[0]
+        stale += [t for t in trials if choice is not None and not is_tune(t) and t.user_attrs.get("labels") == labels
+                  and t.state in FINISHED and t.user_attrs.get("tuned", choice) != choice
+                  and not is_superseded(study, t)]
+    return stale
+
+
+def retune(study: optuna.Study, spec: SweepSpec) -> int:
+    """Supersede every ``stale_reported`` trial and enqueue its work again, to run at its point's choice of now.
+    Returns the count. Reads, then writes: call it under ``study_lock``."""
+    stale = stale_reported(study, spec)
+    if stale:  # a finished trial cannot be updated: the study keeps the list
+        study.set_user_attr("superseded_trials", superseded_numbers(study) + [t.number for t in stale])
+    for t in stale:
+        _enqueue_again(study, t)
+    return len(stale)
 
 
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:

@@ -244,6 +244,43 @@ def test_a_diverged_candidate_brings_a_finer_one_until_the_gap_is_small():
     assert tuned_setting(study, BASE)[0] == {"model.memory.eta_max": 0.00557}
 
 
+def test_more_pilot_seeds_continue_the_study_and_rerun_the_points_whose_choice_changes():
+    """A study tuned on 1 pilot seed (0.004: 0.30, 0.015: 0.20; its 2 reported trials ran at 0.004), resumed with
+    seeds: 3: the definition is accepted (its tune grid and everything else the same), the 2 new pilot seeds of each
+    candidate are enqueued, and the reported trials wait for them. Seeds 1001 and 1002 put 0.015 ahead (median 0.40
+    against 0.30): both reported trials are superseded and their work enqueued again, to run at 0.015; a point whose
+    choice holds keeps its trials. Any other change of the definition is still refused."""
+    from atlas_lab.sweep.spec import SweepSpec
+    from atlas_lab.sweep.study import definition, enqueue_missing, record_spec, retune, stale_reported
+
+    def spec(seeds, tune=(0.004, 0.015)):
+        return SweepSpec(path="s.yaml", study="s", base=[], metric="val/acc", repeats=2,
+                         grid={"model.preset": {"atlas": "atlas"}, "model.memory": {"atlas": "atlas"}},
+                         tune={"model.memory.eta_max": list(tune)}, tune_seeds=seeds)
+
+    study = synthetic_study({}, baseline=BASE)
+    study.set_user_attr("definition", definition(spec(1)))
+    pilot(study, {"model.memory.eta_max": 0.004}, 0, 0, 0.30)
+    pilot(study, {"model.memory.eta_max": 0.015}, 1, 0, 0.20)
+    for repeat in range(2):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.3, params=BASE, distributions=DISTS,
+                                     user_attrs={"labels": BASE, "repeat": repeat, "slot": 0,
+                                                 "tuned": {"model.memory.eta_max": 0.004}}))
+    with pytest.raises(SweepError, match=r"another definition \(tune differ\)"):
+        record_spec(study, spec(3, tune=(0.004, 0.01)), "runs/optuna/s.journal")
+    record_spec(study, spec(3), "runs/optuna/s.journal")
+    assert study.user_attrs["definition"] == definition(spec(3))
+    assert enqueue_missing(study, spec(3)) == 4 and stale_reported(study, spec(3)) == []  # the point is tuning
+    while (t := claim_waiting_trial(study)) is not None:
+        study.tell(t, 0.40 if t.user_attrs["tune"]["model.memory.eta_max"] == 0.015 else 0.25)
+    assert tuned_setting(study, BASE)[0] == {"model.memory.eta_max": 0.015}
+    assert [t.user_attrs["repeat"] for t in stale_reported(study, spec(3))] == [0, 1]
+    assert retune(study, spec(3)) == 2 and retune(study, spec(3)) == 0
+    again = study.get_trials(states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["repeat"] for t in again) == [0, 1] and all("tune" not in t.user_attrs for t in again)
+    assert enqueue_missing(study, spec(3)) == 0  # the superseded trials' work is queued once
+
+
 def test_a_failure_other_than_divergence_brings_no_finer_candidate():
     study = synthetic_study({}, baseline=BASE)
     for seed in range(3):
