@@ -146,6 +146,9 @@ def section(args: list[str], trees: dict, name: str, keys) -> dict:
             out.update({k: v for k, v in tree.items() if k in keys} if isinstance(tree, dict) else {})
         elif key.startswith(f"--{name}.") and key.removeprefix(f"--{name}.") in keys:
             out[key.removeprefix(f"--{name}.")] = yaml.safe_load(value)
+        elif key.startswith(f"--{name}.") and key.count(".") == 2 and key.split(".")[1] in keys:
+            field, part = key.split(".")[1:]  # --model.memory.window=16: one key of a mapping, merged into it
+            out[field] = {**(out[field] if isinstance(out.get(field), dict) else {}), part: yaml.safe_load(value)}
     return out
 
 
@@ -153,11 +156,13 @@ def check_values(args: list[str], trees: dict) -> None:
     """The model's values (ModelConfig's types and ranges, a renamed key) and the trainer's (``TRAINER_VALUES``)
     through jsonargparse's public parser, before Lightning is imported: each config file's on its own (the line names
     the file), then as the run will see them. A bad preset, size or step count is the line the CLI's parser would
-    give, in ~1 s (torch's import) instead of ~4 s. What this cannot see (other keys, the memory's options) the CLI
-    checks."""
+    give, in ~1 s (torch's import) instead of ~4 s; the memory's changes (``model.memory``, ``--model.memory.<key>``)
+    are checked by MemoryConfig against the preset's memory, as the model will build it. What this cannot see (other
+    keys, a component's options on the command line, a layer pattern's memories) the CLI checks."""
     from jsonargparse import ArgumentError, ArgumentParser
 
     from .models.lm import MemoryChanges, ModelConfig
+    from .models.presets import resolve_preset
 
     model_keys = {f.name for f in fields(ModelConfig)} | {k.removeprefix("model.") for k in RENAMED}
     parser = ArgumentParser(exit_on_error=False)
@@ -180,5 +185,8 @@ def check_values(args: list[str], trees: dict) -> None:
             raise ConfigError(one_line(str(e)) + where) from None
     try:
         ModelConfig(**vars(values.model))
+        memory = values.model.memory
+        if memory and resolve_preset(values.model.preset)[1] is not None:  # the memory's values: MemoryConfig's
+            resolve_preset(values.model.preset, dict(memory))
     except ValueError as e:
         raise ConfigError(f"model.{e}") from None

@@ -376,6 +376,9 @@ EARLY_VALUES = {  # a model or trainer value a config file or argument gets wron
     "range": ("--model.n_layers=0", "model.n_layers: expected an int >= 1, got 0"),
     "renamed": ("--model.mixer=atlas", "model.mixer: renamed; write model.preset: atlas"),
     "memory key": ("--model.memory={windw: 3}", "model.memory.windw: unknown key; valid keys: architecture"),
+    "memory value": ("--model.memory.window=wide", "model.memory.window: expected an int >= 1 or null (global), got "
+                                                   "'wide'"),
+    "memory choice": ("--model.memory.read=tok", "model.memory.read: unknown value 'tok'; valid choices: token, start"),
     "heads": ("--model.n_heads=5", "model.n_heads: d_model=16 must be divisible by n_heads=5"),
 }
 
