@@ -229,13 +229,13 @@ class LaCT(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.qk_scale = nn.Parameter(torch.ones(2, d_model))
         self.qk_offset = nn.Parameter(torch.zeros(2, d_model))
-        self.mem, self.feature_map, _, _ = config.components()
+        self.mem, self.feature_map, _, optimizer = config.components()
         D = self.feature_map.dim(d)
         self.initial_weights = nn.ParameterDict(
             {n: nn.Parameter(w) for n, w in self.mem.init_weights(H, D, d, d).items()})
         # γ per memory head, or per head and weight matrix (the rule's γ on the matrix axis)
-        self.rates = len(self.initial_weights) if config.rule().gates(config, config.components()[3])[
-            "gamma"].axis == "matrix" else 1
+        self.rates = len(self.initial_weights) if config.rule().gates(config, optimizer)["gamma"].axis == "matrix" \
+            else 1
         self.lr_proj = nn.Linear(d_model, H * self.rates)
         self.momentum_proj = nn.Linear(d_model, H) if momentum == "learned" else None
         self.scale_proj = nn.Linear(d_model, H)
