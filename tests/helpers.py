@@ -288,6 +288,21 @@ def residual_mlp(W, x):
     return x + torch.einsum("bhde,bnhe->bnhd", W["W2"], h), z, h
 
 
+def residual_mlp_problem(B, T, H, D, E, dtype, seed=0, **gates):
+    """q, k (unit norm), v per token, the named gates uniform in their (lo, hi), and W_1 [E·D, D], W_2 [D, E·D] of
+    ``residual_mlp`` (scale 0.7): leaves in ``dtype`` on DEVICE, drawn in float64 on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    x = dict(q=rnd(B, T, H, D), k=torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
+             **{n: lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+                for n, (lo, hi) in gates.items()},
+             W1=rnd(B, H, E * D, D, scale=0.7), W2=rnd(B, H, D, E * D, scale=0.7))
+    return {n: t.to(dtype).to(DEVICE).requires_grad_(True) for n, t in x.items()}
+
+
 def residual_mlp_l2_gradients(W, k, v, weight):
     """Σ_t weight_t ∇_θ ½‖M_θ(k_t) − v_t‖² of ``residual_mlp`` by the chain rule (exact GELU): {W1, W2}.
     k, v: [B, n, H, D]; weight: [B, n, H]."""

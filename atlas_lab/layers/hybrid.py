@@ -167,7 +167,8 @@ def chunk_mean_factors(theta: torch.Tensor, chunk: int, offset: int = 0, pending
     m_t / m_{t−1}, m_t the mean of θ over the chunk's tokens up to t (m = 1 before a chunk's first token), so that the
     chunk-commit rule's θ_c = ∏_t θ'_t is LaCT's momentum, the chunk's mean. theta: [B, T, H]; offset: tokens of the
     current chunk read before this call (< chunk); pending: their ∏ θ' so far (their mean), [B, H] (a MemoryState's
-    pending["theta"]). The factors of a chunk's later tokens depend on its earlier ones (the commit waits for all)."""
+    pending[chunk]["theta"]). The factors of a chunk's later tokens depend on its earlier ones (the commit waits for
+    all)."""
     B, T, H = theta.shape
     pos = torch.arange(offset, offset + T, device=theta.device)
     within = pos % chunk  # each token's place in its chunk
@@ -274,7 +275,8 @@ class LaCT(nn.Module):
         gamma = F.softplus(self.lr_proj(x).to(rule_dtype) + self.base_lr)
         gates = {"gamma": gamma.view(B, T, H, self.rates) if self.rates > 1 else gamma}
         if self.momentum_proj is not None:
-            offset, pending = (0, None) if state is None else (state.offset, (state.pending or {}).get("theta"))
+            level = {} if state is None else (state.pending or {}).get(self.config.chunk_size, {})
+            offset, pending = (0 if state is None else state.offset), level.get("theta")
             gates["theta"] = chunk_mean_factors(torch.sigmoid(self.momentum_proj(x).to(rule_dtype)),
                                                 self.config.chunk_size, offset, pending)
 

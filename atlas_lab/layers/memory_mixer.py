@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from ..memory import MemoryConfig, memorize
 from ..memory.learning_rules import axis_width
+from ..memory.optimizers import levels
 from ..memory.plan import Shapes, plan
 from ..memory.state import PENDING_GATES
 from .conv import ShortConv
@@ -162,11 +163,12 @@ class MemoryMixer(nn.Module):
                        for p in self.initial_weights.values())  # per head
         inner = self.n_heads * self.head_dim
         window = 0 if c.window is None else (c.window - 1) * self.n_heads * self._cached_floats_per_token()
-        # mid-chunk (the plan's ``carried``): the evaluation point W̃ (read token), or the pending Σ g and its gates
-        # ∏α, Ση, ∏θ (read chunk)
+        # mid-chunk (the plan's ``carried``): the evaluation point W̃ (read token), or the pending Σ g and, per level
+        # of commits, its gates ∏α, Ση, ∏θ (read chunk)
         carried = plan(c, Shapes(batch_size, 1, self.n_heads, self.head_dim, self.head_dim)).carried
-        mid_chunk = {"nothing": 0, "eval_weights": weights, "pending": weights + len(PENDING_GATES) * self.n_heads}[
-            carried]
+        commits = self.learning_rule.commits(self.initial_weights, c.chunk_size)
+        gates = len(PENDING_GATES) * self.n_heads * len(levels(commits))
+        mid_chunk = {"nothing": 0, "eval_weights": weights, "pending": weights + gates}[carried]
         conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
         reset = 0 if self.learning_rule.reset_every is None else weights  # the W_0 a reset returns to
         return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv + reset)

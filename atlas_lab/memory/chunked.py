@@ -247,25 +247,26 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
 
 def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
                                  optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                 checkpoint=False, form="chunk_start", block=None):
+                                 checkpoint=False, form="chunk_start", block=None, commits=None):
     """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
-    reads W̃ = W (the weights committed at the last boundary) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to
-    ``pending``; a chunk that reaches its end commits one optimiser step. (checkpoint: not used; the chunk-start
-    path keeps no per-token weights.)"""
+    reads W̃ = W (the weights committed so far) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk
+    that ends a level's chunk commits that level (optimizers.commit). (checkpoint: not used; the chunk-start path
+    keeps no per-token weights.)"""
+    commits = commits or {n: (chunk_size, 1.0) for n in W}
+    period = max(C for C, _ in commits.values())
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
     ys = []
     for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
-            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
+            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset % chunk_size, window)):
         G = grads(W if scale is None else scaled(W, scale[:, t]), phi_k_c, k_c, v_c)  # chunk 1: the chunk is token t
         ys.append(read_at(mem, W, phi_q_c, q_c))
         # [N, L]: Σ_t Γ[t, i], one for every matrix, or for each (γ per weight matrix: gamma_c [N, L, M])
         weight = {name: window_band(gamma_c if gamma_c.dim() == 2 else gamma_c[..., m], n, shift, window).sum(1)
                   for m, name in enumerate(W)}
-        pending = accumulate(pending, {name: combine_last(weight[name], G[name]) for name in W}, alpha_c.prod(1),
-                             eta_c.sum(1), theta_c.prod(1))
-        offset = (offset + n) % chunk_size
-        if offset == 0:
-            W, S = commit(optimizer, W, S, pending, chunk_size)
-            pending = None
+        pending = accumulate(pending, commits, {name: combine_last(weight[name], G[name]) for name in W},
+                             alpha_c.prod(1), eta_c.sum(1), theta_c.prod(1))
+        offset = (offset + n) % period
+        if offset % chunk_size == 0:
+            W, S, pending = commit(optimizer, W, S, pending, commits, offset)
     return torch.cat(ys, 1), W, S, None, offset, pending

@@ -75,14 +75,14 @@ def _linear(c, opt, shapes, D, d_v, T, gradient, block):
 
 
 def _chunk_start(c, opt, shapes, D, d_v, T, gradient, block):
-    """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per completed chunk."""
+    """read="chunk": every token reads W̃; Σ_t g_t per chunk; one direction (NS) per matrix per completed chunk of
+    its level (LearningRule.commits: every chunk but for a rule of levels)."""
     size = sum(o * i for o, i in shapes.values())
+    total = sum(gradient * L + (2 * n + 2 * L) * size for n, L in _chunks(T, c.chunk_size, c.window))
     direction = getattr(opt, "direction_flops", None)
-    total = 0
-    for n, L in _chunks(T, c.chunk_size, c.window):
-        total += gradient * L + (2 * n + 2 * L) * size
-        if direction is not None and n == c.chunk_size:  # a partial last chunk is pending
-            total += sum(direction(o, i) for o, i in shapes.values())
+    if direction is not None:  # a partial last chunk is pending
+        commits = c.rule().commits(shapes, c.chunk_size)
+        total += sum(T // commits[n][0] * direction(o, i) for n, (o, i) in shapes.items())
     return total
 
 

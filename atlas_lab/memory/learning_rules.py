@@ -15,6 +15,7 @@ gate, n_h steps of it per token (``steps_per_token``) and a return to W_0 every 
     deltaproduct  Gated DeltaProduct: n_h Householder (delta-rule) steps per token
     chunk_commit  LaCT's and TNT's chunk-parallel memories: a chunk's tokens share W̃; TNT's local memories return
                   to W_0 every ``reset_every`` tokens; ``per_matrix``: γ one per weight matrix (LaCT's learning rates)
+    levels        HOPE's continuum memory: each weight matrix commits at its own frequency, every C_m tokens
 
 A rule is given like the other components (components.py): "kda", {name: deltaproduct, householder_steps: 3}, a
 class_path, or an object; a user's own is one LearningRule subclass (docs/components.md).
@@ -141,6 +142,11 @@ class LearningRule(Component):
     def inputs(self, gates, v, acts):
         """The engine's (α, η, θ, γ, f, v) from this rule's gates {name: [N, T(·n_h), (C)]} and values v [N, T, d]."""
         return gates["alpha"], gates["eta"], gates["theta"], gates["gamma"], self.evaluation_scale(gates, acts), v
+
+    def commits(self, names, chunk_size: int) -> dict[str, tuple[int, float]]:
+        """read="chunk": {matrix: (C_m, r_m)}: matrix m commits every C_m tokens, one optimiser step with its mean
+        gradient over them and η = r_m Σ_t η_t. Every matrix at the config's chunk, r = 1, but for ``levels``."""
+        return {n: (chunk_size, 1.0) for n in names}
 
     def describe(self) -> str:
         """What `atlas-lab presets` adds after the gates ('' for the online rule)."""
@@ -271,6 +277,60 @@ class ChunkCommit(Online):
         return "" if self.reset_every is None else f"R={self.reset_every}"
 
 
+def _ints(xs, what):
+    if (not isinstance(xs, (list, tuple)) or not xs
+            or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in xs)):
+        raise ValueError(f"{what}: expected a non-empty list of ints >= 1, got {xs!r}")
+    return tuple(xs)
+
+
+class Levels(Online):
+    """HOPE's continuum memory as one memory (Nested Learning, eqs. 70–71): weight matrix m (the memory's order:
+    W1, W2, …) is updated only at the end of each chunk of C_m = ``chunks[m]`` tokens, with its tokens' gradients
+    taken at the weights the chunk started from and its own learning rate r_m = ``rates[m]`` (default 1):
+
+        W^(m) ← step(W^(m), Σ_{t∈chunk} γ_t ∇_m ℓ_t(W̃) / C_m; ∏ α_t, r_m Σ η_t, ∏ θ_t)    W̃: the weights now
+
+    read chunk (every token reads the weights committed so far); chunk_size is the smallest C_m, every C_m a multiple
+    of it that divides the largest (the period after which all levels have committed)."""
+
+    reads = ("chunk",)
+
+    def __init__(self, chunks: list, rates: list | None = None):
+        super().__init__("state")
+        self.chunks = _ints(chunks, "chunks")
+        if rates is None:
+            rates = [1.0] * len(self.chunks)
+        if (not isinstance(rates, (list, tuple)) or len(rates) != len(self.chunks)
+                or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates)):
+            raise ValueError(f"rates: expected {len(self.chunks)} numbers > 0 (one per chunk), got {rates!r}")
+        self.rates = tuple(float(r) for r in rates)
+        low, high = min(self.chunks), max(self.chunks)
+        if any(c % low or high % c for c in self.chunks):
+            raise ValueError(f"chunks: expected each a multiple of the smallest ({low}) dividing the largest "
+                             f"({high}), got {list(self.chunks)!r}")
+
+    def check(self, config, optimizer, linear_map: bool, where: str) -> None:
+        super().check(config, optimizer, linear_map, where)
+        if config.chunk_size != min(self.chunks):
+            raise ValueError(f"{where}.chunk_size: {self!r} reads and accumulates a chunk of the smallest level at a "
+                             f"time: expected {min(self.chunks)}, got {config.chunk_size}")
+        matrices = list(config.components(where)[0].shapes(1, 1, 1))  # how many: not a function of the widths
+        if len(matrices) != len(self.chunks):
+            raise ValueError(f"{where}.learning_rule.chunks: expected one chunk per weight matrix of the memory "
+                             f"({', '.join(matrices)}), got {list(self.chunks)!r}")
+
+    def commits(self, names, chunk_size):
+        names = list(names)
+        if len(names) != len(self.chunks):
+            raise ValueError(f"learning_rule.chunks: expected one chunk per weight matrix ({', '.join(names)}), got "
+                             f"{list(self.chunks)!r}")
+        return {n: (c, r) for n, c, r in zip(names, self.chunks, self.rates)}
+
+    def describe(self):
+        return "C=" + "/".join(map(str, self.chunks))
+
+
 def _times(a, b):
     """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
     if a.dim() < b.dim():
@@ -281,7 +341,7 @@ def _times(a, b):
 
 
 LEARNING_RULES = {"online": Online, "kda": KDA, "gdn2": GDN2, "deltaproduct": DeltaProduct,
-                  "chunk_commit": ChunkCommit}
+                  "chunk_commit": ChunkCommit, "levels": Levels}
 NAMES = {cls: name for name, cls in LEARNING_RULES.items()}
 
 

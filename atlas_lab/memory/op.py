@@ -13,7 +13,8 @@ from .learning_rules import axis_width
 from .optimizers import start as optimizer_start
 from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
-from .state import PENDING_GATES, MemoryState
+from .optimizers import levels
+from .state import MemoryState, map_pending
 
 
 def memorize_triton(*args, **kwargs):
@@ -232,10 +233,14 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     cache_k = q_.new_zeros(B * H, 0, d_k)
     cache_v = q_.new_zeros(B * H, 0, d_out)
     cache_g = q_.new_zeros(B * H, 0)
+    # read chunk: {name: (C, r)}, each matrix's commit every C tokens (the offset counts to the longest C)
+    commits = rule.commits(shapes, chunk_size) if read == "chunk" else None
+    period = chunk_size if commits is None else max(C for C, _ in commits.values())
     if isinstance(initial_state, MemoryState):
         st = initial_state
-        if not 0 <= st.offset < chunk_size:
-            raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}")
+        if not 0 <= st.offset < period:
+            raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}"
+                             + ("" if period == chunk_size else f" (levels up to {period})"))
         W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights", q)
         if st.optimizer_state is not None:
             state_shapes = {n: optimizer.state_shape(shape) for n, shape in shapes.items()}
@@ -244,8 +249,13 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
             W_eval = _broadcast_weights(st.eval_weights, shapes, B, H, "initial_state.eval_weights", q)
         offset = st.offset
         if st.pending is not None:
-            pending = {"grad": _broadcast_weights(st.pending["grad"], shapes, B, H, "initial_state.pending", q),
-                       **{g: st.pending[g].reshape(B * H) for g in PENDING_GATES}}
+            groups = levels(commits or {})
+            if not set(st.pending) <= set(groups):
+                raise ValueError(f"memorize: initial_state.pending has levels {sorted(st.pending)}; this rule's: "
+                                 f"{sorted(groups)} (a state of another chunk_size or learning rule)")
+            pending = {C: map_pending({C: level}, lambda x, C=C: _broadcast_weights(
+                x, {n: shapes[n] for n in groups[C]}, B, H, f"initial_state.pending[{C}]", q),
+                lambda x: x.reshape(B * H))[C] for C, level in st.pending.items()}
         m = st.keys.shape[2] if st.keys.dim() == 4 else -1
         for part, x, shape in (("keys", st.keys, (B, H, m, d_k)), ("values", st.values, (B, H, m, d_out)),
                                ("gamma", st.gamma, (B, H, m))):
@@ -285,6 +295,8 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
             options["op"] = how.op
         if how.path == "chunked":
             options["checkpoint"] = config.checkpoint
+        if commits is not None:
+            options["commits"] = commits
         y, W, S, W_eval, offset, pending = implementation(
             q_, k_all, v_all, g_all, alpha_, eta_, theta_, mem=mem, phi=phi,
             bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
@@ -304,8 +316,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
         weights=unflat(W), optimizer_state=unflat(S), eval_weights=unflat(W_eval),
         keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
         gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
-        pending=None if pending is None else {"grad": unflat(pending["grad"]),
-                                              **{g: pending[g].reshape(B, H) for g in PENDING_GATES}})
+        pending=map_pending(pending, unflat, lambda x: x.reshape(B, H)))
     return o, state
 
 

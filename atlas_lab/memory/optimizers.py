@@ -464,21 +464,46 @@ def start(optimizer, W):
     return {n: w for n, (w, _) in pairs.items()}, (None if any(s is None for s in S.values()) else S)
 
 
-def accumulate(pending, g, alpha, eta, theta):
-    """The chunk in progress with more tokens (chunk-start reads): Σ g, ∏ α, Σ η, ∏ θ.
-
-    pending: None (a chunk starts) or {"grad": {name: [N, *shape]}, "alpha", "eta", "theta": [N]}; g: the tokens'
-    summed window gradients {name: [N, *shape]}; gates: their ∏ α, Σ η and ∏ θ, [N]."""
-    if pending is None:
-        return {"grad": g, "alpha": alpha, "eta": eta, "theta": theta}
-    return {"grad": {n: pending["grad"][n] + g[n] for n in g}, "alpha": pending["alpha"] * alpha,
-            "eta": pending["eta"] + eta, "theta": pending["theta"] * theta}
+def levels(commits) -> dict[int, list[str]]:
+    """{C: the matrices that commit every C tokens} of a rule's ``commits`` {name: (C, r)} (LearningRule.commits)."""
+    out: dict[int, list[str]] = {}
+    for n, (C, _) in commits.items():
+        out.setdefault(C, []).append(n)
+    return out
 
 
-def commit(optimizer, W, S, pending, chunk_size):
-    """(W_c, S_c): one optimiser step with the chunk's mean gradient ḡ = Σ g / b and gates ∏ α, Σ η, ∏ θ."""
-    g = {n: x / chunk_size for n, x in pending["grad"].items()}
-    return step(optimizer, W, S, g, pending["alpha"], pending["eta"], pending["theta"])
+def accumulate(pending, commits, g, alpha, eta, theta):
+    """The commits in progress with more tokens (chunk-start reads): per level C, Σ g of its matrices, ∏ α, Σ η, ∏ θ
+    since its last commit.
+
+    pending: None (every level at a boundary) or {C: {"grad": {name: [N, *shape]}, "alpha", "eta", "theta": [N]}}
+    (the levels in progress); commits: {name: (C, r)}; g: the tokens' summed window gradients {name: [N, *shape]};
+    gates: their ∏ α, Σ η and ∏ θ, [N]."""
+    pending = dict(pending or {})
+    for C, names in levels(commits).items():
+        level = pending.get(C)
+        pending[C] = ({"grad": {n: g[n] for n in names}, "alpha": alpha, "eta": eta, "theta": theta} if level is None
+                      else {"grad": {n: level["grad"][n] + g[n] for n in names}, "alpha": level["alpha"] * alpha,
+                            "eta": level["eta"] + eta, "theta": level["theta"] * theta})
+    return pending
+
+
+def commit(optimizer, W, S, pending, commits, position):
+    """(W, S, pending): every level whose chunk ends at ``position`` (tokens since the start of the longest level's
+    chunk; position % C == 0) commits: each of its matrices takes one optimiser step with its mean gradient
+    ḡ = Σ g / C and gates ∏ α, r Σ η, ∏ θ, and the level leaves ``pending`` (None when none is left)."""
+    W, S, pending = dict(W), (None if S is None else dict(S)), dict(pending)
+    for C, names in levels(commits).items():
+        if position % C:
+            continue
+        level = pending.pop(C)
+        for n in names:
+            w, s = step(optimizer, {n: W[n]}, None if S is None else {n: S[n]}, {n: level["grad"][n] / C},
+                        level["alpha"], level["eta"] * commits[n][1], level["theta"])
+            W[n] = w[n]
+            if S is not None:
+                S[n] = s[n]
+    return W, S, (pending or None)
 
 
 def decay_matrix(x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ With gradient_at="retained" or an erase gate (chunk 1) the gradient of token t i
 f_t = α_t (retained) ⊙ e_t (erase).
 With read="start" (§4.1) every token of a chunk reads the weights the chunk started from, y_t = M_{W̃}(φ(q_t)), and
 the state follows the rule above. With read="chunk" every token reads W̃ too, and the optimizer steps once, at the
-chunk's last token, with the chunk's mean gradient (optimizers.commit).
+chunk's last token, with the chunk's mean gradient (optimizers.commit); a rule of levels commits each weight matrix
+at the end of its own chunk.
 Slow and obviously right; every fast path is tested against it.
 """
 from __future__ import annotations
@@ -70,18 +71,21 @@ def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, ph
 
 
 def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
-                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None):
-    """read="chunk", arguments as ``memorize_reference``: every token of a chunk reads W̃ = W; ``pending`` (the
-    chunk in progress, optimizers.accumulate; None at a chunk boundary) commits one step at the chunk's end.
-    Returns (y, W, S, None, offset, pending)."""
+                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
+                                   commits=None):
+    """read="chunk", arguments as ``memorize_reference``: every token reads W̃ = W; ``pending`` (the commits in
+    progress, optimizers.accumulate; None when none is) commits each level at the end of its chunk; commits: {name:
+    (C, r)} (LearningRule.commits; None: every matrix every chunk_size tokens, r = 1); offset: tokens since the
+    start of the longest level's chunk. Returns (y, W, S, None, offset, pending)."""
+    commits = commits or {n: (chunk_size, 1.0) for n in W}
+    period = max(C for C, _ in commits.values())
     g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
     ys = []
     for t in range(q.shape[1]):
         ys.append(read_out(W, t))
-        pending = accumulate(pending, g(W if scale is None else scaled(W, scale[:, t]), t), alpha[:, t], eta[:, t],
-                             theta[:, t])
-        if offset + 1 == chunk_size:
-            W, S = commit(optimizer, W, S, pending, chunk_size)
-            pending = None
-        offset = (offset + 1) % chunk_size
+        pending = accumulate(pending, commits, g(W if scale is None else scaled(W, scale[:, t]), t), alpha[:, t],
+                             eta[:, t], theta[:, t])
+        offset = (offset + 1) % period
+        if offset % chunk_size == 0:
+            W, S, pending = commit(optimizer, W, S, pending, commits, offset)
     return torch.stack(ys, 1), W, S, None, offset, pending

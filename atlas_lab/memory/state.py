@@ -22,10 +22,12 @@ class MemoryState:
     keys, values, gamma: the last min(c−1, seen) raw keys [B, H, m, d_k], values [B, H, m, d_v] and
                   window weights [B, H, m] (every past token for ``window=None``): the tokens of
                   earlier calls that still lie in the Omega window.
-    offset:       tokens of the chunk in progress already consumed, 0 ≤ offset < chunk_size.
-    pending:      read="chunk" only: the chunk in progress, {"grad": {name: [B, H, *shape]} (Σ of its tokens'
-                  window gradients), "alpha", "eta", "theta": [B, H] (∏ α, Σ η, ∏ θ)}; None at a chunk boundary
-                  and for read="token".
+    offset:       tokens of the chunk in progress already consumed, 0 ≤ offset < chunk_size (read="chunk": of the
+                  longest level's chunk, LearningRule.commits).
+    pending:      read="chunk" only: the commits in progress, one per level C (the weight matrices that commit every
+                  C tokens: all of them every chunk_size tokens but for a rule of levels), {C: {"grad": {name:
+                  [B, H, *shape]} (Σ of its tokens' window gradients), "alpha", "eta", "theta": [B, H] (∏ α, Σ η,
+                  ∏ θ)}}; None when every level is at a boundary, and for read="token".
     initial:      reset_every only: W_0, the weights the state returns to at each reset, {name: [B, H, *shape]}.
     since_reset:  reset_every only: tokens read since the last reset, 0 ≤ since_reset < reset_every.
 
@@ -49,8 +51,16 @@ class MemoryState:
         def d(x):
             return None if x is None else {n: w.detach() for n, w in x.items()}
 
-        pending = None if self.pending is None else {
-            "grad": d(self.pending["grad"]), **{g: self.pending[g].detach() for g in PENDING_GATES}}
+        pending = map_pending(self.pending, d, lambda x: x.detach())
         return MemoryState(d(self.weights), d(self.optimizer_state), d(self.eval_weights), self.keys.detach(),
                            self.values.detach(), self.gamma.detach(), self.offset, pending, d(self.initial),
                            self.since_reset)
+
+
+def map_pending(pending, weights, gate):
+    """``pending`` (MemoryState.pending, or None) with ``weights`` applied to each level's {name: Σ g} and ``gate``
+    to each of its gates."""
+    if pending is None:
+        return None
+    return {C: {"grad": weights(level["grad"]), **{g: gate(level[g]) for g in PENDING_GATES}}
+            for C, level in pending.items()}

@@ -186,6 +186,17 @@ PRESETS: dict[str, dict] = {
     # norms, their own fixed SwiGLU) sit between the levels; HOPE's self-modifying Titans layer is not included.
     "hope_cms": dict(layers=[_cms_level(c) for c in _CMS_CHUNKS], memory=_memory(
         "mlp", "l2", alpha=1.0, eta=_CMS_ETA / _CMS_CHUNKS[0], gamma=_L, chunk_size=_CMS_CHUNKS[0], read="chunk")),
+    # HOPE's continuum memory as one memory (the levels rule, learning_rules.Levels): the chain's levels are the four
+    # layers of one MLP memory M(k) = k + W_4 σ(W_3 σ(W_2 σ(W_1 k))), W_ℓ committed every C^(ℓ) = 16, 64, 256, 1024
+    # tokens with its tokens' gradients of the memory's one loss (½‖M(k_t) − v_t‖²) at the weights of the moment, at
+    # rate r_ℓ = 16/C^(ℓ): each commit a step of η = 0.1 on its chunk's γ-weighted mean gradient, as in hope_cms.
+    # Departs from the paper as hope_cms does (a memory layer with its own projections and loss), and its levels are
+    # single matrices of one MLP (no residual between them) trained by backpropagation through the chain, where
+    # hope_cms's levels are separate MLP blocks each trained on its own loss.
+    "hope_levels": dict(layers=["memory"], memory=_memory(
+        {"name": "mlp", "depth": len(_CMS_CHUNKS)}, "l2", alpha=1.0, eta=_CMS_ETA / _CMS_CHUNKS[0], gamma=_L,
+        chunk_size=_CMS_CHUNKS[0], read="chunk", learning_rule={
+            "name": "levels", "chunks": list(_CMS_CHUNKS), "rates": [_CMS_CHUNKS[0] / c for c in _CMS_CHUNKS]})),
     # TNT (Li et al., "TNT: Improving Chunkwise Training for Test-Time Memorization", arXiv 2511.07343): a global
     # memory trained on large chunks beside local memories trained on small chunks whose state returns to its
     # learned initial weights W_0 every S_L tokens, so their segments are independent (read in parallel):

@@ -20,7 +20,9 @@ EXTRA = {"gated_mlp muon global": dict(architecture="gated_mlp", optimizer="muon
                                   chunk_size=4),
          "gated_mlp kl retention": dict(architecture="gated_mlp", optimizer="kl_retention", window=None, chunk_size=5),
          "normalised linear": dict(architecture="linear", feature_map="taylor", attentional_bias="dot", normalize=True,
-                                   chunk_size=4)}
+                                   chunk_size=4),
+         "mlp muon levels": dict(architecture="mlp", optimizer="muon", window=2, chunk_size=3, read="chunk",
+                                 learning_rule={"name": "levels", "chunks": [3, 9], "rates": [1.0, 0.5]})}
 
 
 def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
@@ -44,8 +46,8 @@ def test_memory_flops_formula_equals_the_counted_forward(name, read, monkeypatch
     The compiled CPU Newton–Schulz kernel is not an aten op, so the count runs NS as batched matmuls."""
     monkeypatch.setenv("ATLAS_LAB_NS_KERNEL", "0")
     config = resolve_preset(name)[1] if name in PRESETS else MemoryConfig(**EXTRA[name])
-    if read != "chunk" and getattr(config.rule(), "per_matrix", False):
-        config = config.replace(learning_rule="chunk_commit")  # γ per matrix (lact) takes chunk reads only
+    if read not in config.rule().reads or (read != "chunk" and getattr(config.rule(), "per_matrix", False)):
+        config = config.replace(learning_rule="chunk_commit")  # levels, γ per matrix (lact): chunk reads only
     config = config.replace(read=read)
     T, head_dim = 37, 8
     how = plan(config, Shapes(1, T, 2, head_dim, head_dim), impl="chunked")

@@ -13,14 +13,13 @@ with η_t = γ_t η/C (γ_t the learned per-token rate, η = 0.1); a partial las
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 import helpers
 from atlas_lab.layers import MemoryMixer
 from atlas_lab.memory import memorize
 from atlas_lab.models import PRESETS, LanguageModel, resolve_preset
 from helpers import (assert_pieces_equal_one_call, compare_float32, rel_err, residual_mlp,
-                     residual_mlp_l2_gradients, with_gradients)
+                     residual_mlp_l2_gradients, residual_mlp_problem, with_gradients)
 
 B, T, H, D, E = 2, 23, 2, 3, 2  # 23 tokens: chunks of 2, 3 and 5 each end with a partial chunk; hidden width E·D
 ETA = 0.1  # η_c = Σ_t η_t of one commit, every level
@@ -35,15 +34,7 @@ def level(chunk_size):
 
 def problem(dtype, seed=0):
     """q, k (unit norm), v, γ ∈ [0.2, 1] per token; W_1 [E·D, D], W_2 [D, E·D]."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
-             gamma=0.2 + 0.8 * torch.rand(B, T, H, generator=g, dtype=torch.float64),
-             W1=rnd(B, H, E * D, D, scale=0.7), W2=rnd(B, H, D, E * D, scale=0.7))
-    return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
+    return residual_mlp_problem(B, T, H, D, E, dtype, seed, gamma=(0.2, 1.0))
 
 
 def cms_direct(x, C, per_token_rate=True, read_start=True, mean=True):

@@ -282,7 +282,7 @@ def test_chunk_start_reads_split_into_calls_pass_the_pending_chunk(impl, optimiz
     assert rel_err(torch.cat(pieces, 1), o_full) <= 1e-12
     for n in s_full.weights:
         assert rel_err(state.weights[n], s_full.weights[n]) <= 1e-12
-        assert rel_err(state.pending["grad"][n], s_full.pending["grad"][n]) <= 1e-12
+        assert rel_err(state.pending[3]["grad"][n], s_full.pending[3]["grad"][n]) <= 1e-12
     with pytest.raises(ValueError, match="no pending state"):  # a per-token state does not continue as read=chunk
         _, token_state = memorize(p["q"][:, :4], p["k"][:, :4], p["v"][:, :4], theta=0.5,
                                   **{**options, "read": "token"})

@@ -48,6 +48,7 @@ ROUTES = {
     "lact": ("chunked", "chunked", "chunk_start"),
     "lact_simple": ("chunked", "chunked", "chunk_start"),
     "hope_cms": ("chunked", "chunked", "chunk_start"),
+    "hope_levels": ("chunked", "chunked", "chunk_start"),
     "tnt": ("chunked", "chunked", "linear"),
 }
 

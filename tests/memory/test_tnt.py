@@ -13,13 +13,12 @@ The global memory is the same rule on larger chunks without resets (R = ∞).
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 import helpers
 from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.models import LanguageModel, resolve_preset
 from helpers import (assert_pieces_equal_one_call, compare_float32, rel_err, residual_mlp,
-                     residual_mlp_l2_gradients, with_gradients)
+                     residual_mlp_l2_gradients, residual_mlp_problem, with_gradients)
 
 B, T, H, D, E = 2, 23, 2, 3, 2  # 23 tokens: every (C, R) below ends with a partial chunk; hidden width E·D
 NAMES = ("W1", "W2")
@@ -38,16 +37,7 @@ def global_memory(C):
 
 def problem(dtype, seed=0):
     """q, k (unit norm), v, α ∈ [0.8, 1], η ∈ [0, 0.5] per token; W_1 [E·D, D], W_2 [D, E·D]."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
-             alpha=0.8 + 0.2 * torch.rand(B, T, H, generator=g, dtype=torch.float64),
-             eta=0.5 * torch.rand(B, T, H, generator=g, dtype=torch.float64),
-             W1=rnd(B, H, E * D, D, scale=0.7), W2=rnd(B, H, D, E * D, scale=0.7))
-    return {n: t.to(dtype).to(helpers.DEVICE).requires_grad_(True) for n, t in x.items()}
+    return residual_mlp_problem(B, T, H, D, E, dtype, seed, alpha=(0.8, 1.0), eta=(0.0, 0.5))
 
 
 def tnt_direct(x, C, R, reset_to="W0", read="token"):
