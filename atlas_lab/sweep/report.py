@@ -110,10 +110,14 @@ def tuned_rows(study: optuna.Study, columns: list[str], rows: list[dict]) -> lis
     if not study.user_attrs.get("tune_keys"):
         return []
     out = []
+    trials = study.get_trials(deepcopy=False)
     for r in rows:
-        chosen, candidates = tuned_setting(study, {k: r[k] for k in columns})
-        out.append({k: r[k] for k in columns} | {"chosen": chosen,
-                                                 "candidates": " · ".join(_candidate(c) for c in candidates)})
+        labels = {k: r[k] for k in columns}
+        chosen, candidates = tuned_setting(study, labels)
+        ran = [t.user_attrs["tuned"] for t in trials if not is_tune(t) and t.user_attrs.get("labels") == labels
+               and "tuned" in t.user_attrs and t.state == TrialState.COMPLETE and not is_superseded(study, t)]
+        out.append(labels | {"chosen": chosen, "ran": [json.loads(x) for x in dict.fromkeys(
+            json.dumps(x, sort_keys=True) for x in ran)], "candidates": " · ".join(_candidate(c) for c in candidates)})
     return out
 
 
@@ -131,6 +135,17 @@ def _candidate(c: dict) -> str:
 
 def _setting(chosen: dict | None) -> str:
     return "—" if chosen is None else " ".join(f"{k}={v}" for k, v in chosen.items())
+
+
+def _chosen(t: dict) -> str:
+    """A tuned row's choice, and the settings its reported trials ran at where those differ from it (no candidate
+    stable on every pilot seed: none chosen, the reported trials keep the setting they ran at)."""
+    other = [x for x in t["ran"] if x != t["chosen"]]
+    if not other:
+        return _setting(t["chosen"])
+    ran = ", ".join(_setting(x) for x in other)
+    return (f"none stable; reported at {ran}" if t["chosen"] is None
+            else f"{_setting(t['chosen'])} (reported at {ran})")
 
 
 def baseline_row(rows: list[dict], columns: list[str], baseline: dict | None) -> dict | None:
@@ -403,13 +418,13 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
         files.append(out / "tuned.csv")
         with files[-1].open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(columns + ["chosen", "candidates"])
+            w.writerow(columns + ["chosen", "reported_at", "candidates"])
             for t in tuned:
-                w.writerow([t[k] for k in columns] + [json.dumps(t["chosen"]), t["candidates"]])
+                w.writerow([t[k] for k in columns] + [json.dumps(t["chosen"]), json.dumps(t["ran"]), t["candidates"]])
         lines += ["", "tuned settings: per point, the candidate with the best median over its pilot seeds (never a "
                       "reported seed; a candidate that diverged on any is not chosen), and every candidate's median, "
                       "range and complete seeds", ""]
-        lines += _markdown(columns + TUNED_HEADER, [[t[k] for k in columns] + [_setting(t["chosen"]), t["candidates"]]
+        lines += _markdown(columns + TUNED_HEADER, [[t[k] for k in columns] + [_chosen(t), t["candidates"]]
                                                     for t in tuned])
     files[1].write_text("\n".join(lines) + "\n")
     return files
@@ -602,7 +617,7 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     if tuned:
         print_table(console, "tuned settings: the best median over the pilot seeds (never a reported seed; a "
                              "candidate that diverged is not chosen), each candidate's median [range] of its seeds",
-                    keys + TUNED_HEADER, [[str(t[c]) for c in columns] + [_setting(t["chosen"]), t["candidates"]]
+                    keys + TUNED_HEADER, [[str(t[c]) for c in columns] + [_chosen(t), t["candidates"]]
                                           for t in tuned], keys=len(columns))
     for r in rows:
         if r["reason"]:

@@ -14,9 +14,9 @@ T_975 = {2: 4.302652729749464, 4: 2.7764451051977934}  # Student's t quantile 0.
 
 
 def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=None, states=None, metric="val/acc",
-                    summary="final"):
+                    summary="final", tuned=None):
     """A grid study over axes (preset, memory) whose point labels -> per-repeat values; None is a failed repeat.
-    A value (steps, censored) is a steps_to repeat."""
+    A value (steps, censored) is a steps_to repeat. tuned: point labels -> the setting its trials ran at."""
     study = optuna.create_study(direction=direction)
     for key, value in (("metric", metric), ("direction", direction), ("sampler", "grid"), ("summary", summary),
                        ("grid_keys", ["model.preset", "model.memory"]), ("baseline", baseline)):
@@ -28,6 +28,8 @@ def synthetic_study(values: dict[tuple, list], direction="maximize", baseline=No
             state = (states or {}).get((preset, memory, repeat), TrialState.COMPLETE if v is not None else
                                        TrialState.FAIL)
             attrs = {"labels": {"model.preset": preset, "model.memory": memory}, "repeat": repeat}
+            if tuned:
+                attrs["tuned"] = tuned[preset, memory]
             if isinstance(v, tuple):
                 v, attrs["censored"] = v[0], [v[1]]
             if state == TrialState.FAIL:
@@ -184,3 +186,30 @@ def test_a_tuned_study_reports_the_pilot_choice_apart_from_its_points(tmp_path):
     assert tuned["atlas"]["chosen"] == '{"model.lr": 0.003}'
     assert "lr=0.003: 0.8500" in tuned["atlas"]["candidates"] and "lr=0.01: 0.1500" in tuned["atlas"]["candidates"]
     assert "tuned settings" in (out / "results.md").read_text()
+
+
+def test_a_point_without_a_stable_candidate_says_where_its_reported_trials_ran(tmp_path):
+    """Every candidate of the linear point diverged on a pilot seed: none is chosen, and its reported trials, which
+    ran at lr 0.001 before the pilots of more seeds, are named with that setting (tables, results.md, tuned.csv);
+    a point whose trials ran at its choice shows the choice alone."""
+    study = synthetic_study({("atlas", "atlas"): [0.5, 0.6], ("atlas", "linear"): [0.7, 0.8]},
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"},
+                            tuned={("atlas", "atlas"): {"model.lr": 3e-3}, ("atlas", "linear"): {"model.lr": 1e-3}})
+    study.set_user_attr("tune_keys", ["model.lr"])
+    add_tune_trial(study, "atlas", "atlas", {"model.lr": 3e-3}, 0, 0.6)
+    add_tune_trial(study, "atlas", "linear", {"model.lr": 1e-3}, 0, 0.5)
+    labels = {"model.preset": "atlas", "model.memory": "linear"}
+    for slot, lr in ((0, 1e-3), (1, 3e-3)):  # a second pilot seed: both diverge
+        study.add_trial(create_trial(state=TrialState.FAIL, params=labels, distributions={
+            "model.preset": CategoricalDistribution(["atlas", "atlas_mag"]),
+            "model.memory": CategoricalDistribution(["atlas", "linear", "gd"])}, user_attrs={
+            "labels": labels, "repeat": 1001, "slot": slot, "tune": {"model.lr": lr},
+            "fail_reason": "FloatingPointError: non-finite training loss nan at step 9"}))
+    console = Console(width=250, record=True)
+    out = summarize(study, console=console, out_dir=tmp_path)
+    tuned = {r["model.memory"]: r for r in csv.DictReader((out / "tuned.csv").open())}
+    assert (tuned["linear"]["chosen"], tuned["linear"]["reported_at"]) == ("null", '[{"model.lr": 0.001}]')
+    assert (tuned["atlas"]["chosen"], tuned["atlas"]["reported_at"]) == ('{"model.lr": 0.003}', '[{"model.lr": 0.003}]')
+    for text in (console.export_text(), (out / "results.md").read_text()):
+        assert "none stable; reported at model.lr=0.001" in text
+        assert "model.lr=0.003 (reported" not in text
