@@ -13,7 +13,8 @@ form     the in-chunk evaluation of the chunked path (``chunked.FORMS``), from w
            chunk_start  read="chunk": every token reads the chunk's start; one optimiser step per chunk
 block    tokens per block of that form (the chunk size; the delta rule's WY block)
 carried  what a state continued in the middle of a chunk carries besides the weights: eval_weights (read token: the
-         chunk's evaluation point), pending (read chunk: Σ g and its gates), or nothing (chunk 1)
+         chunk's evaluation point), pending (read chunk: Σ g and its gates, per level), or nothing (chunk 1 and no
+         level longer)
 flops    forward FLOPs per token and head of the form (cost.py; None where no formula is known)
 reason   why this path, and why not a faster one
 op       for path fla, fla-core's op (ops/fla.py)
@@ -188,7 +189,10 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     D = fmap.dim(shapes.d_k)
     weights = mem.shapes(D, shapes.d_k, shapes.d_v + int(config.normalize))
     form, block = form_of(config, mem, bias, optimizer, specs)
-    carried = CARRIED[config.read] if config.chunk_size > 1 else "nothing"
+    # tokens until every weight matrix has committed (read chunk: the longest level of the rule's commits)
+    period = max(C for C, _ in rule.commits(weights, config.chunk_size).values()) if config.read == "chunk" \
+        else config.chunk_size
+    carried = CARRIED[config.read] if period > 1 else "nothing"
     steps = shapes.T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read
     flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
                             steps, block, config.read == "start") if declares(mem, "gradient_factors", "forward") \

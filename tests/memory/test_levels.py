@@ -97,18 +97,20 @@ def test_a_broken_part_fails_the_identity(broken):
     assert rel_err(ours("chunked", (c1, c2), (r1, r2))(x)["output"], direct["output"]) > 1e-3
 
 
-def test_levels_stream_across_chunks():
-    """23 tokens in pieces of 7, 1 and 15 — the first cut inside W1's chunk, the second inside W2's only — equal one
-    call, gradients included: the state carries each level's commit in progress."""
+@pytest.mark.parametrize("chunks,rates", [CASES["fast W1"], ((1, 3), (1.0, 0.5))])
+def test_levels_stream_across_chunks(chunks, rates):
+    """23 tokens in pieces of 7, 1 and 15 — cuts inside a level's chunk (chunks 2 and 6), or inside the slow
+    level's only (chunks 1 and 3: the state carries a commit in progress though every piece ends on a chunk of the
+    config) — equal one call, gradients included: the state carries each level's commit in progress."""
     x = problem(torch.float64)
 
     def call(lo, hi, state):
-        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config(*CASES["fast W1"]),
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config(chunks, rates),
                         gamma=x["gamma"][:, lo:hi], initial_state=state)
 
     assert_pieces_equal_one_call(call, x, {n: x[n] for n in NAMES}, cuts=((0, 7), (7, 8), (8, 23)))
     _, state = call(0, 8, {n: x[n] for n in NAMES})
-    assert (state.offset, sorted(state.pending)) == (2, [6])  # W1 committed at token 8, W2's chunk in progress
+    assert (state.offset, sorted(state.pending)) == (8 % max(chunks), [C for C in chunks if 8 % C])
 
 
 @pytest.mark.parametrize("optimizer", ["gd", "momentum", "muon"])
