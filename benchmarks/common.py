@@ -113,6 +113,7 @@ def child_command(script: str, preset: str, T: int, args, *extra: str) -> list[s
     cmd = [sys.executable, script, "--child", preset, str(T), "--d-model", str(args.d_model), "--n-layers",
            str(args.n_layers), "--n-heads", str(args.n_heads), "--max-gib", str(args.max_gib or 0),
            "--checkpoint" if args.checkpoint else "--no-checkpoint", *extra]
+    cmd += ["--memory-heads", str(args.memory_heads)] if getattr(args, "memory_heads", None) else []
     return cmd + (["--threads", str(args.threads)] if args.threads else [])
 
 
@@ -241,7 +242,8 @@ def add_checkpoint_arg(ap) -> None:
 
 
 def preset_model(preset: str, args, vocab_size: int):
-    """LanguageModel(vocab_size, preset) at args.d_model / n_layers / n_heads, seeded; with ``args.checkpoint``
+    """LanguageModel(vocab_size, preset) at args.d_model / n_layers / n_heads (/ memory_heads), seeded; with
+    ``args.checkpoint``
     every preset that has a memory recomputes each chunk in the backward."""
     import torch
 
@@ -250,4 +252,4 @@ def preset_model(preset: str, args, vocab_size: int):
     torch.manual_seed(0)
     memory = {"checkpoint": True} if args.checkpoint and PRESETS[preset]["memory"] is not None else None
     return LanguageModel(vocab_size, preset, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                         memory=memory)
+                         memory_heads=getattr(args, "memory_heads", None), memory=memory)

@@ -1,7 +1,11 @@
 """Training throughput of every named model (``atlas_lab.models.PRESETS``) next to the transformer.
 
     python benchmarks/models.py [--T 1024 4096] [--presets atlas titans ...] [--d-model 256] [--n-layers 4]
-                                [--n-heads 16] [--batch 1] [--repeats 3] [--no-checkpoint] [--threads N] [--tiny]
+                                [--n-heads 16] [--memory-heads H] [--batch 1] [--repeats 3] [--no-checkpoint]
+                                [--threads N] [--tiny]
+
+At experiments/mqar.yaml's sizes: --T 32 --batch 32 --d-model 64 --n-layers 2 --n-heads 4 --memory-heads 16
+--no-checkpoint --threads 1 (vocab 256 here, 64 there: the embedding and the output layer only).
 
 One step = forward + backward of the next-token cross-entropy on random byte tokens (vocab 256), no optimizer,
 float32, batch 1, d_model 256, 4 layers, 16 heads of 16 (LanguageModel defaults otherwise: SwiGLU, tied embeddings,
@@ -82,6 +86,8 @@ def main():
     ap.add_argument("--d-model", dest="d_model", type=int, default=256)
     ap.add_argument("--n-layers", dest="n_layers", type=int, default=4)
     ap.add_argument("--n-heads", dest="n_heads", type=int, default=16)
+    ap.add_argument("--memory-heads", dest="memory_heads", type=int, default=None,
+                    help="heads of the memory layers (default: --n-heads; experiments/mqar.yaml: 16 beside 4)")
     ap.add_argument("--batch", type=int, default=1)
     add_checkpoint_arg(ap)
     add_child_args(ap, ("PRESET", "T"))
@@ -119,7 +125,9 @@ def main():
         if not any(c[-1] for c in cells):  # the error column only when something failed
             columns, cells = columns[:-1], [c[:-1] for c in cells]
         print_table(f"training step (fwd+bwd, cross-entropy, no optimizer), T={T}, batch {args.batch}, d_model "
-                    f"{args.d_model}, {args.n_layers} layers, {args.n_heads} heads, float32, {threads} threads",
+                    f"{args.d_model}, {args.n_layers} layers, {args.n_heads} heads"
+                    + (f" ({args.memory_heads} in memories)" if args.memory_heads else "")
+                    + f", float32, {threads} threads",
                     columns, cells, caption="> 1: faster than the transformer at this T")
     if args.tiny:
         console().print("[dim]--tiny: shapes too small to mean anything; not a measurement[/dim]")
