@@ -39,7 +39,7 @@ system-deps:
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n 3 --durations=30
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n 3 --dist worksteal --durations=30
 
 # The float32 equivalence and identity tests under each of MKL's code paths (the default one this processor picks,
 # COMPATIBLE, AVX2) and with 1 and 2 threads: the rounding of another machine, on this one. With 2 threads, one

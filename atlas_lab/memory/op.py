@@ -10,10 +10,9 @@ import torch
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
 from .learning_rules import axis_width
-from .optimizers import start as optimizer_start
+from .optimizers import levels, start as optimizer_start
 from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
-from .optimizers import levels
 from .state import MemoryState, map_pending
 
 

@@ -10,6 +10,8 @@ the moment (both matrices as committed so far):
 The weights change only at the end of a chunk of the smallest C, so a base chunk's gradients share one θ.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,6 +113,17 @@ def test_levels_stream_across_chunks(chunks, rates):
     assert_pieces_equal_one_call(call, x, {n: x[n] for n in NAMES}, cuts=((0, 7), (7, 8), (8, 23)))
     _, state = call(0, 8, {n: x[n] for n in NAMES})
     assert (state.offset, sorted(state.pending)) == (8 % max(chunks), [C for C in chunks if 8 % C])
+
+
+def test_a_state_of_other_levels_is_refused_in_one_line():
+    """A state whose commits in progress are of levels the rule does not have (chunks 2, 6 continued as one level of
+    2) names both."""
+    x = problem(torch.float64)
+    _, state = memorize(x["q"][:, :8], x["k"][:, :8], x["v"][:, :8], config(*CASES["fast W1"]),
+                        gamma=x["gamma"][:, :8], initial_state={n: x[n] for n in NAMES})
+    with pytest.raises(ValueError, match=r"initial_state.pending has levels \[6\]; this rule's: \[2\]"):
+        memorize(x["q"][:, 8:], x["k"][:, 8:], x["v"][:, 8:], config((2, 2), (1.0, 1.0)), gamma=x["gamma"][:, 8:],
+                 initial_state=dataclasses.replace(state, offset=0))
 
 
 @pytest.mark.parametrize("optimizer", ["gd", "momentum", "muon"])
