@@ -32,7 +32,7 @@ from torch.func import grad, vmap
 from .causal import causal_matmul, causal_operands, tensor_cache
 from .delta_rule import delta_rule
 from .memories import fixed_apply
-from .optimizers import accumulate, commit, scaled
+from .optimizers import accumulate, commit, period, scaled
 
 
 @tensor_cache()
@@ -247,13 +247,12 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
 
 def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
                                  optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                 checkpoint=False, form="chunk_start", block=None, commits=None):
+                                 checkpoint=False, form="chunk_start", block=None, commits):
     """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
     reads W̃ = W (the weights committed so far) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk
     that ends a level's chunk commits that level (optimizers.commit). (checkpoint: not used; the chunk-start path
     keeps no per-token weights.)"""
-    commits = commits or {n: (chunk_size, 1.0) for n in W}
-    period = max(C for C, _ in commits.values())
+    longest = period(commits)
     phi_q, phi_k = phi(q), phi(k_all)
     grads = gradients(mem, bias)
     ys = []
@@ -266,7 +265,7 @@ def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, 
                   for m, name in enumerate(W)}
         pending = accumulate(pending, commits, {name: combine_last(weight[name], G[name]) for name in W},
                              alpha_c.prod(1), eta_c.sum(1), theta_c.prod(1))
-        offset = (offset + n) % period
+        offset = (offset + n) % longest
         if offset % chunk_size == 0:
             W, S, pending = commit(optimizer, W, S, pending, commits, offset)
     return torch.cat(ys, 1), W, S, None, offset, pending

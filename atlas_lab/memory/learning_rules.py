@@ -320,12 +320,8 @@ class Levels(Online):
             raise ValueError(f"{where}.learning_rule.chunks: expected one chunk per weight matrix of the memory "
                              f"({', '.join(matrices)}), got {list(self.chunks)!r}")
 
-    def commits(self, names, chunk_size):
-        names = list(names)
-        if len(names) != len(self.chunks):
-            raise ValueError(f"learning_rule.chunks: expected one chunk per weight matrix ({', '.join(names)}), got "
-                             f"{list(self.chunks)!r}")
-        return {n: (c, r) for n, c, r in zip(names, self.chunks, self.rates)}
+    def commits(self, names, chunk_size):  # one chunk per matrix: ``check`` holds the config to it
+        return {n: (c, r) for n, c, r in zip(names, self.chunks, self.rates, strict=True)}
 
     def describe(self):
         return "C=" + "/".join(map(str, self.chunks))

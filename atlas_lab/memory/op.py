@@ -10,7 +10,7 @@ import torch
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
 from .learning_rules import axis_width
-from .optimizers import levels, start as optimizer_start
+from .optimizers import levels, period, start as optimizer_start
 from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import MemoryState, map_pending
@@ -234,12 +234,12 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     cache_g = q_.new_zeros(B * H, 0)
     # read chunk: {name: (C, r)}, each matrix's commit every C tokens (the offset counts to the longest C)
     commits = rule.commits(shapes, chunk_size) if read == "chunk" else None
-    period = chunk_size if commits is None else max(C for C, _ in commits.values())
+    longest = chunk_size if commits is None else period(commits)
     if isinstance(initial_state, MemoryState):
         st = initial_state
-        if not 0 <= st.offset < period:
+        if not 0 <= st.offset < longest:
             raise ValueError(f"memorize: initial_state.offset={st.offset} does not fit chunk_size={chunk_size}"
-                             + ("" if period == chunk_size else f" (levels up to {period})"))
+                             + ("" if longest == chunk_size else f" (levels up to {longest})"))
         W = _broadcast_weights(st.weights, shapes, B, H, "initial_state.weights", q)
         if st.optimizer_state is not None:
             state_shapes = {n: optimizer.state_shape(shape) for n, shape in shapes.items()}

@@ -472,6 +472,11 @@ def levels(commits) -> dict[int, list[str]]:
     return out
 
 
+def period(commits) -> int:
+    """Tokens after which every matrix of a rule's ``commits`` {name: (C, r)} has committed: the longest C."""
+    return max(C for C, _ in commits.values())
+
+
 def accumulate(pending, commits, g, alpha, eta, theta):
     """The commits in progress with more tokens (chunk-start reads): per level C, Σ g of its matrices, ∏ α, Σ η, ∏ θ
     since its last commit.

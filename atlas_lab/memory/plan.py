@@ -36,6 +36,7 @@ import torch
 from . import cost
 from .components import declares
 from .delta_rule import delta_rule_applies, delta_rule_block
+from .optimizers import period
 
 IMPLS = ("reference", "chunked", "triton", "fla", "auto")
 CARRIED = {"token": "eval_weights", "start": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (§4.1)
@@ -190,9 +191,8 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     weights = mem.shapes(D, shapes.d_k, shapes.d_v + int(config.normalize))
     form, block = form_of(config, mem, bias, optimizer, specs)
     # tokens until every weight matrix has committed (read chunk: the longest level of the rule's commits)
-    period = max(C for C, _ in rule.commits(weights, config.chunk_size).values()) if config.read == "chunk" \
-        else config.chunk_size
-    carried = CARRIED[config.read] if period > 1 else "nothing"
+    longest = period(rule.commits(weights, config.chunk_size)) if config.read == "chunk" else config.chunk_size
+    carried = CARRIED[config.read] if longest > 1 else "nothing"
     steps = shapes.T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read
     flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
                             steps, block, config.read == "start") if declares(mem, "gradient_factors", "forward") \

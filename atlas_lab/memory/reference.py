@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
-from .optimizers import accumulate, commit, scaled, step
+from .optimizers import accumulate, commit, period, scaled, step
 
 
 def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
@@ -72,20 +72,19 @@ def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, ph
 
 def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
                                    optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                   commits=None):
+                                   commits):
     """read="chunk", arguments as ``memorize_reference``: every token reads W̃ = W; ``pending`` (the commits in
     progress, optimizers.accumulate; None when none is) commits each level at the end of its chunk; commits: {name:
-    (C, r)} (LearningRule.commits; None: every matrix every chunk_size tokens, r = 1); offset: tokens since the
+    (C, r)} (LearningRule.commits); offset: tokens since the
     start of the longest level's chunk. Returns (y, W, S, None, offset, pending)."""
-    commits = commits or {n: (chunk_size, 1.0) for n in W}
-    period = max(C for C, _ in commits.values())
+    longest = period(commits)
     g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
     ys = []
     for t in range(q.shape[1]):
         ys.append(read_out(W, t))
         pending = accumulate(pending, commits, g(W if scale is None else scaled(W, scale[:, t]), t), alpha[:, t],
                              eta[:, t], theta[:, t])
-        offset = (offset + 1) % period
+        offset = (offset + 1) % longest
         if offset % chunk_size == 0:
             W, S, pending = commit(optimizer, W, S, pending, commits, offset)
     return torch.stack(ys, 1), W, S, None, offset, pending
