@@ -109,15 +109,19 @@ def tuned_rows(study: optuna.Study, columns: list[str], rows: list[dict]) -> lis
     ("candidates": "lr=0.001: 0.5123 [0.4900, 0.5300] of 3 · lr=0.01: diverged in 2 of 3")."""
     if not study.user_attrs.get("tune_keys"):
         return []
+    ran: dict[str, dict[str, dict]] = {}  # per point (its labels as JSON): the settings its reported trials ran at
+    for t in study.get_trials(deepcopy=False):
+        if not is_tune(t) and "tuned" in t.user_attrs and t.state == TrialState.COMPLETE \
+                and not is_superseded(study, t):
+            setting = t.user_attrs["tuned"]
+            ran.setdefault(json.dumps(t.user_attrs["labels"], sort_keys=True), {})[
+                json.dumps(setting, sort_keys=True)] = setting
     out = []
-    trials = study.get_trials(deepcopy=False)
     for r in rows:
         labels = {k: r[k] for k in columns}
         chosen, candidates = tuned_setting(study, labels)
-        ran = [t.user_attrs["tuned"] for t in trials if not is_tune(t) and t.user_attrs.get("labels") == labels
-               and "tuned" in t.user_attrs and t.state == TrialState.COMPLETE and not is_superseded(study, t)]
-        out.append(labels | {"chosen": chosen, "ran": [json.loads(x) for x in dict.fromkeys(
-            json.dumps(x, sort_keys=True) for x in ran)], "candidates": " · ".join(_candidate(c) for c in candidates)})
+        out.append(labels | {"chosen": chosen, "ran": list(ran.get(json.dumps(labels, sort_keys=True), {}).values()),
+                             "candidates": " · ".join(_candidate(c) for c in candidates)})
     return out
 
 
