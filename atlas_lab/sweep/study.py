@@ -403,14 +403,17 @@ def stale_reported(study: optuna.Study, spec: SweepSpec) -> list:
     trials = study.get_trials(deepcopy=False)
     busy = {json.dumps(t.user_attrs["labels"], sort_keys=True) for t in trials
             if is_tune(t) and t.state in (TrialState.WAITING, TrialState.RUNNING)}
+    reported: dict[str, list] = {}  # per point (its labels as JSON): its finished reported trials, in one pass
+    for t in trials:
+        if not is_tune(t) and t.state in FINISHED and "labels" in t.user_attrs and not is_superseded(study, t):
+            reported.setdefault(json.dumps(t.user_attrs["labels"], sort_keys=True), []).append(t)
     stale = []
     for labels in spec.grid_points() if spec.tune else []:
-        if json.dumps(labels, sort_keys=True) in busy or refinements(study, labels):
+        key = json.dumps(labels, sort_keys=True)
+        if key in busy or key not in reported or refinements(study, labels):
             continue
         choice = tuned_setting(study, labels)[0]
-        stale += [t for t in trials if choice is not None and not is_tune(t) and t.user_attrs.get("labels") == labels
-                  and t.state in FINISHED and t.user_attrs.get("tuned", choice) != choice
-                  and not is_superseded(study, t)]
+        stale += [t for t in reported[key] if choice is not None and t.user_attrs.get("tuned", choice) != choice]
     return stale
 
 
