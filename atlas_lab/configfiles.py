@@ -4,12 +4,13 @@ missing or broken file or a bad model value is one line at once; the CLI's parse
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
-import re
+import importlib
+import inspect
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal, Optional, Union
+from types import NoneType, UnionType
+from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 import yaml
 
@@ -43,15 +44,6 @@ def check_config_files(args: list[str]) -> dict:
     return trees
 
 
-def _expected(kind: str) -> str:
-    """A jsonargparse type as a person writes it: ``typing.Literal['a', 'b']`` -> 'a', 'b'; ``<class 'int'>`` -> int."""
-    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", kind)
-    if literal:
-        return literal.group(1)
-    cls = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", kind)
-    return {"NoneType": "null"}.get(cls.group(1), cls.group(1)) if cls else kind
-
-
 # keys of earlier versions -> their name now: each a hidden argument of the parsers (``add_renamed``)
 RENAMED = {"model.mixer": "model.preset"}
 
@@ -73,43 +65,109 @@ def add_renamed(parser) -> None:
                             help=argparse.SUPPRESS)
 
 
-def one_line(message: str) -> str:
-    """jsonargparse's parse error (often 10–60 lines of nested Union errors) as one line: the dotted key, what
-    was expected (every alternative), and the value given.
+def describe(kind) -> str:
+    """A type annotation as a person writes it: ``Optional[int]`` -> int or null; ``Literal['a', 'b']`` -> 'a', 'b';
+    ``list[int]`` -> list[int]."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is None or kind is NoneType:
+        return "null"
+    if origin is Literal:
+        return ", ".join(map(repr, args))
+    if origin in (Union, UnionType):
+        return " or ".join(dict.fromkeys(map(describe, args)))
+    if is_typeddict(kind):
+        return f"a mapping of {', '.join(kind.__annotations__)}"
+    if origin is not None and args:
+        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else describe(a) for a in args)}]"
+    return getattr(kind, "__name__", str(kind))
 
-    The one place that reads jsonargparse's text: jsonargparse 4.53 reports a bad value as an ``ArgumentError``
-    whose only content is that text (its causes are ``ValueError``s of text too), with no key, type or value to
-    read apart; a bad value inside a typed mapping (``model.memory``) is named by its key only in the text of the
-    value given (``NestedArg(key='window', ...)``)."""
-    single = re.fullmatch(r'(?:Parser key "([^"]+)"|argument --(\S+)): ([^\n]*)', message)
-    if single:  # a message of the project's own (a renamed key): the key and the message
-        return f"{single.group(1) or single.group(2)}: {single.group(3)}"
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    nested = re.search(r"Given value: NestedArg\(key='((?!class_path|init_args)[\w.]+)'", message)
-    key = ".".join(keys[:1] + [k for k in keys[1:] if k != "class_path"] + ([nested.group(1)] if nested else []))
-    unexpected = re.search(r"Unexpected keys: (\{[^}]*\})", message)
-    if keys and unexpected:  # a typed mapping's unknown key (model.memory: MemoryConfig's fields)
-        from .memory.config import MemoryConfig
 
-        names = ", ".join(sorted(ast.literal_eval(unexpected.group(1))))
-        valid = ", ".join(f.name for f in fields(MemoryConfig)) if keys[0] == "model.memory" else None
-        return f"{keys[0]}.{names}: unknown key" + (f"; valid keys: {valid}" if valid else "")
-    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.*(?:has no attribute|No module named).*)$",
-                        message, re.M)
-    if keys and missing:  # a class that cannot be imported: name it, not one of the Union's alternatives
-        return f"{key}: class_path '{missing.group(1)}' cannot be imported ({missing.group(2).strip()})"
-    causes = [ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")]
-    causes = [c for c in causes if not c.startswith(("Expected a", "Problem with", "Does not validate"))]
-    if "Does not validate against any of the Union subtypes" in message and len(causes) == 1:
-        return causes[0]  # a class's own error, e.g. a data module's check, behind a Union of class or null
-    expected = re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", message, re.M)
-    # a value inside model.memory: the last alternative is the mapping's own null (Optional), not the value's
-    expected = list(dict.fromkeys(_expected(e.strip().rstrip(".")) for e in expected[:-1 if nested else None]))
-    given = re.search(r"(?:Given value|Got value): (.*)$", message, re.M)
-    if not keys or not expected:
-        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        return ". ".join(lines[:1] + [ln for ln in lines[1:] if "File does not exist" in ln])
-    return f"{key}: expected {' or '.join(expected)}" + (f"; got {given.group(1).strip()}" if given else "")
+def _number(value, kind) -> bool:
+    """An int (not a bool) for int; an int or float for float, or a string of one (``1e-3``: YAML 1.1 reads it as a
+    string, the CLI's parser as a number)."""
+    if isinstance(value, bool):
+        return False
+    if kind is int:
+        return isinstance(value, int)
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return isinstance(value, (int, float))
+
+
+def conforms(value, kind) -> bool:
+    """Whether a YAML value (a config file's, or ``yaml.safe_load`` of a command-line value) has type ``kind``: the
+    builtins, None, Literal, Union, list, tuple, dict and TypedDict, as the CLI's parser takes them; a type of another
+    kind (a class, a path) is the parser's to check, and conforms here."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is Any or kind is object:
+        return True
+    if kind is None or kind is NoneType:
+        return value is None
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (Union, UnionType):
+        return any(conforms(value, a) for a in args)
+    if kind in (int, float):
+        return _number(value, kind)
+    if kind in (bool, str):
+        return isinstance(value, kind)
+    if is_typeddict(kind):
+        return isinstance(value, dict) and all(k in kind.__annotations__ and conforms(v, kind.__annotations__[k])
+                                               for k, v in value.items())
+    if kind in (list, tuple) or origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(map(conforms, value, args))
+        return not args or all(conforms(v, args[0]) for v in value)
+    if kind is dict or origin is dict:
+        return isinstance(value, dict) and (not args or all(conforms(k, args[0]) and conforms(v, args[1])
+                                                            for k, v in value.items()))
+    return True
+
+
+def check_value(key: str, value, kind) -> None:
+    """ConfigError ``<key>: expected <kind>; got <value>`` unless ``value`` conforms to ``kind``."""
+    if not conforms(value, kind):
+        raise ConfigError(f"{key}: expected {describe(kind)}; got {value}")
+
+
+def importable(class_path: str) -> str | None:
+    """Why a dotted ``class_path`` cannot be imported (None where it can; a bare name is the parser's to resolve)."""
+    module, _, name = class_path.rpartition(".")
+    if not module:
+        return None
+    try:
+        found = importlib.import_module(module)
+    except ImportError as e:
+        return str(e)
+    return None if hasattr(found, name) else f"module '{module}' has no attribute '{name}'"
+
+
+def check_class(key: str, value) -> type | None:
+    """A class given by ``value`` (a dotted path, or a mapping with a class_path): ConfigError naming ``key`` where it
+    cannot be imported; the class where it is imported, None where no dotted path is given."""
+    path = value.get("class_path") if isinstance(value, dict) else value
+    if not isinstance(path, str) or "." not in path:
+        return None
+    why = importable(path)
+    if why is not None:
+        raise ConfigError(f"{key}: class_path '{path}' cannot be imported ({why})")
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def argument_types(cls) -> dict:
+    """{argument: annotation} of ``cls.__init__``'s named arguments (not *args, **kwargs), as ``typing`` resolves
+    them."""
+    hints = get_type_hints(cls.__init__)
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {n: hints[n] for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n in hints and p.kind in named}
 
 
 # Lightning's Trainer arguments whose types name no Lightning class (Trainer.__init__'s annotations, lightning 2.6;
@@ -135,17 +193,29 @@ TRAINER_VALUES = {
 
 def section(args: list[str], trees: dict, name: str, keys) -> dict:
     """The ``keys`` of section ``name`` as the run will see them: a config file's ``<name>:`` keys and
-    ``--<name>.<key>=value`` (or ``--<name>.<key> value``, a YAML value), in the command line's order; other keys are
-    left out."""
+    ``--<name>.<key>=value`` (or ``--<name>.<key> value``, a YAML value; ``--<name>.<key>+=value`` appends to a list),
+    in the command line's order; a class's ``init_args`` merged, other keys replaced; other keys are left out."""
     out = {}
+
+    def put(key, value):
+        merge = key == "init_args" and isinstance(out.get(key), dict) and isinstance(value, dict)
+        out[key] = {**out[key], **value} if merge else value
+
     for i, arg in enumerate(args):  # in the command line's order, as the CLI's parser applies them
         key, equals, value = arg.partition("=")
         value = value if equals else args[i + 1] if i + 1 < len(args) else ""
         if key in ("-c", "--config"):
             tree = trees.get(value).get(name) if isinstance(trees.get(value), dict) else None
-            out.update({k: v for k, v in tree.items() if k in keys} if isinstance(tree, dict) else {})
+            for k, v in (tree.items() if isinstance(tree, dict) else ()):
+                if k in keys:
+                    put(k, v)
+        elif key.endswith("+") and key.startswith(f"--{name}.") and key[:-1].removeprefix(f"--{name}.") in keys:
+            field = key[:-1].removeprefix(f"--{name}.")  # --trainer.callbacks+=X: one more item
+            before = out.get(field)
+            out[field] = [*(before if isinstance(before, list) else [] if before is None else [before]),
+                          yaml.safe_load(value)]
         elif key.startswith(f"--{name}.") and key.removeprefix(f"--{name}.") in keys:
-            out[key.removeprefix(f"--{name}.")] = yaml.safe_load(value)
+            put(key.removeprefix(f"--{name}."), yaml.safe_load(value))
         elif key.startswith(f"--{name}.") and key.count(".") == 2 and key.split(".")[1] in keys:
             field, part = key.split(".")[1:]  # --model.memory.window=16: one key of a mapping, merged into it
             out[field] = {**(out[field] if isinstance(out.get(field), dict) else {}), part: yaml.safe_load(value)}
@@ -153,40 +223,69 @@ def section(args: list[str], trees: dict, name: str, keys) -> dict:
 
 
 def check_values(args: list[str], trees: dict) -> None:
-    """The model's values (ModelConfig's types and ranges, a renamed key) and the trainer's (``TRAINER_VALUES``)
-    through jsonargparse's public parser, before Lightning is imported: each config file's on its own (the line names
-    the file), then as the run will see them. A bad preset, size or step count is the line the CLI's parser would
-    give, in ~1 s (torch's import) instead of ~4 s; the memory's changes (``model.memory``, ``--model.memory.<key>``)
-    are checked by MemoryConfig against the preset's memory, as the model will build it. What this cannot see (other
-    keys, a component's options on the command line, a layer pattern's memories) the CLI checks."""
-    from jsonargparse import ArgumentError, ArgumentParser
-
+    """The model's values (ModelConfig's types and ranges, a renamed key) and the trainer's (``TRAINER_VALUES``),
+    checked by their annotations (``check_value``) before Lightning is imported: each config file's on its own (the
+    line names the file), then as the run will see them. A bad preset, size or step count is one line in ~1 s (torch's
+    import) instead of ~4 s; the memory's changes (``model.memory``, ``--model.memory.<key>``) are checked by
+    MemoryConfig against the preset's memory, as the model will build it. What this cannot see (a component's options
+    on the command line, a layer pattern's memories) the model checks as it is built; the classes of a run and their
+    arguments are ``check_classes``'s."""
+    from .memory.config import MemoryConfig
     from .models.lm import MemoryChanges, ModelConfig
     from .models.presets import resolve_preset
 
-    model_keys = {f.name for f in fields(ModelConfig)} | {k.removeprefix("model.") for k in RENAMED}
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(ModelConfig, "model")
-    for key, kind in TRAINER_VALUES.items():
-        parser.add_argument(f"--trainer.{key}", type=kind)
-    add_renamed(parser)
+    model_types = get_type_hints(ModelConfig)
+    memory_keys = MemoryChanges.__annotations__
     for where, given in [*((f" (in {path})", ["-c", path]) for path in trees), ("", args)]:
-        model = section(given, trees, "model", model_keys)
-        changes = model.get("memory") if isinstance(model.get("memory"), dict) else {}
-        changes = {k: v for k, v in changes.items() if k in MemoryChanges.__annotations__}
+        model = section(given, trees, "model", {*model_types, *(k.removeprefix("model.") for k in RENAMED)})
         try:
-            if changes:  # each key of model.memory an argument of its own: a bad value is named by its key
-                memory = ArgumentParser(exit_on_error=False)
-                for key in changes:
-                    memory.add_argument(f"--model.memory.{key}", type=MemoryChanges.__annotations__[key])
-                memory.parse_object({"model": {"memory": changes}})
-            values = parser.parse_object({"model": model, "trainer": section(given, trees, "trainer", TRAINER_VALUES)})
-        except ArgumentError as e:
-            raise ConfigError(one_line(str(e)) + where) from None
+            for old, new in RENAMED.items():
+                if old.removeprefix("model.") in model:
+                    raise ConfigError(f"{old}: renamed; write {new}: {model[old.removeprefix('model.')]}")
+            memory = model.get("memory")
+            if isinstance(memory, dict):  # each key of model.memory on its own: a bad one is named by its key
+                unknown = sorted(k for k in memory if k not in memory_keys)
+                if unknown:
+                    raise ConfigError(f"model.memory.{', '.join(unknown)}: unknown key; valid keys: "
+                                      f"{', '.join(f.name for f in fields(MemoryConfig))}")
+                for key, value in memory.items():
+                    check_value(f"model.memory.{key}", value, memory_keys[key])
+            for key, value in model.items():
+                check_value(f"model.{key}", value, model_types[key])
+            for key, value in section(given, trees, "trainer", TRAINER_VALUES).items():
+                check_value(f"trainer.{key}", value, TRAINER_VALUES[key])
+        except ConfigError as e:
+            raise ConfigError(f"{e}{where}") from None
     try:
-        ModelConfig(**vars(values.model))
-        memory = values.model.memory
-        if memory and resolve_preset(values.model.preset)[1] is not None:  # the memory's values: MemoryConfig's
-            resolve_preset(values.model.preset, dict(memory))
+        config = ModelConfig(**model)
+        if config.memory and resolve_preset(config.preset)[1] is not None:  # the memory's values: MemoryConfig's
+            resolve_preset(config.preset, dict(config.memory))
     except ValueError as e:
         raise ConfigError(f"model.{e}") from None
+
+
+def check_classes(args: list[str], trees: dict, model) -> None:
+    """The run's classes and their arguments, by their annotations (``check_value``): the arguments of ``model`` (the
+    LightningModule) that ModelConfig does not hold, the data module's class (importable) and its ``init_args``, and
+    the trainer's callbacks and logger (importable); each config file's on its own (the line names the file), then as
+    the run will see them. Called where Lightning is imported."""
+    model_types = argument_types(model)
+    try:  # the run's data module, whose arguments a file's init_args are checked against
+        cls = check_class("data", section(args, trees, "data", ("class_path",)))
+    except ConfigError:  # named below, with the file that gives it
+        cls = None
+    init_types = argument_types(cls) if cls is not None else {}
+    for where, given in [*((f" (in {path})", ["-c", path]) for path in trees), ("", args)]:
+        try:
+            for key, value in section(given, trees, "model", model_types).items():
+                check_value(f"model.{key}", value, model_types[key])
+            data = section(given, trees, "data", ("class_path", "init_args"))
+            check_class("data", data)
+            for key, value in (data["init_args"].items() if isinstance(data.get("init_args"), dict) else ()):
+                if key in init_types:
+                    check_value(f"data.init_args.{key}", value, init_types[key])
+            for key, value in section(given, trees, "trainer", ("callbacks", "logger")).items():
+                for item in value if isinstance(value, list) else [value]:
+                    check_class(f"trainer.{key}", item)
+        except ConfigError as e:
+            raise ConfigError(f"{e}{where}") from None

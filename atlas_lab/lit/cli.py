@@ -11,8 +11,10 @@ import functools
 import io
 import re
 import sys
+import traceback
 from pathlib import Path
 
+import jsonargparse
 import lightning as L
 import yaml
 from jsonargparse import ArgumentError
@@ -22,12 +24,13 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from ..configfiles import ConfigError, add_renamed, one_line
+from ..configfiles import ConfigError, add_renamed, check_classes, check_config_files, check_values
 from ..memory.config import COMPONENTS, with_option
 from ..store import init_store, resolve_uri
 from .module import CheckpointOnSigterm, SequenceModel, ValidateAtEnd
 
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
+JSONARGPARSE = Path(jsonargparse.__file__).parent  # its code: an exception raised there wraps the one below it
 
 
 RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-run: (holds, what is expected)
@@ -80,13 +83,33 @@ def with_options(memory: dict, options: dict) -> dict:
     return memory
 
 
+def raised_by(e: BaseException) -> BaseException:
+    """The exception a bad value raised, below the ones jsonargparse raises around it as it builds a class: the
+    first in ``e``'s chain (``__cause__``, else ``__context__``) raised outside jsonargparse's own code."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        frames = traceback.extract_tb(e.__traceback__)
+        inner = e.__cause__ or e.__context__
+        if inner is None or not frames or not Path(frames[-1].filename).is_relative_to(JSONARGPARSE):
+            return e
+        e = inner
+    return e
+
+
 def _reason(e: Exception) -> str:
     """A bad value's exception as the line to print. The project's ValueErrors start with their argument's name:
     the model's as ``model.<key>``, a data module's as ``<key>``, shown here as ``data.init_args.<key>``."""
+    e = raised_by(e)
     if type(e) is not ValueError:
         return f"{type(e).__name__}: {e}"
-    text = one_line(str(e)) if "\n" in str(e) else str(e)
+    text = flat(str(e))
     return text if text.startswith("model.") or not re.match(r"\w+: ", text) else f"data.init_args.{text}"
+
+
+def flat(message: str) -> str:
+    """A message of several lines as one: its lines stripped, joined by a space."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 @contextlib.contextmanager
@@ -274,15 +297,19 @@ class AtlasCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         """LightningCLI's parse of the command line without its memory components' options (``component_options``),
-        a bad value as its one line (``one_line``), those options added, and the run checked (``check_run``) before
+        its values checked first by their types (``check_values``, ``check_classes``: a bad one is its one line),
+        those options added, and the run checked (``check_run``) before
         LightningCLI reads the hyper-parameters of a ``--ckpt_path`` checkpoint."""
         options = {}
         if isinstance(args, list) or args is None:
             args, options = component_options(sys.argv[1:] if args is None else args)
+            trees = check_config_files(args)
+            check_values(args, trees)
+            check_classes(args, trees, SequenceModel)
         try:
             super().parse_arguments(parser, args)
-        except ArgumentError as e:
-            raise ConfigError(one_line(str(e))) from None
+        except ArgumentError as e:  # what the checks above do not cover (an unknown key: one line already)
+            raise ConfigError(flat(str(e))) from None
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         if options:
             config["model"]["memory"] = with_options(config["model"].get("memory") or {}, options)
