@@ -159,7 +159,7 @@ def test_imports_resolve_to_the_module_they_name(source, expected):
 # building blocks first, then the optimisers (which use the CPU Newton–Schulz kernel), the config and the paths, the
 # plan that chooses among them, and memorize on top.
 MEMORY_RANKS = {
-    "components": 0, "causal": 0, "state": 0, "cost": 0, "ops.limits": 0, "ops.fla": 0,
+    "components": 0, "causal": 0, "state": 0, "cost": 0, "ops.limits": 0, "ops.fla": 0, "ops.dots": 0,
     "feature_maps": 1, "memories": 1, "attentional_biases": 1, "learning_rules": 1, "delta_rule": 1,
     "ops.newton_schulz.cpu": 1, "ops.chunk_linear_memory.naive": 1, "ops.chunk_linear_memory.triton": 1,
     "ops.chunk_linear_memory": 2,

@@ -18,7 +18,9 @@ import torch
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
 from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
-from atlas_lab.memory.ops.chunk_linear_memory.triton import dot_precision, launches, launches_table
+from atlas_lab.memory.ops.chunk_linear_memory.triton import launches, launches_table
+from atlas_lab.memory.ops.dots import dot_precision
+from atlas_lab.memory.ops.newton_schulz.triton import ns_precision
 from helpers import SPREAD, U32, compare_float32, float32_spread, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
@@ -28,7 +30,6 @@ if not (INTERPRETED or torch.cuda.is_available()):
 DEVICE = "cpu" if INTERPRETED else "cuda"
 # float32 kernels are held to the error model of tests/helpers.py (compare_float32): against a float64 oracle, within
 # SPREAD × the spread of the float32 PyTorch path on nudged inputs.
-TOL_HALF = 2e-3  # NS on float16 inputs (rounded to 11 bits, u = 4.9e-4, in and out) against the float32 kernel
 
 
 def to_device(problem):
@@ -47,6 +48,16 @@ def problem(**kw):
 
 # ---------------------------------------------------------------- batched Newton–Schulz
 
+def ns_results(f, device, coefficients="quintic"):
+    """{G, w} -> NS_5(G) and ∂⟨NS_5(G), w⟩/∂G by ``f`` (a Newton–Schulz of the kernel's signature) on ``device``."""
+    def go(x):
+        G = x["G"].detach().to(device).requires_grad_()
+        out = f(G, 5, coefficients)
+        (dG,) = torch.autograd.grad((out * x["w"].to(device)).sum(), G)
+        return {"output": out, "grad.G": dG}
+    return go
+
+
 @pytest.mark.parametrize("coefficients", ["quintic", "cubic"])
 @pytest.mark.parametrize("shape", [(3, 5, 7), (2, 3, 20, 6), (2, 16, 153), (40, 200)],
                          ids=["small", "tall-transposed", "column-blocks", "rows-64"])
@@ -55,32 +66,41 @@ def test_newton_schulz_matches_reference(shape, coefficients):
     g = torch.Generator().manual_seed(0)
     G = torch.randn(*shape, generator=g, dtype=torch.float64)
     w = torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    def ns(f, device):
-        def go(x):
-            G = x["G"].detach().to(device).requires_grad_()
-            out = f(G, 5, coefficients)
-            (dG,) = torch.autograd.grad((out * x["w"].to(device)).sum(), G)
-            return {"output": out, "grad.G": dG}
-        return go
-
-    fast = ns(newton_schulz, DEVICE)
+    fast = ns_results(newton_schulz, DEVICE, coefficients)
     assert fast({"G": G.float(), "w": w.float()})["output"].dtype == torch.float32
-    compare_float32(fast, ns(newton_schulz_reference, DEVICE), {"G": G.float(), "w": w.float()},
-                    ns(newton_schulz_reference, "cpu")({"G": G, "w": w}), f"NS {shape} {coefficients}")
+    compare_float32(fast, ns_results(newton_schulz_reference, DEVICE, coefficients), {"G": G.float(), "w": w.float()},
+                    ns_results(newton_schulz_reference, "cpu", coefficients)({"G": G, "w": w}),
+                    f"NS {shape} {coefficients}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+@pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(
     INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])
-def test_newton_schulz_half_precision_accumulates_in_float32(dtype):
-    G = torch.randn(4, 16, 48, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    Gh = G.to(dtype).requires_grad_()
-    out = newton_schulz(Gh, 5, "quintic")
-    assert out.dtype == dtype
-    tol = TOL_HALF if dtype == torch.float16 else 1e-2  # bfloat16 keeps 8 bits
-    assert rel_err(out.float().cpu(), newton_schulz(Gh.detach().float(), 5, "quintic").cpu()) <= tol
-    (d,) = torch.autograd.grad(out.float().square().sum(), Gh)
-    assert d.dtype == dtype and torch.isfinite(d.float()).all()
+def test_newton_schulz_in_fewer_bits(precision):
+    """float16 and bfloat16 inputs (products on tf32, iterates in fp32, the result rounded to the inputs' dtype), and
+    float32 inputs on tf32 dots (torch's matmul precision "high"), against the float64 oracle on the same (rounded)
+    inputs, within the error model of ``test_chunk_kernel_in_fewer_bits``: SPREAD × the float32 twin's spread per
+    u₃₂, times u/u₃₂ at 11 (bfloat16: 8) bits. Under TRITON_INTERPRET=1 tf32 dots are IEEE, so there the tf32 rows
+    check the path and the rounding of the inputs and result; on a GPU the rounding of the products too.
+
+    The cubic steps: the quintic's a = 3.4445 amplifies every perturbation five times over, and its bound here
+    (0.06 on the output, 0.14 on the gradient) could not tell a wrong path from rounding; the kernel is the same but
+    for the c·A² product, which the float32 test above checks in both."""
+    g = torch.Generator().manual_seed(1)
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
+    x = {n: torch.randn(4, 16, 48, generator=g).to(dtype).float() for n in ("G", "w")}  # values of the dtype, exactly
+    oracle = ns_results(newton_schulz_reference, "cpu", "cubic")({n: t.double() for n, t in x.items()})
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        got = ns_results(newton_schulz, DEVICE, "cubic")({n: t.to(dtype) for n, t in x.items()})
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert got["output"].dtype == got["grad.G"].dtype == dtype
+    spread = float32_spread(ns_results(newton_schulz_reference, "cpu", "cubic"), x, oracle, precision)
+    bound = {n: SPREAD * max(spread[n], U32) * UNIT[precision] / U32 for n in oracle}
+    assert max(bound.values()) < CAP[precision], f"NS: {precision} cannot be checked here: {bound}"
+    bad = {n: (rel_err(got[n], y), bound[n]) for n, y in oracle.items() if not rel_err(got[n], y) <= bound[n]}
+    assert not bad, f"NS {precision}: (error, bound) exceeded: {bad}"
 
 
 def test_newton_schulz_rejects_what_it_does_not_cover():
@@ -205,6 +225,11 @@ def test_float32_dots_use_tf32_only_where_torch_allows_it():
             torch.set_float32_matmul_precision(allowed)
             assert dot_precision(torch.float32) == "tf32"
             assert dot_precision(torch.float16) == dot_precision(torch.bfloat16) == "ieee"  # half dots: exact products
+            assert ns_precision(torch.float32) == "tf32"
+        torch.set_float32_matmul_precision("highest")
+        assert ns_precision(torch.float32) == "ieee"
+        # Newton–Schulz iterates in fp32: half inputs on tf32 (their result is rounded to 11 or 8 bits)
+        assert ns_precision(torch.float16) == ns_precision(torch.bfloat16) == "tf32"
     finally:
         torch.set_float32_matmul_precision(before)
 

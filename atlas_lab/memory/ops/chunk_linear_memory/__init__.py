@@ -20,7 +20,7 @@ def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, w
     """``triton.chunk_linear_memory``: φ(q) [N, T, D], φ(k) [N, L, D], v [N, L, d_v], gamma [N, L], a [N, T],
     Cw [N, T, b], W0, We0 [N, d_v, D] (momentum: m, s [N, T], Cs [N, T, b], S0 [N, d_v, D]) ->
     (y [N, T, d_v], W_T, S_T or None, W̃ of the last chunk [N, d_v, D]); triton is imported on the first call.
-    Float32 dots run in tf32 where torch's float32 matmul precision allows it (``triton.dot_precision``)."""
+    Float32 dots run in tf32 where torch's float32 matmul precision allows it (``ops.dots.dot_precision``)."""
     from .triton import chunk_linear_memory as kernel
 
     return kernel(q, k, v, gamma, a, Cw, W0, We0, offset=offset, chunk_size=chunk_size, window=window,

@@ -64,24 +64,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dots import DTYPES, dot, dot_precision
+
 # The kernels compile once per block sizes, D, d_v, chunk size, bias, momentum and dtype; lengths, offsets and windows
 # are runtime values (do_not_specialize: no recompilation for each length's divisibility by 16).
-DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s input_precision for inputs of ``dtype``: "tf32" for float32 when torch's float32 matmul precision
-    allows it (anything but "highest"), "ieee" otherwise (half types ignore it: their products are exact in fp32)."""
-    return "tf32" if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
-
 
 # ---------------------------------------------------------------- helpers
-
-@triton.jit
-def _dot(x, y, DT: tl.constexpr, PREC: tl.constexpr):
-    """x @ y with both operands in the inputs' dtype DT, accumulated in fp32."""
-    return tl.dot(x.to(DT), y.to(DT), input_precision=PREC)
-
 
 @triton.jit
 def _chunk(ci, b, offset, T):
@@ -128,8 +116,8 @@ def _window(K, V, GAMMA, We, cw, i0, first, n, c, offs_t, offs_i, offs_d, offs_v
     u = _rows(K, idx, imask, offs_d, D)
     delta = -_rows(V, idx, imask, offs_v, DV).to(tl.float32)
     if L2:
-        delta += _dot(u, tl.trans(We), DT, PREC)
-    return idx, imask, band, gam, u, delta, _dot(cw, gam, DT, PREC)
+        delta += dot(u, tl.trans(We), DT, PREC)
+    return idx, imask, band, gam, u, delta, dot(cw, gam, DT, PREC)
 
 
 @triton.jit
@@ -178,9 +166,9 @@ def chunk_state_contrib_kernel(
         idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
         u = _rows(K, idx, imask, offs_k, D)
         v = _rows(V, idx, imask, offs_v, DV).to(tl.float32)
-        acc -= _dot(tl.trans(v * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+        acc -= dot(tl.trans(v * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
         if MOMENTUM:
-            acc_s -= _dot(tl.trans(v * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+            acc_s -= dot(tl.trans(v * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
     _store_state(BW + (i_n * NC + ci) * DV * D, acc, offs_v, offs_k, DV, D)
     if MOMENTUM:
         _store_state(BS + (i_n * NC + ci) * DV * D, acc_s, offs_v, offs_k, DV, D)
@@ -229,10 +217,10 @@ def chunk_state_scan_kernel(
             for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
                 idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
                 u = _rows(K, idx, imask, offs_k, D)
-                R = _dot(u, tl.trans(We), DT, PREC)  # [key, v]: W̃ u_i
-                W_new += _dot(tl.trans(R * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+                R = dot(u, tl.trans(We), DT, PREC)  # [key, v]: W̃ u_i
+                W_new += dot(tl.trans(R * tl.sum(cw[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
                 if MOMENTUM:
-                    S_new += _dot(tl.trans(R * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
+                    S_new += dot(tl.trans(R * tl.sum(cs[:, None] * gam, axis=0)[:, None]), u, DT, PREC)
         W, We, Sm = W_new, W_new, S_new
     _store_state(WT + i_n * DV * D, W, offs_v, offs_k, DV, D)
     if MOMENTUM:
@@ -266,17 +254,17 @@ def chunk_linear_memory_fwd_kernel(
     q = _rows(Q, rows, rmask, offs_d, D)
     cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
     a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-    y = a[:, None] * _dot(q, tl.trans(W), DT, PREC)
+    y = a[:, None] * dot(q, tl.trans(W), DT, PREC)
     if MOMENTUM:
         Sm = _load_state(SH + (i_n * NC + ci) * DV * D, offs_v, offs_d, DV, D)
         m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
-        y += m[:, None] * _dot(q, tl.trans(Sm), DT, PREC)
+        y += m[:, None] * dot(q, tl.trans(Sm), DT, PREC)
     first = m0 + t0
     for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
         idx, _, _, _, u, delta, C = _window(K, V, GAMMA, We, cw, i0, first, n, c, offs_t, offs_i, offs_d, offs_v, D,
                                             DV, L2, DT, PREC)
         C_y, u_y, delta_y, _, _ = _causal_factors(C, u, delta, idx, first + offs_t)
-        y += _dot(C_y * _dot(q, tl.trans(u_y), DT, PREC), delta_y, DT, PREC)
+        y += dot(C_y * dot(q, tl.trans(u_y), DT, PREC), delta_y, DT, PREC)
     tl.store(Y + rows[:, None] * DV + offs_v[None, :], y.to(Y.dtype.element_ty),
              mask=rmask[:, None] & (offs_v < DV)[None, :])
 
@@ -306,10 +294,10 @@ def chunk_grad_contrib_kernel(
     q = _rows(Q, rows, rmask, offs_d, D)
     dy = _rows(DY, rows, rmask, offs_v, DV).to(tl.float32)
     a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-    _store_state(ZE + at, _dot(tl.trans(dy * a[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
+    _store_state(ZE + at, dot(tl.trans(dy * a[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
     if MOMENTUM:
         m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
-        _store_state(ZS + at, _dot(tl.trans(dy * m[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
+        _store_state(ZS + at, dot(tl.trans(dy * m[:, None]), q, DT, PREC), offs_v, offs_d, DV, D)
     if L2:
         if ci == 0:
             We = _load_state(WE0 + i_n * DV * D, offs_v, offs_d, DV, D)
@@ -321,10 +309,10 @@ def chunk_grad_contrib_kernel(
         for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
             idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
             u = _rows(K, idx, imask, offs_d, D)
-            delta = _dot(u, tl.trans(We), DT, PREC) - _rows(V, idx, imask, offs_v, DV).to(tl.float32)
-            C_y, u_y, _, kept, bad = _causal_factors(_dot(cw, gam, DT, PREC), u, delta, idx, first + offs_t)
-            CP = tl.where(kept, C_y * _dot(q, tl.trans(u_y), DT, PREC), 0.0)
-            F += _dot(tl.trans(_dot(tl.trans(CP), dy, DT, PREC)), u_y, DT, PREC)
+            delta = dot(u, tl.trans(We), DT, PREC) - _rows(V, idx, imask, offs_v, DV).to(tl.float32)
+            C_y, u_y, _, kept, bad = _causal_factors(dot(cw, gam, DT, PREC), u, delta, idx, first + offs_t)
+            CP = tl.where(kept, C_y * dot(q, tl.trans(u_y), DT, PREC), 0.0)
+            F += dot(tl.trans(dot(tl.trans(CP), dy, DT, PREC)), u_y, DT, PREC)
         _store_state(ZF + at, F, offs_v, offs_d, DV, D)
 
 
@@ -367,10 +355,10 @@ def chunk_grad_scan_kernel(
             for i0 in range(tl.maximum(first - c + 1, 0), first + n, BI):
                 idx, imask, band, gam = _band(GAMMA, i0, first, n, c, offs_t, offs_i)
                 u = _rows(K, idx, imask, offs_k, D)
-                R = _dot(u, tl.trans(G), DT, PREC) * tl.sum(cw[:, None] * gam, axis=0)[:, None]
+                R = dot(u, tl.trans(G), DT, PREC) * tl.sum(cw[:, None] * gam, axis=0)[:, None]
                 if MOMENTUM:
-                    R += _dot(u, tl.trans(Gs), DT, PREC) * tl.sum(cs[:, None] * gam, axis=0)[:, None]
-                dWe += _dot(tl.trans(R), u, DT, PREC)
+                    R += dot(u, tl.trans(Gs), DT, PREC) * tl.sum(cs[:, None] * gam, axis=0)[:, None]
+                dWe += dot(tl.trans(R), u, DT, PREC)
         if MOMENTUM:
             Gs = (tl.load(M + t0 + n - 1).to(tl.float32) * G + tl.load(S + t0 + n - 1).to(tl.float32) * Gs
                   + _load_state(ZS + at * DV * D, offs_v, offs_k, DV, D))
@@ -432,16 +420,16 @@ def chunk_linear_memory_bwd_kernel(
     cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
     a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
     # y_t ∋ a_t W_p u_q,t and W_end ∋ a_n W_p
-    da = tl.sum(dy * _dot(q, tl.trans(W), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * W), 0.0)
-    dq = a[:, None] * _dot(dy, W, DT, PREC)
+    da = tl.sum(dy * dot(q, tl.trans(W), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * W), 0.0)
+    dq = a[:, None] * dot(dy, W, DT, PREC)
     if MOMENTUM:
         dSm = _load_state(GSH + at, offs_v, offs_d, DV, D)
         Sm = _load_state(SH + at, offs_v, offs_d, DV, D)
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
-        dm = tl.sum(dy * _dot(q, tl.trans(Sm), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * Sm), 0.0)
+        dm = tl.sum(dy * dot(q, tl.trans(Sm), DT, PREC), axis=1) + tl.where(last, tl.sum(dW * Sm), 0.0)
         ds = tl.where(last, tl.sum(dSm * Sm), 0.0)
-        dq += m[:, None] * _dot(dy, Sm, DT, PREC)
+        dq += m[:, None] * dot(dy, Sm, DT, PREC)
         dcs = tl.zeros([BT, BT], dtype=tl.float32)
     dcw = tl.zeros([BT, BT], dtype=tl.float32)
     first = m0 + t0
@@ -450,27 +438,27 @@ def chunk_linear_memory_bwd_kernel(
                                                       offs_v, D, DV, L2, DT, PREC)
         c_last = tl.sum(tl.where(last[:, None], C, 0.0), axis=0)
         C_y, u_y, delta_y, kept, bad = _causal_factors(C, u, delta, idx, first + offs_t)  # the read-out's
-        P = _dot(q, tl.trans(u_y), DT, PREC)
-        dyd = _dot(dy, tl.trans(delta_y), DT, PREC)  # [t, i]: dy_t · δ_i
-        udW = _dot(u, tl.trans(dW), DT, PREC)  # [i, v]: G u_i
+        P = dot(q, tl.trans(u_y), DT, PREC)
+        dyd = dot(dy, tl.trans(delta_y), DT, PREC)  # [t, i]: dy_t · δ_i
+        udW = dot(u, tl.trans(dW), DT, PREC)  # [i, v]: G u_i
         dC = tl.where(kept, dyd * P, 0.0) + tl.where(last[:, None], tl.sum(udW * delta, axis=1)[None, :], 0.0)
-        ddelta = tl.where(bad[:, None], 0.0, _dot(tl.trans(C_y * P), dy, DT, PREC))
+        ddelta = tl.where(bad[:, None], 0.0, dot(tl.trans(C_y * P), dy, DT, PREC))
         ddelta += c_last[:, None] * udW
-        du = tl.where(bad[:, None], 0.0, _dot(tl.trans(dyd * C_y), q, DT, PREC))
-        du += c_last[:, None] * _dot(delta, dW, DT, PREC)
-        dq += _dot(dyd * C_y, u_y, DT, PREC)
-        dgam = _dot(tl.trans(cw), dC, DT, PREC)
-        dcw += _dot(dC, tl.trans(gam), DT, PREC)
+        du = tl.where(bad[:, None], 0.0, dot(tl.trans(dyd * C_y), q, DT, PREC))
+        du += c_last[:, None] * dot(delta, dW, DT, PREC)
+        dq += dot(dyd * C_y, u_y, DT, PREC)
+        dgam = dot(tl.trans(cw), dC, DT, PREC)
+        dcw += dot(dC, tl.trans(gam), DT, PREC)
         if MOMENTUM:
-            cs_last = tl.sum(tl.where(last[:, None], _dot(cs, gam, DT, PREC), 0.0), axis=0)
-            udS = _dot(u, tl.trans(dSm), DT, PREC)
+            cs_last = tl.sum(tl.where(last[:, None], dot(cs, gam, DT, PREC), 0.0), axis=0)
+            udS = dot(u, tl.trans(dSm), DT, PREC)
             dCs = tl.where(last[:, None], tl.sum(udS * delta, axis=1)[None, :], 0.0)
             ddelta += cs_last[:, None] * udS
-            du += cs_last[:, None] * _dot(delta, dSm, DT, PREC)
-            dgam += _dot(tl.trans(cs), dCs, DT, PREC)
-            dcs += _dot(dCs, tl.trans(gam), DT, PREC)
+            du += cs_last[:, None] * dot(delta, dSm, DT, PREC)
+            dgam += dot(tl.trans(cs), dCs, DT, PREC)
+            dcs += dot(dCs, tl.trans(gam), DT, PREC)
         if L2:  # δ = W̃ u − v
-            du += _dot(ddelta, We, DT, PREC)
+            du += dot(ddelta, We, DT, PREC)
         tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], du, mask=imask[:, None] & (offs_d < D)[None, :])
         tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -ddelta,
                       mask=imask[:, None] & (offs_v < DV)[None, :])

@@ -6,7 +6,10 @@
 One program per matrix; the k iterations are fused. A, B = bA + cA² ([r, r], r ≤ 128) stay in
 registers; X ([r, c], c ≤ 512) stays in registers when it fits one column block and is otherwise
 streamed through an fp32 workspace in column blocks — every column block of X ← aX + BX needs only
-B and itself. Inputs may be fp32, fp16 or bf16; all arithmetic is fp32, the result is cast back.
+B and itself. Inputs may be fp32, fp16 or bf16; the iterates and all element-wise arithmetic are fp32,
+the result is cast back. The products run on tensor cores (``ns_precision``): tf32 for float32 inputs
+where torch's float32 matmul precision allows it (IEEE fp32 otherwise), and tf32 for float16 and
+bfloat16 inputs, whose result is rounded to their 11 or 8 bits (tf32 keeps 11); fp32 accumulation.
 
 Backward (recomputation): the backward kernel recomputes the iterates X_0..X_{k−1} into a workspace
 (nothing is kept from the forward) and runs the steps in reverse,
@@ -24,9 +27,14 @@ import triton
 import triton.language as tl
 
 from ...optimizers import NS_COEFFICIENTS
-
+from ..dots import dot_precision
 from ..limits import MAX_COLS, MAX_ROWS  # after the transpose to rows ≤ cols
-IEEE = tl.constexpr("ieee")  # exact fp32 dots (no tf32), like torch's default fp32 matmul
+
+
+def ns_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input_precision for Newton–Schulz of ``dtype`` inputs (the iterates are fp32): float32 as torch
+    allows (``dot_precision``), tf32 for float16 and bfloat16."""
+    return "tf32" if dtype in (torch.float16, torch.bfloat16) else dot_precision(dtype)
 
 
 @triton.jit
@@ -50,42 +58,43 @@ def _normalize(G, X, stride_gr, stride_gc, R, C, eps, rows, BR: tl.constexpr, BC
 
 
 @triton.jit
-def _gram(X, R, C, rows, BR: tl.constexpr, BC: tl.constexpr):
+def _gram(X, R, C, rows, BR: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
     """A = X Xᵀ over the column blocks of the workspace X [R, C]."""
     A = tl.zeros([BR, BR], dtype=tl.float32)
     for c0 in range(0, C, BC):
         cols = c0 + tl.arange(0, BC)
         mask = (rows < R)[:, None] & (cols < C)[None, :]
         x = tl.load(X + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-        A += tl.dot(x, tl.trans(x), input_precision=IEEE)
+        A += tl.dot(x, tl.trans(x), input_precision=PREC)
     return A
 
 
 @triton.jit
-def _poly(A, b, c, QUINTIC: tl.constexpr):
+def _poly(A, b, c, QUINTIC: tl.constexpr, PREC: tl.constexpr):
     """B = b A + c A² (c = 0 for the cubic coefficients)."""
     B = b * A
     if QUINTIC:
-        B += c * tl.dot(A, A, input_precision=IEEE)
+        B += c * tl.dot(A, A, input_precision=PREC)
     return B
 
 
 @triton.jit
-def _step(X, Y, A, a, b, c, R, C, rows, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _step(X, Y, A, a, b, c, R, C, rows, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+          PREC: tl.constexpr):
     """Y ← a X + (b A + c A²) X, column block by column block (Y may be X)."""
-    B = _poly(A, b, c, QUINTIC)
+    B = _poly(A, b, c, QUINTIC, PREC)
     for c0 in range(0, C, BC):
         cols = c0 + tl.arange(0, BC)
         mask = (rows < R)[:, None] & (cols < C)[None, :]
         x = tl.load(X + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-        tl.store(Y + rows[:, None] * C + cols[None, :], a * x + tl.dot(B, x, input_precision=IEEE), mask=mask)
+        tl.store(Y + rows[:, None] * C + cols[None, :], a * x + tl.dot(B, x, input_precision=PREC), mask=mask)
     tl.debug_barrier()
 
 
 @triton.jit
 def newton_schulz_fwd_kernel(G, X, stride_gb, stride_gr, stride_gc, R, C, a, b, c, eps,
                              STEPS: tl.constexpr, QUINTIC: tl.constexpr, ONE_BLOCK: tl.constexpr,
-                             BR: tl.constexpr, BC: tl.constexpr):
+                             BR: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
     """G: [M, R, C] (any strides, R ≤ C) -> X = NS_k(G): [M, R, C] fp32, contiguous."""
     i = tl.program_id(0).to(tl.int64)
     G += i * stride_gb
@@ -97,18 +106,19 @@ def newton_schulz_fwd_kernel(G, X, stride_gb, stride_gr, stride_gc, R, C, a, b, 
         x = tl.load(G + rows[:, None] * stride_gr + cols[None, :] * stride_gc, mask=mask, other=0.0).to(tl.float32)
         x = x / (tl.sqrt(tl.sum(x * x)) + eps)
         for _ in range(STEPS):
-            B = _poly(tl.dot(x, tl.trans(x), input_precision=IEEE), b, c, QUINTIC)
-            x = a * x + tl.dot(B, x, input_precision=IEEE)
+            B = _poly(tl.dot(x, tl.trans(x), input_precision=PREC), b, c, QUINTIC, PREC)
+            x = a * x + tl.dot(B, x, input_precision=PREC)
         tl.store(X + rows[:, None] * C + cols[None, :], x, mask=mask)
     else:
         _normalize(G, X, stride_gr, stride_gc, R, C, eps, rows, BR, BC)
         for _ in range(STEPS):
-            _step(X, X, _gram(X, R, C, rows, BR, BC), a, b, c, R, C, rows, QUINTIC, BR, BC)
+            _step(X, X, _gram(X, R, C, rows, BR, BC, PREC), a, b, c, R, C, rows, QUINTIC, BR, BC, PREC)
 
 
 @triton.jit
 def newton_schulz_bwd_kernel(G, Xs, dX, stride_gb, stride_gr, stride_gc, R, C, M, a, b, c, eps,
-                             STEPS: tl.constexpr, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+                             STEPS: tl.constexpr, QUINTIC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                             PREC: tl.constexpr):
     """dX: [M, R, C] fp32, holds ∂L/∂NS_k(G) on entry and ∂L/∂G on exit (in place).
 
     Xs: [STEPS, M, R, C] fp32 workspace for the recomputed iterates X_0..X_{k−1}.
@@ -122,28 +132,29 @@ def newton_schulz_bwd_kernel(G, Xs, dX, stride_gb, stride_gr, stride_gc, R, C, M
     norm = _normalize(G, X0, stride_gr, stride_gc, R, C, eps, rows, BR, BC)
     for j in range(STEPS - 1):
         Xj = X0 + j * size
-        _step(Xj, Xj + size, _gram(Xj, R, C, rows, BR, BC), a, b, c, R, C, rows, QUINTIC, BR, BC)
+        _step(Xj, Xj + size, _gram(Xj, R, C, rows, BR, BC, PREC), a, b, c, R, C, rows, QUINTIC, BR, BC,
+              PREC)
     for jr in range(STEPS):
         Xj = X0 + (STEPS - 1 - jr) * size
-        A = _gram(Xj, R, C, rows, BR, BC)
-        B = _poly(A, b, c, QUINTIC)
+        A = _gram(Xj, R, C, rows, BR, BC, PREC)
+        B = _poly(A, b, c, QUINTIC, PREC)
         dB = tl.zeros([BR, BR], dtype=tl.float32)
         for c0 in range(0, C, BC):
             cols = c0 + tl.arange(0, BC)
             mask = (rows < R)[:, None] & (cols < C)[None, :]
             x = tl.load(Xj + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
             dx = tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-            dB += tl.dot(dx, tl.trans(x), input_precision=IEEE)
+            dB += tl.dot(dx, tl.trans(x), input_precision=PREC)
         dA = b * dB
         if QUINTIC:
-            dA += c * (tl.dot(dB, A, input_precision=IEEE) + tl.dot(A, dB, input_precision=IEEE))
+            dA += c * (tl.dot(dB, A, input_precision=PREC) + tl.dot(A, dB, input_precision=PREC))
         sym = dA + tl.trans(dA)
         for c0 in range(0, C, BC):
             cols = c0 + tl.arange(0, BC)
             mask = (rows < R)[:, None] & (cols < C)[None, :]
             x = tl.load(Xj + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
             dx = tl.load(dX + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-            dx = a * dx + tl.dot(B, dx, input_precision=IEEE) + tl.dot(sym, x, input_precision=IEEE)
+            dx = a * dx + tl.dot(B, dx, input_precision=PREC) + tl.dot(sym, x, input_precision=PREC)
             tl.store(dX + rows[:, None] * C + cols[None, :], dx, mask=mask)
         tl.debug_barrier()
     # through X_0 = s G, s = 1 / (‖G‖ + ε)
@@ -178,23 +189,24 @@ class NewtonSchulzFunction(torch.autograd.Function):
         a, b, c = NS_COEFFICIENTS[coefficients]
         BR, BC, warps = _blocks(R, C)
         X = torch.empty(M, R, C, dtype=torch.float32, device=G.device)
+        prec = ns_precision(G.dtype)  # torch's setting now; the backward's products in the same precision
         newton_schulz_fwd_kernel[(M,)](G, X, *G.stride(), R, C, a, b, c, eps, STEPS=steps, QUINTIC=c != 0.0,
-                                       ONE_BLOCK=C <= BC, BR=BR, BC=BC, num_warps=warps)
+                                       ONE_BLOCK=C <= BC, BR=BR, BC=BC, PREC=prec, num_warps=warps)
         ctx.save_for_backward(G)
-        ctx.args = (steps, coefficients, eps)
+        ctx.args = (steps, coefficients, eps, prec)
         return X.to(G.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         (G,) = ctx.saved_tensors
-        steps, coefficients, eps = ctx.args
+        steps, coefficients, eps, prec = ctx.args
         M, R, C = G.shape
         a, b, c = NS_COEFFICIENTS[coefficients]
         BR, BC, warps = _blocks(R, C)
         dX = dout.to(torch.float32).contiguous().clone()
         Xs = torch.empty(max(steps, 1), M, R, C, dtype=torch.float32, device=G.device)
         newton_schulz_bwd_kernel[(M,)](G, Xs, dX, *G.stride(), R, C, M, a, b, c, eps, STEPS=steps,
-                                       QUINTIC=c != 0.0, BR=BR, BC=BC, num_warps=warps)
+                                       QUINTIC=c != 0.0, BR=BR, BC=BC, PREC=prec, num_warps=warps)
         return dX.to(G.dtype), None, None, None
 
 
