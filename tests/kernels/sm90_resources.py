@@ -1,4 +1,5 @@
-"""Compile every launch of the chunk kernel for sm_90 (H100 / H200) without a GPU and print what each program needs.
+"""Compile every launch of the chunk kernel and the Newton–Schulz kernel for sm_90 (H100 / H200) without a GPU
+and print what each program needs.
 
     python tests/kernels/sm90_resources.py [D DV CHUNK BIAS DTYPE PRECISION] ...   (e.g. 64 64 64 l2 float32 tf32)
 
@@ -28,37 +29,61 @@ CASES = [  # D, d_v, chunk, bias, dtype, dot precision: the table's shapes and t
 ]
 
 
-def resources(D, DV, chunk, bias, dtype, prec, momentum=True) -> dict[str, tuple[int, int, int]]:
-    """{kernel: (shared memory bytes, registers per thread, spill stack bytes)} of one call's launches."""
-    os.environ.pop("TRITON_INTERPRET", None)
-    import torch
+def compile_for_sm90(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int) -> tuple[int, int, int]:
+    """(shared memory bytes, registers per thread, spill stack bytes) of JIT function ``fn`` compiled for sm_90, its
+    arguments typed by ``types`` (default *fp32) and its constexprs set."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_linear_memory.triton")
-    torch_dtype = getattr(torch, dtype)
-    pointer = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}[torch_dtype]
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    out = {}
-    for name, opts in kernels.launch_options(D, DV, chunk, bias, momentum, torch_dtype, prec).items():
-        fn = getattr(kernels, name)
-        signature, constexprs = {}, {}
-        for p in fn.params:
-            if p.is_constexpr:
-                signature[p.name], constexprs[p.name] = "constexpr", opts[p.name]
-            else:
-                signature[p.name] = "i32" if p.name in INTS else (pointer if p.name in INPUTS else "*fp32")
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=opts["num_warps"], num_stages=opts["num_stages"]))
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True)
-        line = next(x for x in usage.stdout.splitlines() if "REG:" in x)
-        out[name] = (compiled.metadata.shared, int(re.search(r"REG:(\d+)", line).group(1)),
-                     int(re.search(r"STACK:(\d+)", line).group(1)))
-    return out
+    signature = {p.name: "constexpr" if p.is_constexpr else types.get(p.name, "*fp32") for p in fn.params}
+    compiled = triton.compile(ASTSource(fn, signature, {n: constexprs[n] for n, t in signature.items()
+                                                        if t == "constexpr"}),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                             num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True)
+    line = next(x for x in usage.stdout.splitlines() if "REG:" in x)
+    return (compiled.metadata.shared, int(re.search(r"REG:(\d+)", line).group(1)),
+            int(re.search(r"STACK:(\d+)", line).group(1)))
+
+
+def pointer(dtype: str) -> str:
+    return {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}[dtype]
+
+
+def resources(D, DV, chunk, bias, dtype, prec, momentum=True) -> dict[str, tuple[int, int, int]]:
+    """{kernel: (shared memory bytes, registers per thread, spill stack bytes)} of one call's launches."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_linear_memory.triton")
+    types = {**{n: "i32" for n in INTS}, **{n: pointer(dtype) for n in INPUTS}}
+    return {name: compile_for_sm90(getattr(kernels, name), types, opts, opts["num_warps"], opts["num_stages"])
+            for name, opts in kernels.launch_options(D, DV, chunk, bias, momentum, getattr(torch, dtype),
+                                                     prec).items()}
+
+
+NS_CASES = [  # rows, cols (after the transpose), dtype: an MLP memory's W1 at d 16, the largest the kernel takes
+    (64, 153, "float32"), (128, 512, "float32"), (128, 512, "bfloat16"), (16, 64, "float32"),
+]
+
+
+def ns_resources(R, C, dtype, prec) -> dict[str, tuple[int, int, int]]:
+    """{kernel: (shared memory, registers, spill stack)} of the Newton–Schulz forward and backward launches
+    (5 quintic steps) for matrices of R × C with ``prec`` dots, with NewtonSchulzFunction's options
+    (``launch_config``)."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    ns = importlib.import_module("atlas_lab.memory.ops.newton_schulz.triton")
+    config = ns.launch_config(R, C)
+    types = {"G": pointer(dtype), **{n: "i32" for n in ("stride_gb", "stride_gr", "stride_gc", "R", "C", "M")},
+             **{n: "fp32" for n in "abc"}, "eps": "fp32"}
+    constexprs = dict(STEPS=5, QUINTIC=True, ONE_BLOCK=C <= config["BC"], BR=config["BR"], BC=config["BC"], PREC=prec)
+    return {name: compile_for_sm90(getattr(ns, name), types, constexprs, config["num_warps"], config["num_stages"])
+            for name in ("newton_schulz_fwd_kernel", "newton_schulz_bwd_kernel")}
 
 
 def main(argv: list[str]) -> int:
@@ -71,6 +96,12 @@ def main(argv: list[str]) -> int:
         for name, (shared, regs, stack) in resources(*case).items():
             over += shared > SHARED_LIMIT
             print("| " + " | ".join(map(str, case)) + f" | {name} | {shared:,} | {regs} | {stack:,} |", flush=True)
+    print("\n| rows | cols | dtype | dots | kernel | shared memory (bytes) | registers | spill stack (bytes) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for R, C, dtype in NS_CASES:
+        for name, (shared, regs, stack) in ns_resources(R, C, dtype, "tf32").items():
+            over += shared > SHARED_LIMIT
+            print(f"| {R} | {C} | {dtype} | tf32 | {name} | {shared:,} | {regs} | {stack:,} |", flush=True)
     return 1 if over else 0
 
 

@@ -287,9 +287,10 @@ def test_launches_counts_the_dots_the_kernels_run(window, bias, momentum, monkey
 
 @pytest.mark.slow
 def test_every_launch_compiles_for_sm90():
-    """Every launch of the table's shape and of the largest blocks ([64, 256], tf32) compiles for sm_90 without a GPU
-    and fits the shared memory of one block (tests/kernels/sm90_resources.py, in a process without
-    TRITON_INTERPRET; ~3 minutes on 2 cores)."""
+    """Every launch of the chunk kernel at the table's shape and at the largest blocks ([64, 256], tf32), and of the
+    Newton–Schulz kernel up to its largest matrices (128 × 512, tf32), compiles for sm_90 without a GPU and fits the
+    shared memory of one block (tests/kernels/sm90_resources.py, in a process without TRITON_INTERPRET; ~3 minutes
+    on 2 cores)."""
     pytest.importorskip("triton.backends.nvidia")
     root = Path(__file__).resolve().parents[2]
     env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}

@@ -174,10 +174,14 @@ def newton_schulz_bwd_kernel(G, Xs, dX, stride_gb, stride_gr, stride_gc, R, C, M
         tl.store(dX + rows[:, None] * C + cols[None, :], s * dx - coef * g, mask=mask)
 
 
-def _blocks(R, C):
+def launch_config(R: int, C: int) -> dict:
+    """Block sizes and launch options of both kernels for matrices of R × C (R ≤ C): [BR, BC] blocks, 4 warps up to
+    64 rows (8 beyond), one stage. Compiled for sm_90 (tests/kernels/sm90_resources.py), the column loops pipelined
+    over the default 3 stages need 278,528 bytes of shared memory in the backward at 128 rows (IEEE; 327,680 in tf32),
+    more than one block may use (232,448): one stage needs 131,072 there."""
     BR = max(16, triton.next_power_of_2(R))
     BC = max(16, min(triton.next_power_of_2(C), 128 if BR <= 64 else 64))
-    return BR, BC, 4 if BR <= 64 else 8
+    return dict(BR=BR, BC=BC, num_warps=4 if BR <= 64 else 8, num_stages=1)
 
 
 class NewtonSchulzFunction(torch.autograd.Function):
@@ -187,11 +191,11 @@ class NewtonSchulzFunction(torch.autograd.Function):
     def forward(ctx, G, steps, coefficients, eps):
         M, R, C = G.shape
         a, b, c = NS_COEFFICIENTS[coefficients]
-        BR, BC, warps = _blocks(R, C)
+        config = launch_config(R, C)
         X = torch.empty(M, R, C, dtype=torch.float32, device=G.device)
         prec = ns_precision(G.dtype)  # torch's setting now; the backward's products in the same precision
         newton_schulz_fwd_kernel[(M,)](G, X, *G.stride(), R, C, a, b, c, eps, STEPS=steps, QUINTIC=c != 0.0,
-                                       ONE_BLOCK=C <= BC, BR=BR, BC=BC, PREC=prec, num_warps=warps)
+                                       ONE_BLOCK=C <= config["BC"], PREC=prec, **config)
         ctx.save_for_backward(G)
         ctx.args = (steps, coefficients, eps, prec)
         return X.to(G.dtype)
@@ -202,11 +206,11 @@ class NewtonSchulzFunction(torch.autograd.Function):
         steps, coefficients, eps, prec = ctx.args
         M, R, C = G.shape
         a, b, c = NS_COEFFICIENTS[coefficients]
-        BR, BC, warps = _blocks(R, C)
+        config = launch_config(R, C)
         dX = dout.to(torch.float32).contiguous().clone()
         Xs = torch.empty(max(steps, 1), M, R, C, dtype=torch.float32, device=G.device)
         newton_schulz_bwd_kernel[(M,)](G, Xs, dX, *G.stride(), R, C, M, a, b, c, eps, STEPS=steps,
-                                       QUINTIC=c != 0.0, BR=BR, BC=BC, PREC=prec, num_warps=warps)
+                                       QUINTIC=c != 0.0, PREC=prec, **config)
         return dX.to(G.dtype), None, None, None
 
 
