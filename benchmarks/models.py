@@ -2,7 +2,7 @@
 
     python benchmarks/models.py [--T 1024 4096] [--presets atlas titans ...] [--d-model 256] [--n-layers 4]
                                 [--n-heads 16] [--memory-heads H] [--batch 1] [--repeats 3] [--no-checkpoint]
-                                [--threads N] [--tiny]
+                                [--compile] [--threads N] [--tiny]
 
 At experiments/mqar.yaml's sizes: --T 32 --batch 32 --d-model 64 --n-layers 2 --n-heads 4 --memory-heads 16
 --no-checkpoint --threads 1 (vocab 256 here, 64 there: the embedding and the output layer only).
@@ -18,6 +18,9 @@ process has its address space capped (--max-gib, default 3/4 of the machine's me
 is an exception rather than a kill by the kernel's out-of-memory killer. (In one process for every preset, glibc's
 heap, fragmented by the presets before, made atlas_pp fail to allocate at T=1024; handing freed buffers back to the
 OS instead slowed atlas by a third.)
+--compile: each preset also with its blocks compiled (``atlas_lab.models.compile_blocks``, torch.compile with
+inductor), in a process of its own, as the row "<preset> compiled": its first step (the compile) in seconds, its
+ms/step after it, and the eager step ÷ the compiled step.
 Nothing to check for correctness here beyond a finite loss (the memory op is checked in memory_ops.py).
 --checkpoint (the default; --no-checkpoint to switch it off): the memory presets keep only each chunk's inputs for
 the backward (without it the muon presets need several GiB per 1K tokens). Writes runs/bench/models.json after every
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +40,7 @@ from common import (add_checkpoint_arg, add_child_args, add_common_args, apply_t
                     child_record, console, median_time, out_path, preset_model, print_table, run_child, set_threads,
                     write_json)
 
-from atlas_lab.models import PRESETS
+from atlas_lab.models import PRESETS, compile_blocks
 
 BASELINE = "transformer"
 VOCAB = 256
@@ -60,21 +64,26 @@ def measure(preset, T, args):
     try:
         model = preset_model(preset, args, VOCAB)
         params = model.num_parameters()
+        if args.compiled:
+            compile_blocks(model)
         g = torch.Generator().manual_seed(T)
         tokens = torch.randint(0, VOCAB, (args.batch, T + 1), generator=g)  # T inputs, T targets
+        first = time.perf_counter()
         loss = step(model, tokens)
+        first = time.perf_counter() - first
         if not math.isfinite(loss):
             return dict(params=params, error=f"non-finite loss {loss}")
         seconds = median_time(lambda: step(model, tokens), args.repeats, warmup=0)  # the step above was the warm-up
-        return dict(params=params, seconds=seconds, tokens_per_s=args.batch * T / seconds, loss=loss)
+        return dict(params=params, seconds=seconds, tokens_per_s=args.batch * T / seconds, loss=loss,
+                    first_step_s=first)
     except Exception as e:  # noqa: BLE001 — a failing preset (incl. out of memory) is a row, not a crash
         first = (str(e).strip().splitlines() or [""])[0]
         return dict(params=params, error=f"{type(e).__name__}: {first[:200]}")
 
 
-def measure_in_child(preset, T, args):
+def measure_in_child(preset, T, args, compiled=False):
     r = run_child(child_command(__file__, preset, T, args, "--batch", str(args.batch),
-                                "--repeats", str(args.repeats)))
+                                "--repeats", str(args.repeats), *(["--compiled"] if compiled else [])))
     r.setdefault("params", None)
     return r
 
@@ -89,6 +98,8 @@ def main():
     ap.add_argument("--memory-heads", dest="memory_heads", type=int, default=None,
                     help="heads of the memory layers (default: --n-heads; experiments/mqar.yaml: 16 beside 4)")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also time each preset with its blocks compiled")
+    ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)  # a child: compile the blocks
     add_checkpoint_arg(ap)
     add_child_args(ap, ("PRESET", "T"))
     add_common_args(ap, repeats=3)
@@ -105,23 +116,32 @@ def main():
     for T in args.T:
         cells = []
         base = None
-        for preset in presets:
-            r = dict(preset=preset, T=T, **measure_in_child(preset, T, args))
-            if preset == BASELINE:
+        for preset, compiled in ((p, c) for p in presets for c in ((False, True) if args.compile else (False,))):
+            r = dict(preset=preset, T=T, compiled=compiled, **measure_in_child(preset, T, args, compiled))
+            if preset == BASELINE and not compiled:
                 base = r.get("tokens_per_s")
+            eager = next((x for x in rows if x["preset"] == preset and x["T"] == T and not x["compiled"]), {})
             r["vs_transformer"] = r["tokens_per_s"] / base if "tokens_per_s" in r and base else None
+            r["vs_eager"] = eager["seconds"] / r["seconds"] if compiled and "seconds" in r and "seconds" in eager \
+                else None
+            label = f"{preset} compiled" if compiled else preset
             rows.append(r)
             # an interrupted run keeps its rows
             write_json(path, child_record(args, rows, False, batch=args.batch, vocab=VOCAB), quiet=True)
             if "error" in r:
-                cells.append([preset, None if r["params"] is None else f"{r['params']:,}", "failed", None, None,
-                              r["error"]])
+                cells.append([label, None if r["params"] is None else f"{r['params']:,}", "failed", None, None, None,
+                              None, r["error"]])
             else:
-                cells.append([preset, f"{r['params']:,}", f"{1e3 * r['seconds']:.1f}", f"{r['tokens_per_s']:,.0f}",
-                              None if r["vs_transformer"] is None else f"{r['vs_transformer']:.2f}×", ""])
-            console().print(Text(f"  T={T} {preset}: " + (r["error"] if "error" in r
-                                                           else f"{1e3 * r['seconds']:.1f} ms/step"), style="dim"))
-        columns = ["preset", "params", "ms/step", "tokens/s", "tokens/s ÷ transformer", "error"]
+                cells.append([label, f"{r['params']:,}", f"{1e3 * r['seconds']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                              None if r["vs_transformer"] is None else f"{r['vs_transformer']:.2f}×",
+                              f"{r['first_step_s']:.1f}", None if r["vs_eager"] is None else f"{r['vs_eager']:.2f}×",
+                              ""])
+            console().print(Text(f"  T={T} {label}: " + (r["error"] if "error" in r
+                                                          else f"{1e3 * r['seconds']:.1f} ms/step"), style="dim"))
+        columns = ["preset", "params", "ms/step", "tokens/s", "tokens/s ÷ transformer", "first step s",
+                   "eager ÷ compiled", "error"]
+        if not args.compile:  # the compile columns only with --compile
+            columns, cells = columns[:5] + columns[7:], [c[:5] + c[7:] for c in cells]
         if not any(c[-1] for c in cells):  # the error column only when something failed
             columns, cells = columns[:-1], [c[:-1] for c in cells]
         print_table(f"training step (fwd+bwd, cross-entropy, no optimizer), T={T}, batch {args.batch}, d_model "

@@ -145,6 +145,7 @@ class MemoryMixer(nn.Module):
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
         return self.o_proj(o), {"q": cq, "k": ck, "v": cv, "state": state}
 
+    @torch.compiler.assume_constant_result  # a compiled block takes the answer as a constant (no guard on the cache)
     def takes_fla(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether the plan routes this layer's calls in ``dtype`` on ``device`` to fla (it does not depend on B or T);
         asked once per dtype and device."""

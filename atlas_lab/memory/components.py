@@ -18,6 +18,14 @@ from __future__ import annotations
 import importlib
 import inspect
 
+import torch
+
+
+@torch.compiler.assume_constant_result  # a compiled block takes the answer as a constant (it cannot trace inspect)
+def _options(cls) -> tuple[str, ...]:
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
 
 class Component:
     """Base of the built-in components: the options a component takes are its ``__init__``'s keyword arguments."""
@@ -25,8 +33,7 @@ class Component:
     @classmethod
     def options(cls) -> tuple[str, ...]:
         """The option names this component takes (its __init__'s keyword arguments)."""
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-        return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        return _options(cls)
 
     def __repr__(self) -> str:
         return type(self).__name__

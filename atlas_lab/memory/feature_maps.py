@@ -25,6 +25,7 @@ def taylor_coefficients(degree: int) -> torch.Tensor:
 
 
 @tensor_cache(maxsize=None)
+@torch.compiler.assume_constant_result  # torch.compile takes the tensors as constants (it cannot trace itertools)
 def _monomials(d: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Index tuples of the degree-i monomials of d variables and their multinomial scales sqrt(i!/∏β_j!)."""
     combos = list(itertools.combinations_with_replacement(range(d), i))

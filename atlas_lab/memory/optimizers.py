@@ -82,7 +82,7 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
                          f"one triple for every step, not {X.dtype} on {X.device.type} with {coefficients!r}; use "
                          f"impl 'auto' or 'bmm'")
     if impl == "cpu" or (impl == "auto" and fixed and newton_schulz_cpu.applies(X)):
-        X = newton_schulz_cpu.NSKernel.apply(X, steps, *NS_COEFFICIENTS[coefficients])
+        X = newton_schulz_cpu.newton_schulz_cpu(X, steps, *NS_COEFFICIENTS[coefficients])
     else:
         m, pad = X.shape[-2], _row_padding(X.shape[-2])
         if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged

@@ -114,6 +114,22 @@ class ModelConfig:
                 raise ValueError(f"{key}: d_model={self.d_model} must be divisible by {key}={heads}")
 
 
+RECOMPILE_LIMIT = 64  # compiled variants kept per block: lengths × (training, validation) × (cache or none)
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """``torch.compile`` (inductor) each block of ``model`` in place: the chunked memory path's per-chunk element-wise
+    kernels fused (docs/performance.md, "Compiled blocks"), the parameters keeping their names (checkpoints load
+    either way). Every built-in memory traces in one graph. Each sequence length, grad mode and cache form compiles
+    once (static shapes), the first step of each paying for it; up to RECOMPILE_LIMIT variants per block, beyond
+    which torch runs the block uncompiled (it raises torch's limit to that number when it is lower)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    for block in model.blocks:
+        block.compile(dynamic=False)
+
+
 class LanguageModel(nn.Module):
     """A named model at a given size (``ModelConfig``). input_ids: [B, T] -> logits [B, T, vocab_size].
 

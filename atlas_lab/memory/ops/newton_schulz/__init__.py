@@ -2,7 +2,8 @@
 
     triton.py  newton_schulz  one Triton launch for the whole batch, the k steps fused; forward and recomputing
                               backward (CUDA, or the CPU under TRITON_INTERPRET=1)
-    cpu.py     NSKernel       the compiled C++ kernel (``cpu.cpp``, built on first use): float32/float64 on the CPU
+    cpu.py     newton_schulz_cpu  the compiled C++ kernel (``cpu.cpp``, built on first use) as a registered
+                              operator: float32/float64 on the CPU
     cpu.cpp                   its source (shipped as package data)
 
 The PyTorch reference, which also picks between its batched-matmul path and the CPU kernel, is

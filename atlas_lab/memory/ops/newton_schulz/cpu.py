@@ -23,7 +23,6 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.autograd.function import once_differentiable
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
@@ -74,23 +73,50 @@ def kernel():
         return None
 
 
-class NSKernel(torch.autograd.Function):
-    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel; the backward recomputes."""
+@torch.library.custom_op("atlas_lab::newton_schulz_cpu", mutates_args=())
+def newton_schulz_cpu(X: torch.Tensor, steps: int, a: float, b: float, c: float) -> torch.Tensor:
+    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel. A registered operator (its
+    shape function below, its backward the kernel's recomputing one), so ``torch.compile`` keeps it in one graph."""
+    return kernel().forward(X.contiguous(), steps, a, b, c)
 
-    @staticmethod
-    def forward(ctx, X, steps, a, b, c):
-        ctx.save_for_backward(X)
-        ctx.args = (steps, a, b, c)
-        return kernel().forward(X, steps, a, b, c)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        (X,) = ctx.saved_tensors
-        return kernel().backward(X, grad, *ctx.args), None, None, None, None
+@torch.library.custom_op("atlas_lab::newton_schulz_cpu_backward", mutates_args=())
+def newton_schulz_cpu_backward(X: torch.Tensor, grad: torch.Tensor, steps: int, a: float, b: float,
+                               c: float) -> torch.Tensor:
+    """∂L/∂X_0 from ∂L/∂X_k: the kernel recomputes the iterates."""
+    return kernel().backward(X.contiguous(), grad.contiguous(), steps, a, b, c)
+
+
+@newton_schulz_cpu.register_fake
+def _(X, steps, a, b, c):
+    return X.new_empty(X.shape)  # contiguous, as the kernel writes it
+
+
+@newton_schulz_cpu_backward.register_fake
+def _(X, grad, steps, a, b, c):
+    return X.new_empty(X.shape)
+
+
+def _setup(ctx, inputs, output):
+    X, *ctx.args = inputs
+    ctx.save_for_backward(X)
+
+
+def _backward(ctx, grad):
+    (X,) = ctx.saved_tensors
+    return newton_schulz_cpu_backward(X, grad, *ctx.args), None, None, None, None
+
+
+newton_schulz_cpu.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """Whether the kernel is not turned off (ATLAS_LAB_NS_KERNEL=0) and builds here: the same answer for the whole
+    process, so a compiled graph takes it as a constant."""
+    return os.environ.get("ATLAS_LAB_NS_KERNEL") != "0" and kernel() is not None
 
 
 def applies(X: torch.Tensor) -> bool:
-    """Whether the kernel takes X, is not turned off (ATLAS_LAB_NS_KERNEL=0) and builds here."""
-    return X.device.type == "cpu" and X.dtype in DTYPES and os.environ.get("ATLAS_LAB_NS_KERNEL") != "0" \
-        and kernel() is not None
+    """Whether the kernel takes X (float32/float64 on the CPU) and is available."""
+    return X.device.type == "cpu" and X.dtype in DTYPES and available()

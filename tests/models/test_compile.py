@@ -1,0 +1,81 @@
+"""Compiled blocks (``atlas_lab.models.compile_blocks``, ``SequenceModel(compile=True)``, ``--model.compile=true``):
+every layer kind traces into one graph (a graph break would split the fused chunk body and cost a launch round
+trip each), and the compiled model computes the eager model's function within the float32 error model of
+tests/helpers.py."""
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from atlas_lab.lit import SequenceModel
+from atlas_lab.models import LanguageModel, compile_blocks
+from helpers import compare_float32
+
+# One preset of each computation the blocks hold: muon with polynomial features and the CPU Newton–Schulz operator
+# (atlas), a deep memory with momentum (titans), the delta rule's WY blocks (gated_deltanet), per-channel gates
+# token by token (kda), erase and write gates (gated_deltanet2), chunk-start reads with resets (tnt), levels of
+# commits (hope_levels), the LaCT layer (lact), the hybrids' memory beside attention (atlas_mag), attention alone.
+TRACED = ["atlas", "titans", "gated_deltanet", "kda", "gated_deltanet2", "tnt", "hope_levels", "lact", "atlas_mag",
+          "transformer"]
+SIZE = dict(d_model=32, n_layers=1, n_heads=4)
+
+
+def tokens(T: int, vocab: int = 64, B: int = 2) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(T))
+
+
+@pytest.mark.parametrize("preset", TRACED)
+def test_every_block_traces_in_one_graph(preset):
+    """torch.compile's tracer takes each block whole, training and evaluation: no graph break (a Python call it
+    cannot trace, a cache that a call fills, an operator without a shape function)."""
+    torch.manual_seed(0)
+    model = LanguageModel(64, preset, **SIZE)
+    block, h = model.blocks[0], model.embed(tokens(40)).detach()
+    for grad in (True, False):
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(grad):
+            explained = torch._dynamo.explain(block)(h)
+        assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+
+
+def test_compile_is_a_module_option_that_keeps_the_parameter_names():
+    """``SequenceModel(compile=True)`` compiles each block in place: the same parameters under the same names (a
+    checkpoint of either loads into the other), nothing compiled until the first call."""
+    torch.manual_seed(0)
+    eager = SequenceModel(vocab_size=64, preset="titans", **SIZE)
+    torch.manual_seed(0)
+    compiled = SequenceModel(vocab_size=64, preset="titans", compile=True, **SIZE)
+    assert all(block._compiled_call_impl is not None for block in compiled.model.blocks)
+    assert all(block._compiled_call_impl is None for block in eager.model.blocks)
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(compiled.state_dict().values(), eager.state_dict().values()))
+    assert compiled.hparams.compile is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["atlas", "titans"])
+def test_compiled_blocks_compute_the_eager_function(preset):
+    """A compiled model (inductor: fused and reordered float32 arithmetic) against the eager float64 model, within
+    SPREAD × the eager float32 model's spread (tests/helpers.py): logits and every parameter's gradient of a
+    cross-entropy step. About a minute of compiling a preset on a CPU core."""
+    torch.manual_seed(0)
+    model64 = LanguageModel(64, preset, **SIZE).double()
+    ids = tokens(33)
+
+    def run(model):
+        def go(problem):
+            for i, p in enumerate(model.parameters()):
+                p.data.copy_(problem[f"w{i}"])
+            model.zero_grad(set_to_none=True)
+            logits, _ = model(ids[:, :-1])
+            F.cross_entropy(logits.reshape(-1, 64).double(), ids[:, 1:].reshape(-1)).backward()
+            return {"output": logits, **{f"grad.{n}": p.grad for n, p in model.named_parameters()}}
+        return go
+
+    eager32 = LanguageModel(64, preset, **SIZE)
+    compiled32 = LanguageModel(64, preset, **SIZE)
+    compile_blocks(compiled32)
+    weights = {f"w{i}": p.detach().clone() for i, p in enumerate(model64.parameters())}
+    oracle = run(model64)(weights)
+    compare_float32(run(compiled32), run(eager32), {n: w.float() for n, w in weights.items()}, oracle,
+                    f"{preset} compiled")
