@@ -191,8 +191,9 @@ class ModelSummary(RichModelSummary):
         if T is None or not isinstance(pl_module, SequenceModel):
             return super().on_fit_start(trainer, pl_module)
         pl_module.example_input_array = torch.zeros(1, T, dtype=torch.long)
-        try:
-            super().on_fit_start(trainer, pl_module)
+        try:  # eager: compiling blocks (model.compile) under the FLOP counter would leave them uncompiled for the fit
+            with torch.compiler.set_stance("force_eager"):
+                super().on_fit_start(trainer, pl_module)
         finally:
             pl_module.example_input_array = None
         if trainer.is_global_zero:

@@ -52,6 +52,24 @@ def test_compile_is_a_module_option_that_keeps_the_parameter_names():
     assert compiled.hparams.compile is True
 
 
+def test_a_fit_runs_its_blocks_compiled(workdir, monkeypatch):
+    """``atlas-lab fit --model.compile=true`` with lightning_config.yaml's callbacks: training and validation run the
+    compiled blocks. (The model summary's forward under torch's FLOP counter used to leave every block uncompiled for
+    the whole fit, silently: it now runs eager.) The blocks compile with dynamo's "eager" backend here, to keep the
+    test short; what is checked is that dynamo takes their frames at all."""
+    from atlas_lab.cli import main
+
+    compile_ = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_(self, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert main(["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.preset=titans",
+                 "--model.compile=true", "--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2",
+                 "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.logger=false"]) == 0
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] >= 2 and frames["ok"] == frames["total"], dict(frames)  # training and validation graphs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["atlas", "titans"])
 def test_compiled_blocks_compute_the_eager_function(preset):
