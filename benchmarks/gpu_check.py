@@ -2,6 +2,7 @@
 sweep, one JSON.
 
     python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot] [--sweep FILE]
+                                   [--set KEY=VALUE ...]
 
 (a) tests     the kernel and memory tests (tests/kernels, tests/memory) with ``--device cuda``: one pytest per file
               for tests/kernels/test_kernels.py first, then fla's, the memories' equivalence and identity tests, then
@@ -23,7 +24,8 @@ sweep, one JSON.
               sweeps/mqar_gpu.yaml) at its fixed sizes, each in its own process: ``--pilot-steps`` batches of every
               training length and one validation of 3 batches a length (atlas_lab/sweep/estimate.py, the code of
               ``atlas-lab sweep FILE --estimate``): s/step by length, one validation's seconds, and the projected hours
-              of each configuration and of the whole study.
+              of each configuration and of the whole study. ``--set KEY=VALUE`` changes the sweep file as ``atlas-lab
+              sweep --set`` does (``--set fixed.model.compile=true``: the study with compiled blocks).
 (e) one JSON, runs/bench/gpu_check.json (gpu_check.cpu.json without CUDA), and the tables.
 
 Budget. Each part has its share of ``--budget`` (seconds; tests 30 %, kernels 20 %, training 20 %, pilot 30 %) and
@@ -400,14 +402,15 @@ def run_training(share: Share, size: dict, steps: int) -> list[dict]:
 
 # ---------------------------------------------------------------- (d) pilot of a sweep
 
-def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = None) -> dict:
-    """Each distinct configuration of ``sweep`` piloted (``pilot(spec, point, seconds)``: its record; default
-    ``estimate.pilot`` in a process of its own, stopped at ``seconds``), then its projection and the study's hours
-    over the configurations piloted."""
+def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = None, sets: tuple[str, ...] = ()) -> dict:
+    """Each distinct configuration of ``sweep`` (changed by ``sets``, ``KEY=VALUE`` as ``atlas-lab sweep --set`` takes
+    them) piloted (``pilot(spec, point, seconds)``: its record; default ``estimate.pilot`` in a process of its own,
+    stopped at ``seconds``), then its projection and the study's hours over the configurations piloted."""
     from atlas_lab.sweep import estimate
     from atlas_lab.sweep.spec import load_sweep
 
-    spec = load_sweep(ROOT / sweep if not Path(sweep).is_absolute() else sweep)
+    spec = load_sweep(ROOT / sweep if not Path(sweep).is_absolute() else sweep, sets,
+                      study="gpu-check-pilot" if sets else None)
     points = estimate.study_points(spec)
 
     def in_child(spec, point, seconds):
@@ -435,7 +438,7 @@ def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = Non
             if base:
                 r["step_vs_transformer"] = r["mean_step_s"] / (base["projection"]["training"]
                                                                / max(1, base["projection"]["batches"]))
-    return dict(sweep=sweep, steps=steps, rows=rows, hours=estimate.study_hours(rows),
+    return dict(sweep=sweep, sets=list(sets), steps=steps, rows=rows, hours=estimate.study_hours(rows),
                 piloted=sum("projection" in r for r in rows), configurations=len(rows))
 
 
@@ -516,6 +519,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed training steps per model (median)")
     ap.add_argument("--sweep", default=None, help=f"the sweep file the pilot part estimates (default {PILOT_SWEEP}; "
                                                   f"{PILOT_SWEEP_TINY} without CUDA)")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="a change to the pilot's sweep file, as atlas-lab sweep --set takes it (repeatable): "
+                         "--set fixed.model.compile=true")
     ap.add_argument("--pilot-steps", type=int, default=None,
                     help=f"pilot batches of each training length (default {PILOT_STEPS}; {PILOT_STEPS_TINY} without "
                          "CUDA)")
@@ -552,7 +558,8 @@ def main(argv=None) -> int:
                 result["training"] = run_training(budget, size, 1 if tiny else args.steps)
             else:
                 result["pilot"] = run_pilot(budget, args.sweep or (PILOT_SWEEP_TINY if tiny else PILOT_SWEEP),
-                                            args.pilot_steps or (PILOT_STEPS_TINY if tiny else PILOT_STEPS))
+                                            args.pilot_steps or (PILOT_STEPS_TINY if tiny else PILOT_STEPS),
+                                            sets=tuple(args.sets))
         except Exception as e:  # this part's error; the next part runs
             result[part] = dict(error=f"{type(e).__name__}: {e}"[:500])
         result.setdefault("seconds", {})[part] = round(time.monotonic() - t, 1)

@@ -158,6 +158,25 @@ def test_pilot_part_projects_the_study_and_goes_on_past_a_failed_configuration(t
     json.dumps(result)  # kept in the JSON as it is
 
 
+def test_the_pilot_takes_a_change_to_its_sweep_file(tmp_path):
+    """``--set fixed.model.compile=true`` reaches every configuration's overrides (the study compiled), under a study
+    name of its own."""
+    sweep = tmp_path / "s.yaml"
+    (tmp_path / "e.yaml").write_text("model: {preset: atlas}\n")
+    sweep.write_text(f"study: s\nbase: [{tmp_path / 'e.yaml'}]\nmetric: val/acc\n"
+                     "grid: {model.preset: [atlas, transformer]}\n")
+    seen = []
+
+    def pilot(spec, point, seconds):
+        seen.append((spec.study, point.overrides))
+        return pilot_record({64: 0.1}, {64: 100})
+
+    result = gpu_check.run_pilot(gpu_check.Share(600), str(sweep), 20, pilot, sets=("fixed.model.compile=true",))
+    assert [(study, o["model.compile"], o["model.preset"]) for study, o in seen] == \
+        [("gpu-check-pilot", True, "atlas"), ("gpu-check-pilot", True, "transformer")]
+    assert result["sets"] == ["fixed.model.compile=true"] and result["piloted"] == 2
+
+
 BLOCKER = """\
 import sys
 
