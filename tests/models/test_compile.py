@@ -11,12 +11,14 @@ from atlas_lab.lit import SequenceModel
 from atlas_lab.models import LanguageModel, compile_blocks
 from helpers import compare_float32
 
-# One preset of each computation the blocks hold: muon with polynomial features and the CPU Newton–Schulz operator
-# (atlas), a deep memory with momentum (titans), the delta rule's WY blocks (gated_deltanet), per-channel gates
-# token by token (kda), erase and write gates (gated_deltanet2), chunk-start reads with resets (tnt), levels of
-# commits (hope_levels), the LaCT layer (lact), the hybrids' memory beside attention (atlas_mag), attention alone.
-TRACED = ["atlas", "titans", "gated_deltanet", "kda", "gated_deltanet2", "tnt", "hope_levels", "lact", "atlas_mag",
-          "transformer"]
+# One preset of each computation the blocks hold. The default suite traces muon with polynomial features and the CPU
+# Newton–Schulz operator (atlas), a deep memory with momentum (titans), the LaCT layer with its components' options
+# (lact) and attention alone; -m slow adds the delta rule's WY blocks (gated_deltanet), per-channel gates token by
+# token (kda), erase and write gates (gated_deltanet2), chunk-start reads with resets (tnt), levels of commits
+# (hope_levels) and the hybrids' memory beside attention (atlas_mag).
+TRACED = ["atlas", "titans", "lact", "transformer",
+          *(pytest.param(p, marks=pytest.mark.slow)
+            for p in ("gated_deltanet", "kda", "gated_deltanet2", "tnt", "hope_levels", "atlas_mag"))]
 SIZE = dict(d_model=32, n_layers=1, n_heads=4)
 
 
