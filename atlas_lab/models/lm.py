@@ -125,7 +125,9 @@ def compile_blocks(model: nn.Module) -> None:
     which torch runs the block uncompiled (it raises torch's limit to that number when it is lower)."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its name before torch 2.7
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     for block in model.blocks:
         block.compile(dynamic=False)
 
