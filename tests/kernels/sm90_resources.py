@@ -74,7 +74,7 @@ NS_CASES = [  # rows, cols (after the transpose), dtype: an MLP memory's W1 at d
 
 def ns_resources(R, C, dtype, prec) -> dict[str, tuple[int, int, int]]:
     """{kernel: (shared memory, registers, spill stack)} of the Newton–Schulz forward and backward launches
-    (5 quintic steps) for matrices of R × C with ``prec`` dots, with NewtonSchulzFunction's options
+    (5 quintic steps) for matrices of R × C with ``prec`` dots, with the operator's launch options
     (``launch_config``)."""
     os.environ.pop("TRITON_INTERPRET", None)
     ns = importlib.import_module("atlas_lab.memory.ops.newton_schulz.triton")

@@ -73,6 +73,25 @@ def test_newton_schulz_matches_reference(shape, coefficients):
                     f"NS {shape} {coefficients}")
 
 
+def test_newton_schulz_is_one_operator_in_a_compiled_graph():
+    """The kernel is a registered operator (its shape function and backward): torch.compile's tracer keeps a graph
+    that calls it whole, and AOT autograd through it gives the eager values and gradient exactly."""
+    import torch._dynamo
+
+    G = torch.randn(3, 20, 6, generator=torch.Generator().manual_seed(0)).to(DEVICE)  # transposed to 6 × 20
+
+    def f(G):
+        return (newton_schulz(G, 5, "quintic") * torch.arange(120.0, device=G.device).view(1, 20, 6)).sum()
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(G).graph_break_count == 0
+    eager, compiled = G.clone().requires_grad_(), G.clone().requires_grad_()
+    y, y_c = f(eager), torch.compile(f, backend="aot_eager")(compiled)
+    y.backward()
+    y_c.backward()
+    assert torch.equal(y, y_c) and torch.equal(eager.grad, compiled.grad)
+
+
 @pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(
     INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])
 def test_newton_schulz_in_fewer_bits(precision):

@@ -40,6 +40,28 @@ def test_every_block_traces_in_one_graph(preset):
         assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
 
 
+def test_the_cpu_newton_schulz_kernel_is_one_operator_in_a_compiled_graph():
+    """The compiled CPU kernel is a registered operator: AOT autograd through it gives the eager values and gradient
+    exactly (its shape function and its backward are the ones the graph uses)."""
+    from atlas_lab.memory import newton_schulz
+    from atlas_lab.memory.ops.newton_schulz import cpu
+
+    if not cpu.available():
+        pytest.skip("the CPU Newton–Schulz kernel does not build here")
+    G = torch.randn(3, 20, 6, generator=torch.Generator().manual_seed(0))
+
+    def f(G):
+        return (newton_schulz(G, 5, "quintic", impl="cpu") * torch.arange(120.0).view(1, 20, 6)).sum()
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(G).graph_break_count == 0
+    eager, compiled = G.clone().requires_grad_(), G.clone().requires_grad_()
+    y, y_c = f(eager), torch.compile(f, backend="aot_eager")(compiled)
+    y.backward()
+    y_c.backward()
+    assert torch.equal(y, y_c) and torch.equal(eager.grad, compiled.grad)
+
+
 def test_compile_is_a_module_option_that_keeps_the_parameter_names():
     """``SequenceModel(compile=True)`` compiles each block in place: the same parameters under the same names (a
     checkpoint of either loads into the other), nothing compiled until the first call."""

@@ -17,6 +17,7 @@ import triton.language as tl
 DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
+@torch.compiler.assume_constant_result  # a compiled graph takes torch's setting as it was when it compiled
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input_precision for inputs of ``dtype``: "tf32" for float32 when torch's float32 matmul precision
     allows it (anything but "highest"), "ieee" otherwise (half types ignore it: their products are exact in fp32)."""

@@ -184,34 +184,55 @@ def launch_config(R: int, C: int) -> dict:
     return dict(BR=BR, BC=BC, num_warps=4 if BR <= 64 else 8, num_stages=1)
 
 
-class NewtonSchulzFunction(torch.autograd.Function):
-    """NS_k on a batch of matrices [M, R, C] with R ≤ C; forward and backward are one launch each."""
+@torch.library.custom_op("atlas_lab::newton_schulz_triton", mutates_args=())
+def newton_schulz_op(G: torch.Tensor, steps: int, coefficients: str, eps: float, prec: str) -> torch.Tensor:
+    """NS_k on a batch of matrices G [M, R, C] with R ≤ C, in one launch, its products in ``prec``. A registered
+    operator (its shape function and backward below): ``torch.compile`` keeps it whole in a graph, without tracing
+    into the kernel's launch."""
+    M, R, C = G.shape
+    a, b, c = NS_COEFFICIENTS[coefficients]
+    config = launch_config(R, C)
+    X = torch.empty(M, R, C, dtype=torch.float32, device=G.device)
+    newton_schulz_fwd_kernel[(M,)](G, X, *G.stride(), R, C, a, b, c, eps, STEPS=steps, QUINTIC=c != 0.0,
+                                   ONE_BLOCK=C <= config["BC"], PREC=prec, **config)
+    return X.to(G.dtype)
 
-    @staticmethod
-    def forward(ctx, G, steps, coefficients, eps):
-        M, R, C = G.shape
-        a, b, c = NS_COEFFICIENTS[coefficients]
-        config = launch_config(R, C)
-        X = torch.empty(M, R, C, dtype=torch.float32, device=G.device)
-        prec = ns_precision(G.dtype)  # torch's setting now; the backward's products in the same precision
-        newton_schulz_fwd_kernel[(M,)](G, X, *G.stride(), R, C, a, b, c, eps, STEPS=steps, QUINTIC=c != 0.0,
-                                       ONE_BLOCK=C <= config["BC"], PREC=prec, **config)
-        ctx.save_for_backward(G)
-        ctx.args = (steps, coefficients, eps, prec)
-        return X.to(G.dtype)
 
-    @staticmethod
-    def backward(ctx, dout):
-        (G,) = ctx.saved_tensors
-        steps, coefficients, eps, prec = ctx.args
-        M, R, C = G.shape
-        a, b, c = NS_COEFFICIENTS[coefficients]
-        config = launch_config(R, C)
-        dX = dout.to(torch.float32).contiguous().clone()
-        Xs = torch.empty(max(steps, 1), M, R, C, dtype=torch.float32, device=G.device)
-        newton_schulz_bwd_kernel[(M,)](G, Xs, dX, *G.stride(), R, C, M, a, b, c, eps, STEPS=steps,
-                                       QUINTIC=c != 0.0, PREC=prec, **config)
-        return dX.to(G.dtype), None, None, None
+@torch.library.custom_op("atlas_lab::newton_schulz_triton_backward", mutates_args=())
+def newton_schulz_backward_op(G: torch.Tensor, dout: torch.Tensor, steps: int, coefficients: str, eps: float,
+                              prec: str) -> torch.Tensor:
+    """∂L/∂G from ∂L/∂NS_k(G), in one launch: the iterates are recomputed."""
+    M, R, C = G.shape
+    a, b, c = NS_COEFFICIENTS[coefficients]
+    config = launch_config(R, C)
+    dX = dout.to(torch.float32).contiguous().clone()
+    Xs = torch.empty(max(steps, 1), M, R, C, dtype=torch.float32, device=G.device)
+    newton_schulz_bwd_kernel[(M,)](G, Xs, dX, *G.stride(), R, C, M, a, b, c, eps, STEPS=steps,
+                                   QUINTIC=c != 0.0, PREC=prec, **config)
+    return dX.to(G.dtype)
+
+
+@newton_schulz_op.register_fake
+def _(G, steps, coefficients, eps, prec):
+    return G.new_empty(G.shape)
+
+
+@newton_schulz_backward_op.register_fake
+def _(G, dout, steps, coefficients, eps, prec):
+    return G.new_empty(G.shape)
+
+
+def _setup(ctx, inputs, output):
+    G, *ctx.args = inputs
+    ctx.save_for_backward(G)
+
+
+def _backward(ctx, dout):
+    (G,) = ctx.saved_tensors
+    return newton_schulz_backward_op(G, dout, *ctx.args), None, None, None, None
+
+
+newton_schulz_op.register_autograd(_backward, setup_context=_setup)
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
@@ -232,5 +253,6 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     batch = X.shape[:-2]
     if X.numel() == 0:
         return G.clone()
-    Y = NewtonSchulzFunction.apply(X.reshape(-1, R, C), steps, coefficients, eps).reshape(*batch, R, C)
+    # torch's float32 matmul precision now: the backward's products take the same
+    Y = newton_schulz_op(X.reshape(-1, R, C), steps, coefficients, eps, ns_precision(G.dtype)).reshape(*batch, R, C)
     return Y.mT if transpose else Y
