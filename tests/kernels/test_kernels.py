@@ -202,6 +202,30 @@ UNIT = {"float16": 2.0 ** -11, "tf32": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # uni
 CAP = {"float16": 0.1, "tf32": 0.1, "bfloat16": 0.5}  # a larger bound could not tell a wrong path (off by O(1))
 
 
+def test_a_compiled_graph_calls_the_chunk_kernel_as_it_is():
+    """``torch.compile`` does not trace into the chunk kernel's launches (under Triton's interpreter that trace fails
+    outright): the graph breaks around the call, and the compiled function gives the eager values and gradients
+    exactly."""
+    import torch._dynamo
+
+    momentum, bias, window, offset, shape = CHUNK_CASES["window-in-chunk"]
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias)
+    x = chunk_inputs(**shape, momentum=momentum)
+
+    def f(**x):
+        y, W, S, We = chunk_linear_memory(*(x[n] for n in ("q", "k", "v", "gamma", "a", "Cw", "W0", "We0")),
+                                          **{n: x[n] for n in ("m", "s", "Cs", "S0")}, **options)
+        return (y * 2).sum() + W.sum() + S.sum() + We.sum()
+
+    torch._dynamo.reset()
+    eager = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+    compiled = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+    y, y_c = f(**eager), torch.compile(f, backend="aot_eager")(**compiled)
+    y.backward()
+    y_c.backward()
+    assert torch.equal(y, y_c) and all(torch.equal(eager[n].grad, compiled[n].grad) for n in x)
+
+
 @pytest.mark.parametrize("case", ["window-over-chunks", "dot-walk-tiles", "long-walk"])
 @pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(
     INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])

@@ -650,6 +650,7 @@ class ChunkLinearMemoryFunction(torch.autograd.Function):
                 None, None, None, None, None)
 
 
+@torch.compiler.disable  # a compiled graph calls it as it is (a graph break): its launches are fused already
 def chunk_linear_memory(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, bias,
                         m=None, s=None, Cs=None, S0=None):
     """Linear memory over T new tokens, all chunks in parallel around one walk over chunk states (three launches
