@@ -4,7 +4,8 @@ sweep, one JSON.
     python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot] [--sweep FILE]
                                    [--set KEY=VALUE ...]
 
-(a) tests     the kernel and memory tests (tests/kernels, tests/memory) with ``--device cuda``: one pytest per file
+(a) tests     the kernel and memory tests (tests/kernels, tests/memory) and the compiled blocks' (tests/models/
+              test_compile.py) with ``--device cuda``: one pytest per file
               for tests/kernels/test_kernels.py first, then fla's, the memories' equivalence and identity tests, then
               one for the other files, each given an equal part of what is left of the share (one that runs over it
               is stopped and the next one starts), so each is reached; passed / failed /
@@ -70,9 +71,10 @@ SHARES = {"tests": 0.3, "kernels": 0.2, "training": 0.2, "pilot": 0.3}
 FIRST_TESTS = ["tests/kernels/test_kernels.py", "tests/memory/test_fla_kernels.py",
                "tests/memory/test_memory_equivalence.py", "tests/memory/test_memory_identities.py"]
 # one pytest each for the kernels' tests, fla's and the memories' equivalence and identities, in this order; then one
-# for every other file of tests/kernels and tests/memory (each pytest costs its start: torch, triton, the conftest)
+# for every other file of tests/kernels and tests/memory and the compiled blocks' tests (each pytest costs its start:
+# torch, triton, the conftest)
 OTHER_TESTS = sorted(str(p.relative_to(ROOT)) for d in ("tests/kernels", "tests/memory") for p in (ROOT / d).glob(
-    "test_*.py") if str(p.relative_to(ROOT)) not in FIRST_TESTS)
+    "test_*.py") if str(p.relative_to(ROOT)) not in FIRST_TESTS) + ["tests/models/test_compile.py"]
 TEST_FILES = [f for f in FIRST_TESTS if (ROOT / f).is_file()] + ([" ".join(OTHER_TESTS)] if OTHER_TESTS else [])
 # on the CPU: a subset of the same files that runs in about a minute (the whole default suite covers them in CI)
 CPU_TESTS = "newton_schulz_matches_reference or chunk_size_one_is_the_online_rule or linear_attention or " \

@@ -27,12 +27,13 @@ def tokens(T: int, vocab: int = 64, B: int = 2) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("preset", TRACED)
-def test_every_block_traces_in_one_graph(preset):
+def test_every_block_traces_in_one_graph(preset, device):
     """torch.compile's tracer takes each block whole, training and evaluation: no graph break (a Python call it
-    cannot trace, a cache that a call fills, an operator without a shape function)."""
+    cannot trace, a cache that a call fills, an operator without a shape function). On ``--device cuda`` (make
+    gpu-check) with the paths the plan takes there: the Triton Newton–Schulz operator for atlas."""
     torch.manual_seed(0)
-    model = LanguageModel(64, preset, **SIZE)
-    block, h = model.blocks[0], model.embed(tokens(40)).detach()
+    model = LanguageModel(64, preset, **SIZE).to(device)
+    block, h = model.blocks[0], model.embed(tokens(40).to(device)).detach()
     for grad in (True, False):
         torch._dynamo.reset()
         with torch.set_grad_enabled(grad):
@@ -40,12 +41,14 @@ def test_every_block_traces_in_one_graph(preset):
         assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
 
 
-def test_the_cpu_newton_schulz_kernel_is_one_operator_in_a_compiled_graph():
+def test_the_cpu_newton_schulz_kernel_is_one_operator_in_a_compiled_graph(device):
     """The compiled CPU kernel is a registered operator: AOT autograd through it gives the eager values and gradient
     exactly (its shape function and its backward are the ones the graph uses)."""
     from atlas_lab.memory import newton_schulz
     from atlas_lab.memory.ops.newton_schulz import cpu
 
+    if device.type != "cpu":
+        pytest.skip("the CPU kernel (on a GPU machine its build would take a minute of the check)")
     if not cpu.available():
         pytest.skip("the CPU Newton–Schulz kernel does not build here")
     G = torch.randn(3, 20, 6, generator=torch.Generator().manual_seed(0))
@@ -81,6 +84,7 @@ def test_a_fit_runs_its_blocks_compiled(workdir, monkeypatch):
     compiled blocks. (The model summary's forward under torch's FLOP counter used to leave every block uncompiled for
     the whole fit, silently: it now runs eager.) The blocks compile with dynamo's "eager" backend here, to keep the
     test short; what is checked is that dynamo takes their frames at all."""
+    pytest.importorskip("jsonargparse")  # the command's parser (a bare GPU image has none)
     from atlas_lab.cli import main
 
     compile_ = torch.nn.Module.compile
@@ -96,28 +100,30 @@ def test_a_fit_runs_its_blocks_compiled(workdir, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["atlas", "titans"])
-def test_compiled_blocks_compute_the_eager_function(preset):
+def test_compiled_blocks_compute_the_eager_function(preset, device):
     """A compiled model (inductor: fused and reordered float32 arithmetic) against the eager float64 model, within
     SPREAD × the eager float32 model's spread (tests/helpers.py): logits and every parameter's gradient of a
     cross-entropy step. About a minute of compiling a preset on a CPU core."""
     torch.manual_seed(0)
     model64 = LanguageModel(64, preset, **SIZE).double()
     ids = tokens(33)
+    ids_of = {"cpu": ids, device.type: ids.to(device)}
 
     def run(model):
         def go(problem):
             for i, p in enumerate(model.parameters()):
                 p.data.copy_(problem[f"w{i}"])
             model.zero_grad(set_to_none=True)
-            logits, _ = model(ids[:, :-1])
-            F.cross_entropy(logits.reshape(-1, 64).double(), ids[:, 1:].reshape(-1)).backward()
+            x = ids_of[next(model.parameters()).device.type]
+            logits, _ = model(x[:, :-1])
+            F.cross_entropy(logits.reshape(-1, 64).double(), x[:, 1:].reshape(-1)).backward()
             return {"output": logits, **{f"grad.{n}": p.grad for n, p in model.named_parameters()}}
         return go
 
-    eager32 = LanguageModel(64, preset, **SIZE)
-    compiled32 = LanguageModel(64, preset, **SIZE)
+    eager32 = LanguageModel(64, preset, **SIZE).to(device)
+    compiled32 = LanguageModel(64, preset, **SIZE).to(device)
     compile_blocks(compiled32)
     weights = {f"w{i}": p.detach().clone() for i, p in enumerate(model64.parameters())}
     oracle = run(model64)(weights)
-    compare_float32(run(compiled32), run(eager32), {n: w.float() for n, w in weights.items()}, oracle,
+    compare_float32(run(compiled32), run(eager32), {n: w.float().to(device) for n, w in weights.items()}, oracle,
                     f"{preset} compiled")
