@@ -2,6 +2,7 @@
 calls no other operator is what launches a kernel on a GPU), forward and backward, per added chunk.
 
     python benchmarks/launches.py [--presets atlas titans] [--chunks 4] [--tiny]
+    python benchmarks/launches.py --newton-schulz    (the atlas preset's Newton–Schulz launches on a GPU)
 
 For each preset's memory layer (the model's memory mixer, its own projections included) the count is taken at T = n
 and at T = (n + k) chunks; (difference) / k is what each further chunk costs, the rest is the call's fixed part.
@@ -60,6 +61,35 @@ def count(layer: MemoryMixer, T: int, batch: int) -> tuple[Counter, Counter]:
     return forward, backward
 
 
+NS_SHAPES = {  # (batch, d_model, memory heads): the study's, a call of B·H = 8 at d 64, a 125M-class model's
+    "study (sweeps/mqar_gpu.yaml: B 64, d_model 128, 8 memory heads)": (64, 128, 8),
+    "B·H = 8 (B 2, 4 heads of 64)": (2, 256, 4),
+    "125M-class (B 8, d_model 768, 12 heads)": (8, 768, 12),
+}
+
+
+def newton_schulz_launches(preset: str = "atlas", sms: int = 132) -> list[list[str]]:
+    """Per weight matrix of ``preset``'s memory, its Newton–Schulz launch on a GPU with per-token reads: one program
+    per matrix, every token of a chunk and every sequence and head at once (M = B·H·chunk), the forward's FLOPs
+    (``direction_flops`` × M), and whether the Triton kernel takes the matrix (else the plan keeps the call on the
+    chunked path, batched matmuls)."""
+    from atlas_lab.memory.ops.limits import MAX_COLS, MAX_ROWS
+    from atlas_lab.models import resolve_preset
+
+    _, config = resolve_preset(preset)
+    mem, fmap, _, optimizer = config.components()
+    rows = []
+    for label, (B, d_model, H) in NS_SHAPES.items():
+        d = d_model // H
+        for name, (out, into) in mem.shapes(fmap.dim(d), d, d).items():
+            M = B * H * config.chunk_size
+            kernel = min(out, into) <= MAX_ROWS and max(out, into) <= MAX_COLS
+            rows.append([label, f"{name} [{out}, {into}]", f"{M:,} ({M / sms:.1f})",
+                         f"{optimizer.direction_flops(out, into) * M / 1e9:.2f}",
+                         "yes" if kernel else f"no: larger than {MAX_ROWS} × {MAX_COLS}"])
+    return rows
+
+
 def main(argv=None):
     ap = common.add_common_args(argparse.ArgumentParser(description=__doc__), repeats=1)
     ap.add_argument("--presets", nargs="+", default=["atlas", "titans", "omeganet", "deltanet"])
@@ -68,8 +98,15 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--top", type=int, default=6, help="operators listed per preset")
+    ap.add_argument("--newton-schulz", action="store_true", help="print the atlas preset's Newton–Schulz launches "
+                                                                  "on a GPU (programs, FLOPs) and stop")
     args = common.apply_tiny(ap.parse_args(argv), {"presets": ["atlas", "titans"], "chunks": 2, "d_model": 32,
                                                    "heads": 4})
+    if args.newton_schulz:
+        common.print_table("atlas's Newton–Schulz launches per chunk on a GPU (read token, forward)",
+                           ["shape", "weight", "programs (per SM of 132)", "GFLOP", "Triton kernel"],
+                           newton_schulz_launches())
+        return
     common.set_threads(args.threads)
     rows, results = [], []
     for preset in args.presets:
