@@ -348,3 +348,19 @@ def newton_schulz_steps(G, schedule=QUINTIC):
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
     return X.mT if G.shape[-2] > G.shape[-1] else X
+
+
+def compiles_as_eager(f, *inputs) -> None:
+    """``f`` (tensors -> a scalar) traces in one graph (no break), and ``torch.compile`` with AOT autograd (backend
+    "aot_eager": the same operators, no code generation) gives eager's value and gradients bit for bit: an operator's
+    shape function and registered backward are the ones the graph uses."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(*inputs).graph_break_count == 0
+    eager = [x.detach().clone().requires_grad_() for x in inputs]
+    compiled = [x.detach().clone().requires_grad_() for x in inputs]
+    y, y_c = f(*eager), torch.compile(f, backend="aot_eager")(*compiled)
+    y.backward()
+    y_c.backward()
+    assert torch.equal(y, y_c) and all(torch.equal(a.grad, b.grad) for a, b in zip(eager, compiled))

@@ -160,6 +160,7 @@ def test_imports_resolve_to_the_module_they_name(source, expected):
 # plan that chooses among them, and memorize on top.
 MEMORY_RANKS = {
     "components": 0, "causal": 0, "state": 0, "cost": 0, "ops.limits": 0, "ops.fla": 0, "ops.dots": 0,
+    "ops.operators": 0,
     "feature_maps": 1, "memories": 1, "attentional_biases": 1, "learning_rules": 1, "delta_rule": 1,
     "ops.newton_schulz.cpu": 1, "ops.chunk_linear_memory.naive": 1, "ops.chunk_linear_memory.triton": 1,
     "ops.chunk_linear_memory": 2,

@@ -21,7 +21,7 @@ from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_
 from atlas_lab.memory.ops.chunk_linear_memory.triton import launches, launches_table
 from atlas_lab.memory.ops.dots import dot_precision
 from atlas_lab.memory.ops.newton_schulz.triton import ns_precision
-from helpers import SPREAD, U32, compare_float32, float32_spread, make_problem, rel_err, run
+from helpers import SPREAD, U32, compare_float32, compiles_as_eager, float32_spread, make_problem, rel_err, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
@@ -76,20 +76,9 @@ def test_newton_schulz_matches_reference(shape, coefficients):
 def test_newton_schulz_is_one_operator_in_a_compiled_graph():
     """The kernel is a registered operator (its shape function and backward): torch.compile's tracer keeps a graph
     that calls it whole, and AOT autograd through it gives the eager values and gradient exactly."""
-    import torch._dynamo
-
     G = torch.randn(3, 20, 6, generator=torch.Generator().manual_seed(0)).to(DEVICE)  # transposed to 6 × 20
-
-    def f(G):
-        return (newton_schulz(G, 5, "quintic") * torch.arange(120.0, device=G.device).view(1, 20, 6)).sum()
-
-    torch._dynamo.reset()
-    assert torch._dynamo.explain(f)(G).graph_break_count == 0
-    eager, compiled = G.clone().requires_grad_(), G.clone().requires_grad_()
-    y, y_c = f(eager), torch.compile(f, backend="aot_eager")(compiled)
-    y.backward()
-    y_c.backward()
-    assert torch.equal(y, y_c) and torch.equal(eager.grad, compiled.grad)
+    weights = torch.arange(120.0, device=DEVICE).view(1, 20, 6)
+    compiles_as_eager(lambda G: (newton_schulz(G, 5, "quintic") * weights).sum(), G)
 
 
 @pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(

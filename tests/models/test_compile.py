@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from atlas_lab.lit import SequenceModel
 from atlas_lab.models import LanguageModel, compile_blocks
-from helpers import compare_float32
+from helpers import compare_float32, compiles_as_eager
 
 # One preset of each computation the blocks hold. The default suite traces muon with polynomial features and the CPU
 # Newton–Schulz operator (atlas), a deep memory with momentum (titans), the LaCT layer with its components' options
@@ -52,17 +52,8 @@ def test_the_cpu_newton_schulz_kernel_is_one_operator_in_a_compiled_graph(device
     if not cpu.available():
         pytest.skip("the CPU Newton–Schulz kernel does not build here")
     G = torch.randn(3, 20, 6, generator=torch.Generator().manual_seed(0))
-
-    def f(G):
-        return (newton_schulz(G, 5, "quintic", impl="cpu") * torch.arange(120.0).view(1, 20, 6)).sum()
-
-    torch._dynamo.reset()
-    assert torch._dynamo.explain(f)(G).graph_break_count == 0
-    eager, compiled = G.clone().requires_grad_(), G.clone().requires_grad_()
-    y, y_c = f(eager), torch.compile(f, backend="aot_eager")(compiled)
-    y.backward()
-    y_c.backward()
-    assert torch.equal(y, y_c) and torch.equal(eager.grad, compiled.grad)
+    weights = torch.arange(120.0).view(1, 20, 6)
+    compiles_as_eager(lambda G: (newton_schulz(G, 5, "quintic", impl="cpu") * weights).sum(), G)
 
 
 def test_compile_is_a_module_option_that_keeps_the_parameter_names():

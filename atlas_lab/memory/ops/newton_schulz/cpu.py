@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..operators import register_like_input
+
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp"]
@@ -87,27 +89,7 @@ def newton_schulz_cpu_backward(X: torch.Tensor, grad: torch.Tensor, steps: int, 
     return kernel().backward(X.contiguous(), grad.contiguous(), steps, a, b, c)
 
 
-@newton_schulz_cpu.register_fake
-def _(X, steps, a, b, c):
-    return X.new_empty(X.shape)  # contiguous, as the kernel writes it
-
-
-@newton_schulz_cpu_backward.register_fake
-def _(X, grad, steps, a, b, c):
-    return X.new_empty(X.shape)
-
-
-def _setup(ctx, inputs, output):
-    X, *ctx.args = inputs
-    ctx.save_for_backward(X)
-
-
-def _backward(ctx, grad):
-    (X,) = ctx.saved_tensors
-    return newton_schulz_cpu_backward(X, grad, *ctx.args), None, None, None, None
-
-
-newton_schulz_cpu.register_autograd(_backward, setup_context=_setup)
+register_like_input(newton_schulz_cpu, newton_schulz_cpu_backward)
 
 
 @torch.compiler.assume_constant_result

@@ -29,6 +29,7 @@ import triton.language as tl
 from ...optimizers import NS_COEFFICIENTS
 from ..dots import dot_precision
 from ..limits import MAX_COLS, MAX_ROWS  # after the transpose to rows ≤ cols
+from ..operators import register_like_input
 
 
 def ns_precision(dtype: torch.dtype) -> str:
@@ -212,27 +213,7 @@ def newton_schulz_backward_op(G: torch.Tensor, dout: torch.Tensor, steps: int, c
     return dX.to(G.dtype)
 
 
-@newton_schulz_op.register_fake
-def _(G, steps, coefficients, eps, prec):
-    return G.new_empty(G.shape)
-
-
-@newton_schulz_backward_op.register_fake
-def _(G, dout, steps, coefficients, eps, prec):
-    return G.new_empty(G.shape)
-
-
-def _setup(ctx, inputs, output):
-    G, *ctx.args = inputs
-    ctx.save_for_backward(G)
-
-
-def _backward(ctx, dout):
-    (G,) = ctx.saved_tensors
-    return newton_schulz_backward_op(G, dout, *ctx.args), None, None, None, None
-
-
-newton_schulz_op.register_autograd(_backward, setup_context=_setup)
+register_like_input(newton_schulz_op, newton_schulz_backward_op)
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
