@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import inspect
 from dataclasses import fields
 from pathlib import Path
@@ -136,29 +135,19 @@ def check_value(key: str, value, kind) -> None:
         raise ConfigError(f"{key}: expected {describe(kind)}; got {value}")
 
 
-def importable(class_path: str) -> str | None:
-    """Why a dotted ``class_path`` cannot be imported (None where it can; a bare name is the parser's to resolve)."""
-    module, _, name = class_path.rpartition(".")
-    if not module:
-        return None
-    try:
-        found = importlib.import_module(module)
-    except ImportError as e:
-        return str(e)
-    return None if hasattr(found, name) else f"module '{module}' has no attribute '{name}'"
-
-
 def check_class(key: str, value) -> type | None:
     """A class given by ``value`` (a dotted path, or a mapping with a class_path): ConfigError naming ``key`` where it
-    cannot be imported; the class where it is imported, None where no dotted path is given."""
+    cannot be imported; the class where it is imported, None where no dotted path is given (a bare name is the
+    parser's to resolve)."""
+    from .memory.components import import_class
+
     path = value.get("class_path") if isinstance(value, dict) else value
     if not isinstance(path, str) or "." not in path:
         return None
-    why = importable(path)
-    if why is not None:
-        raise ConfigError(f"{key}: class_path '{path}' cannot be imported ({why})")
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return import_class(path, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def argument_types(cls) -> dict:

@@ -39,7 +39,9 @@ class Component:
         return type(self).__name__
 
 
-def _import(path: str, where: str):
+def import_class(path: str, where: str):
+    """The object a dotted ``path`` names (``package.module.Name``); ValueError ``<where>: class_path … cannot be
+    imported (why)`` where it cannot be imported."""
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)
@@ -78,7 +80,7 @@ def build(kind: str, registry: dict, spec, base: type, where: str | None = None)
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown} beside class_path; expected class_path and "
                              f"init_args")
-        cls = _import(spec["class_path"], where)
+        cls = import_class(spec["class_path"], where)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ValueError(f"{where}: class_path {spec['class_path']!r} is not a {base.__name__} subclass")
         return _construct(cls, spec.get("init_args") or {}, spec["class_path"], f"{where}.init_args")

@@ -37,7 +37,6 @@ runs one pilot and prints its result as one JSON line (gpu_check runs each pilot
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import statistics
@@ -446,11 +445,6 @@ def _val_limit(count: int, limit) -> int:
     return min(count, limit) if isinstance(limit, int) else int(count * float(limit))
 
 
-def import_class(path: str):
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_batches: int = VAL_BATCHES,
           clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time,
           seconds: float | None = None) -> dict:
@@ -463,6 +457,7 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     import lightning as L
     import torch
 
+    from ..memory.components import import_class
     from ..noise import quiet
 
     quiet()
@@ -472,7 +467,7 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
     L.seed_everything(config.get("seed_everything", 0) if isinstance(config.get("seed_everything", 0), int) else 0,
                       verbose=False)
     data_config = config.get("data") or {}
-    datamodule = import_class(data_config["class_path"])(**(data_config.get("init_args") or {}))
+    datamodule = import_class(data_config["class_path"], "data")(**(data_config.get("init_args") or {}))
     links = dict(vocab_size=datamodule.vocab_size, slice_names=getattr(datamodule, "slice_names", None),
                  bytes_per_token=getattr(datamodule, "bytes_per_token", None),
                  target=getattr(datamodule, "target", "next_token"))
@@ -501,7 +496,8 @@ def pilot(base: list[Path], overrides: dict[str, Any], steps: int = STEPS, val_b
         times.stop_at = clock() + TRAIN_SHARE * (seconds - (clock() - start))
     kept = [c for c in trainer_config.get("callbacks") or [] if isinstance(c, dict) and "class_path" in c
             and not any(s in c["class_path"] for s in SWEEP_DROPS)]  # the config's callbacks a sweep trial keeps
-    callbacks = [times] + [import_class(c["class_path"])(**(c.get("init_args") or {})) for c in kept]
+    callbacks = [times] + [import_class(c["class_path"], "trainer.callbacks")(**(c.get("init_args") or {}))
+                           for c in kept]
     options = {k: trainer_config[k] for k in TRAINER_KEYS if k in trainer_config}
     with tempfile.TemporaryDirectory(prefix="atlas-lab-estimate-") as root:
         common = dict(options, devices=1, num_nodes=1, logger=False, enable_checkpointing=False,
