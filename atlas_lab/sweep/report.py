@@ -44,8 +44,9 @@ LEVEL = 0.95
 DIGITS = 4  # decimals of a value as shown: the tables, each trial's line, the parent run's metrics
 
 
-def interval(values: list[float]) -> dict:
-    """n, mean, std and the 95 % t interval of the mean of ``values`` (std and interval None below two values)."""
+def interval(values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict:
+    """n, mean, std and the 95 % t interval of the mean of ``values``, cut to the metric's ``bounds`` where every
+    value lies within them (std and interval None below two values)."""
     n = len(values)
     out = {"n": n, "mean": statistics.fmean(values) if n else None, "std": None, "low": None, "high": None}
     if n > 1:
@@ -54,6 +55,8 @@ def interval(values: list[float]) -> dict:
         out["std"] = statistics.stdev(values)
         half = float(t.ppf(0.5 + LEVEL / 2, n - 1)) * out["std"] / math.sqrt(n)
         out["low"], out["high"] = out["mean"] - half, out["mean"] + half
+        if all(bounds[0] <= v <= bounds[1] for v in values):
+            out["low"], out["high"] = max(bounds[0], out["low"]), min(bounds[1], out["high"])
     return out
 
 
@@ -80,6 +83,7 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
     ``values`` ({repeat: value}), the ``interval`` statistics and the failed / pruned / unfinished counts."""
     attrs = study.user_attrs
     maximize = attrs.get("direction", study.direction.name.lower()) == "maximize"
+    bounds = stats_.metric_bounds(attrs.get("metric", ""))
     trials = [t for t in study.get_trials(deepcopy=False) if not is_superseded(study, t) and not is_tune(t)]
     if attrs.get("sampler", "grid") == "grid":
         columns = list(attrs.get("grid_keys", []))
@@ -98,7 +102,8 @@ def result_rows(study: optuna.Study) -> tuple[list[str], list[dict]]:
             {k: ts[0].params.get(k) for k in columns}
         rows.append(labels | {"values": values, "censored": {r: c for r, (_, c) in found.items()},
                               "escaped": sum(not c for _, c in found.values())} |
-                    interval(list(values.values())) | _counts(ts) | {"trials": " ".join(str(t.number) for t in ts)})
+                    interval(list(values.values()), bounds) | _counts(ts)
+                    | {"trials": " ".join(str(t.number) for t in ts)})
     rows.sort(key=lambda r: (r["mean"] is None, -(r["mean"] or 0) if maximize else (r["mean"] or 0)))
     return columns, rows
 
@@ -179,15 +184,17 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
         return []
     maximize = attrs.get("direction", "maximize") == "maximize"
     steps_to = attrs.get("summary") == "steps_to"
-    escape = attrs.get("escape")
+    escape, margin = attrs.get("escape"), attrs.get("margin")
+    bounds = stats_.difference_bounds(stats_.metric_bounds(attrs.get("metric", "")))
     out = []
     for r in rows:
         if r is base:
             continue
         pairs = sorted(set(r["values"]) & set(base["values"]))
         d = [r["values"][p] - base["values"][p] for p in pairs]
+        error = stats_.rounding([r["values"][p] for p in pairs], [base["values"][p] for p in pairs])
         runs = [[(x["values"][p], x["censored"][p]) for p in pairs] for x in (r, base)]
-        stats = interval(d)
+        stats = interval(d, bounds)
         excludes = stats["low"] is not None and (stats["low"] > 0 or stats["high"] < 0)
         boot = stats_.bootstrap_interval(d)
         out.append({k: r[k] for k in columns} | {
@@ -197,8 +204,10 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
             "pairs": stats["n"], "diff": stats["mean"], "std": stats["std"], "low": stats["low"],
             "high": stats["high"], "excludes_0": excludes, "boot_low": boot and boot.low,
             "boot_high": boot and boot.high, "boot_exact": boot and boot.exact, "boot_mc": boot and boot.mc_error,
-            "p": stats_.paired_t_p(d), "p_flip": stats_.sign_flip_p(d), "p_flip_min": stats_.min_sign_flip_p(len(d)),
-            "too_few": 0 < len(d) < stats_.MIN_PAIRS, "no_spread": len(d) > 1 and stats_.no_spread(d),
+            "p": stats_.paired_t_p(d, error), "p_flip": stats_.sign_flip_p(d),
+            "p_flip_min": stats_.min_sign_flip_p(len(d)), "margin": None if steps_to else margin,
+            "p_equiv": None if margin is None or steps_to else stats_.equivalence_p(d, margin, error),
+            "too_few": 0 < len(d) < stats_.MIN_PAIRS, "no_spread": len(d) > 1 and stats_.no_spread(d, error),
             "escaped": None, "p_fisher": None,
             "better": None if stats["mean"] is None else (stats["mean"] > 0) == maximize and stats["mean"] != 0})
         if steps_to:  # escapes and censored steps: the rank test decides, and says which way
@@ -210,48 +219,69 @@ def differences(study: optuna.Study, columns: list[str], rows: list[dict], power
         if (steps_to or escape is not None) and pairs:
             out[-1] |= {"escaped": f"{counts[0]}/{len(pairs)} vs {counts[1]}/{len(pairs)}",
                         "p_fisher": stats_.fisher_p(counts[0], len(pairs), counts[1], len(pairs))}
-    # Holm's family: every comparison with a pair; one without a p (no spread, one pair) enters as 1
-    tested = [None if not d["pairs"] else d["p_rank" if steps_to else "p"] for d in out]
-    tested = [1.0 if v is None and d["pairs"] else v for v, d in zip(tested, out)]
-    m = sum(v is not None for v in tested)
-    for d, adjusted, rank in zip(out, stats_.holm(tested), stats_.holm_ranks(tested)):
+    # Holm's family: every comparison with a p; one without (no spread, one pair) is left out, as if absent
+    tested = [d["p_rank" if steps_to else "p"] for d in out]
+    m = sum(stats_.holm_ranks(tested)[i] is not None for i in range(len(out)))
+    equiv = [d["p_equiv"] for d in out]  # the equivalence tests: a family of their own
+    m_equiv = sum(r is not None for r in stats_.holm_ranks(equiv))
+    for d, adjusted, rank, adjusted_eq, rank_eq in zip(out, stats_.holm(tested), stats_.holm_ranks(tested),
+                                                       stats_.holm(equiv), stats_.holm_ranks(equiv)):
         level = stats_.holm_level(rank, m) if rank else None
+        level_eq = stats_.holm_level(rank_eq, m_equiv) if rank_eq else None
         d |= {"p_holm": adjusted, "holm_rank": rank, "holm_m": m, "holm_level": level,
-              "resolved": adjusted is not None and adjusted < stats_.ALPHA and not d["too_few"]}
+              "resolved": adjusted is not None and adjusted < stats_.ALPHA and not d["too_few"],
+              "p_equiv_holm": adjusted_eq, "equiv_rank": rank_eq, "equiv_m": m_equiv, "equiv_level": level_eq,
+              "equivalent": adjusted_eq is not None and adjusted_eq < stats_.ALPHA and not d["too_few"]}
         spread = None if d["no_spread"] else d["std"]  # identical differences size no design
         if power:
             d |= {"power": stats_.paired_power(d["pairs"], power, spread, level or stats_.ALPHA),
                   "seeds": stats_.seeds_for_power(power, spread, level or stats_.ALPHA)}
         else:
             d |= {"power": None, "seeds": None}
+        if power and margin is not None and not steps_to:  # the design for the other outcome: equal points
+            d |= {"power_equiv": stats_.equivalence_power(d["pairs"], margin, spread, level_eq or stats_.ALPHA),
+                  "seeds_equiv": stats_.seeds_for_equivalence(margin, spread, level_eq or stats_.ALPHA)}
+        else:
+            d |= {"power_equiv": None, "seeds_equiv": None}
     out.sort(key=lambda d: (d["changes"].count(",") if d["changes"] else -1, d["diff"] is None,
                             -(d["diff"] or 0) if maximize else (d["diff"] or 0)))
     return out
 
 
 def verdict(d: dict, attrs: dict) -> str:
-    """A comparison's verdict in words that name its setting: "agrees / disagrees with the paper" only where the
-    study runs the paper's task, scale and metric (``paper_setting``); elsewhere "same / opposite ordering at
-    <setting>; does not test <claim>" (``claims``: the paper's claim about the point and the side it puts it on);
-    "too few seeds" below ``MIN_PAIRS`` pairs, never resolved."""
+    """A comparison's verdict in words that name its setting: "better" / "worse" (its Holm-adjusted p below α),
+    "equivalent within ±margin" (the sweep's ``margin``: its two one-sided tests, Holm-adjusted, below α), "not
+    resolved", "no value" (no test's p: the differences are one value up to the metric's storage precision) or
+    "too few seeds" (below ``MIN_PAIRS`` pairs). "agrees / disagrees with the paper" only where the study runs the
+    paper's task, scale and metric (``paper_setting``); elsewhere "same / opposite ordering at <setting>; does not
+    test <claim>" (``claims``: the paper's claim about the point and the side it puts it on)."""
     setting = attrs.get("setting") or "this study's setting (none declared)"
     claims = attrs.get("claims") or {}
     claim = claims.get(d["changed"][0]) if len(d["changed"]) == 1 else None
-    if d["p_holm"] is None:
+    untested = f"; does not test {claim['claim']}" if claim and not attrs.get("paper_setting") else ""
+    margin = d.get("margin")
+    if not d["pairs"]:
         return "—"
     if d["too_few"]:
         return f"too few seeds: {d['pairs']} pair(s), a verdict needs {stats_.MIN_PAIRS}"
+    if d["p_holm"] is None and d.get("p_equiv_holm") is None:
+        return (f"no value: the differences are one value up to the metric's storage precision (no t test) at "
+                f"{setting}{untested}")
+    within = f"equivalent within ±{margin:g}" if d.get("equivalent") else None
     if not d["resolved"] or d["better"] is None:
-        why = " (no spread: identical differences)" if d["no_spread"] else ""
-        untested = f"; does not test {claim['claim']}" if claim and not attrs.get("paper_setting") else ""
-        return f"not resolved{why} at {setting}{untested}"
+        if within is None:
+            return f"not resolved at {setting}{untested}"
+        if claim and attrs.get("paper_setting"):
+            return f"disagrees with the paper at {setting} ({within}): {claim['claim']}"
+        return f"{within} at {setting}{untested}"
     side = "better" if d["better"] else "worse"
+    side += f", by less than the margin ({within})" if within else ""
     if claim is None:
         return f"{side} at {setting}"
-    same = side == claim["paper"]
+    same = side.split(",")[0] == claim["paper"]
     if attrs.get("paper_setting"):
-        return f"{'agrees' if same else 'disagrees'} with the paper at {setting}: {claim['claim']}"
-    return f"{'same' if same else 'opposite'} ordering at {setting}; does not test {claim['claim']}"
+        return f"{'agrees' if same else 'disagrees'} with the paper at {setting} ({side}): {claim['claim']}"
+    return f"{'same' if same else 'opposite'} ordering at {setting} ({side}); does not test {claim['claim']}"
 
 
 def _fmt(v):
@@ -265,11 +295,15 @@ def _ci(r) -> str:
 
 
 def _verdict(d) -> str:
-    if d["p_holm"] is None:
+    if not d["pairs"]:
         return "—"
     if d["too_few"]:
         return "too few seeds"
-    return ("* better" if d["better"] else "* worse") if d["resolved"] else "not resolved"
+    if d["p_holm"] is None and d.get("p_equiv_holm") is None:
+        return "no value"
+    if d["resolved"] and d["better"] is not None:
+        return ("* better" if d["better"] else "* worse") + (" (equivalent)" if d.get("equivalent") else "")
+    return f"* equivalent ±{d['margin']:g}" if d.get("equivalent") else "not resolved"
 
 
 def _boot(d) -> str:
@@ -294,9 +328,11 @@ DIFF_HEADER = ["changes", "pairs", "mean diff", "std", "95% CI", "bootstrap 95%"
                "least p (flip)", "Holm p", "verdict"]
 DIFF_COLUMNS = ["changes", "pairs", "diff", "std", "low", "high", "boot_low", "boot_high", "boot_exact", "boot_mc",
                 "p", "p_flip", "p_flip_min", "p_holm", "holm_rank", "holm_level", "resolved", "too_few", "excludes_0",
-                "better", "power", "seeds", "escaped", "p_fisher", "p_rank", "verdict"]
+                "better", "margin", "p_equiv", "p_equiv_holm", "equiv_level", "equivalent", "power", "seeds",
+                "power_equiv", "seeds_equiv", "escaped", "p_fisher", "p_rank", "verdict"]
 TUNED_HEADER = ["chosen", "candidates (pilot median [range] of seeds)"]
 STEPS_HEADER = ["escaped", "p (Fisher)", "p (Gehan)"]  # a steps_to study's columns, before "Holm p"
+EQUIV_HEADER = ["p (TOST)", "Holm p (TOST)"]  # with a margin: the equivalence tests, after "Holm p"
 VERDICT_HEADER = ["comparison", "metric", "verdict"]
 POWER_HEADER = ["changes", "pairs", "std", "Holm level", "power", "escaped", "p (Fisher)"]
 
@@ -319,21 +355,31 @@ def _diff_cells(d) -> list:
              _fmt(d["p_flip"]), _fmt(d["p_flip_min"])]
     if "p_rank" in d:
         cells += [d["escaped"] or "—", _fmt(d["p_fisher"]), _fmt(d["p_rank"])]
-    return cells + [_fmt(d["p_holm"]), _verdict(d)]
+    cells.append(_fmt(d["p_holm"]))
+    if d.get("margin") is not None and "p_rank" not in d:
+        cells += [_fmt(d["p_equiv"]), _fmt(d["p_equiv_holm"])]
+    return cells + [_verdict(d)]
 
 
-def _diff_header(steps_to: bool = False) -> list[str]:
-    return DIFF_HEADER[:-2] + STEPS_HEADER * steps_to + DIFF_HEADER[-2:]
+def _diff_header(steps_to: bool = False, margin: float | None = None) -> list[str]:
+    equiv = [f"{h.split(' (')[0]} (TOST ±{margin:g})" for h in EQUIV_HEADER] if margin is not None and not steps_to \
+        else []
+    return DIFF_HEADER[:-2] + STEPS_HEADER * steps_to + DIFF_HEADER[-2:-1] + equiv + DIFF_HEADER[-1:]
 
 
-def _power_header(power: float) -> list[str]:
-    return POWER_HEADER[:5] + [f"seeds for ±{power:g}"] + POWER_HEADER[5:]
+def _power_header(power: float, margin: float | None = None) -> list[str]:
+    equiv = ["Holm level (TOST)", "power (equal points)", f"seeds for ±{margin:g}"] if margin is not None else []
+    return POWER_HEADER[:5] + [f"seeds for ±{power:g}"] + equiv + POWER_HEADER[5:]
 
 
 def _power_cells(d) -> list:
     level = "—" if d["holm_level"] is None else f"{d['holm_level']:.4g} ({d['holm_rank']} of {d['holm_m']})"
-    return [d["changes"], d["pairs"], _fmt(d["std"]), level, _fmt(d["power"]), d["seeds"] or "—",
-            d["escaped"] or "—", _fmt(d["p_fisher"])]
+    equiv = []
+    if d.get("margin") is not None and "p_rank" not in d:
+        equiv = ["—" if d["equiv_level"] is None else f"{d['equiv_level']:.4g} ({d['equiv_rank']} of {d['equiv_m']})",
+                 _fmt(d["power_equiv"]), d["seeds_equiv"] or "—"]
+    return [d["changes"], d["pairs"], _fmt(d["std"]), level, _fmt(d["power"]), d["seeds"] or "—"] + equiv + \
+        [d["escaped"] or "—", _fmt(d["p_fisher"])]
 
 
 def _seed_header(rows: list[dict], escape: float | None) -> tuple[list[int], list[str]]:
@@ -356,11 +402,23 @@ def _test_words(diffs: list[dict]) -> str:
         else "t p"
 
 
-def _power_words(power: float, escape: float | None, steps_to: bool, metric: str) -> str:
+def _equiv_words(diffs: list[dict]) -> str:
+    """How an equivalence is resolved, where the study declares a margin ("" otherwise)."""
+    margin = diffs[0]["margin"]
+    if margin is None:
+        return ""
+    return (f"; * equivalent where the two one-sided t tests (TOST) that the difference is beyond ±{margin:g} "
+            f"(the study's margin), their p adjusted by Holm's method across the {diffs[0]['equiv_m']} comparisons "
+            f"with one, are below {stats_.ALPHA:g}")
+
+
+def _power_words(power: float, escape: float | None, steps_to: bool, metric: str, margin: float | None = None) -> str:
     threshold = "its threshold" if steps_to else f"{metric} {escape:g}" if escape is not None else None
     return (f"power of the paired t test at each comparison's pairs against a difference of ±{power:g}, at its "
             f"observed std and the level Holm's method holds it to (α/(m − i + 1) at p-rank i of m), and the seeds "
             f"that give power {stats_.POWER:g} there"
+            + (f"; for equal points, the power of the TOST to show equivalence within ±{margin:g} at its own Holm "
+               f"level and the seeds that give {stats_.POWER:g}" if margin is not None else "")
             + (f"; escapes: the seeds beyond {threshold} (point vs baseline) and Fisher's exact p" if threshold
                else "; no escape threshold: declare one (escape:) in the sweep file"))
 
@@ -411,13 +469,13 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
                   + ("; the seeds that reached the threshold (point vs baseline) and Fisher's exact p" * steps_to)
                   + f"; * (resolved) where the {_test_words(diffs)} adjusted by Holm's method across these "
                     f"{diffs[0]['holm_m']} comparisons is below {stats_.ALPHA:g}, on at least {stats_.MIN_PAIRS} "
-                    f"pairs", ""]
-        lines += _markdown(_diff_header(steps_to), [_diff_cells(d) for d in diffs])
+                    f"pairs{_equiv_words(diffs)}", ""]
+        lines += _markdown(_diff_header(steps_to, diffs[0]["margin"]), [_diff_cells(d) for d in diffs])
         lines += ["", f"verdicts: {metric}, at the study's setting", ""]
         lines += _markdown(VERDICT_HEADER, [[d["changes"], metric, verdict(d, attrs)] for d in diffs])
         if power:
-            lines += ["", _power_words(power, escape, steps_to, metric), ""]
-            lines += _markdown(_power_header(power), [_power_cells(d) for d in diffs])
+            lines += ["", _power_words(power, escape, steps_to, metric, diffs[0]["margin"]), ""]
+            lines += _markdown(_power_header(power, diffs[0]["margin"]), [_power_cells(d) for d in diffs])
     if tuned:
         files.append(out / "tuned.csv")
         with files[-1].open("w", newline="") as f:
@@ -540,8 +598,8 @@ def log_summary(client, parent: str, study: optuna.Study, columns: list[str], ro
 
 
 def sweep_wording(study: optuna.Study, path: str | Path) -> dict:
-    """The report-only keys (escape, setting, paper_setting, claims, marks) of the sweep file ``path`` for a study
-    that does not record them (run before they were declared): the file must name the study and define its trials
+    """The report-only keys (escape, margin, setting, paper_setting, claims, marks) of the sweep file ``path`` for a
+    study that does not record them (run before they were declared): the file must name the study and define its trials
     as the study recorded them (grid, fixed values, metric, summary; its tune block may differ). SweepError
     otherwise."""
     from .spec import SweepError, load_sweep
@@ -556,7 +614,7 @@ def sweep_wording(study: optuna.Study, path: str | Path) -> dict:
     if differ:
         raise SweepError(f"--sweep {path}: its {', '.join(differ)} differ from what study {study.study_name!r} ran; "
                          "expected the file the study ran")
-    return {"escape": spec.escape, "setting": spec.setting, "paper_setting": spec.paper_setting,
+    return {"escape": spec.escape, "margin": spec.margin, "setting": spec.setting, "paper_setting": spec.paper_setting,
             "claims": spec.claims, "marks": spec.marks}
 
 
@@ -602,8 +660,9 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
         where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))
         print_table(console, f"{metric}: point − baseline ({where}), paired by seed; * resolved: Holm-adjusted "
                              f"{_test_words(diffs)} < {stats_.ALPHA:g} over {diffs[0]['holm_m']} comparisons, on "
-                             f"≥ {stats_.MIN_PAIRS} pairs; least p (flip): 2/2ⁿ; bootstrap {_boot_words(diffs)}",
-                    _diff_header(steps_to), [_diff_cells(d) for d in diffs],
+                             f"≥ {stats_.MIN_PAIRS} pairs; least p (flip): 2/2ⁿ; bootstrap {_boot_words(diffs)}"
+                             f"{_equiv_words(diffs)}",
+                    _diff_header(steps_to, diffs[0]["margin"]), [_diff_cells(d) for d in diffs],
                     styles=["green" if d["resolved"] and d["better"] else "red" if d["resolved"] else None
                             for d in diffs])
         console.print(Text(f"verdicts ({metric}):"))
@@ -616,8 +675,8 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
                     keys + header, [[str(r[c]) for c in columns] + _seed_cells(r, repeats, escape, maximize)
                                     for r in rows], keys=len(columns))
     if power and diffs:
-        print_table(console, _power_words(power, escape, "p_rank" in diffs[0], metric), _power_header(power),
-                    [_power_cells(d) for d in diffs])
+        print_table(console, _power_words(power, escape, "p_rank" in diffs[0], metric, diffs[0]["margin"]),
+                    _power_header(power, diffs[0]["margin"]), [_power_cells(d) for d in diffs])
     if tuned:
         print_table(console, "tuned settings: the best median over the pilot seeds (never a reported seed; a "
                              "candidate that diverged is not chosen), each candidate's median [range] of its seeds",

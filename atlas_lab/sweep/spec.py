@@ -21,6 +21,7 @@ tune:                           # grid: per point, the candidate with the best m
   seeds: 3                      # pilot seeds per candidate, at least 3 (repeats 1000, 1001, …: never reported)
 marks: {chance: 0.03125, 1/N plateau: 0.25}   # reference values of the metric, drawn in the report's plot
 escape: 0.5                     # a seed whose value is beyond this left the plateau (above the task's plateau)
+margin: 0.05                    # the smallest difference that matters: within ±margin is "equivalent" (TOST)
 setting: MQAR V 64, N 4, L 32; 2 layers of width 64; 600 steps   # what the study runs, named in every verdict
 paper_setting: false            # true only where task, scale and metric are the paper's own
 claims:                         # per compared point: the paper's claim and the side it puts the point on
@@ -50,7 +51,7 @@ import yaml
 from ..store import store_file
 
 TOP_KEYS = ("study", "base", "metric", "direction", "summary", "sampler", "trials", "repeats", "pruner", "grid",
-            "search", "fixed", "baseline", "tune", "marks", "escape", "setting", "paper_setting", "claims")
+            "search", "fixed", "baseline", "tune", "marks", "escape", "margin", "setting", "paper_setting", "claims")
 SUMMARIES = ("final", "best", "mean", "steps_to")
 TUNE_KEYS = ("grid", "seeds")
 TUNE_REPEAT = 1000  # pilot seed s of a tune candidate runs as repeat TUNE_REPEAT + s
@@ -92,6 +93,7 @@ class SweepSpec:
     tune_seeds: int = TUNE_SEEDS
     marks: dict[str, float] = field(default_factory=dict)  # label -> a reference value of the metric (chance, ...)
     escape: float | None = None  # a value beyond it left the plateau (the report's escape counts)
+    margin: float | None = None  # the smallest difference that matters, in the metric's units (equivalence)
     setting: str | None = None  # what the study runs, named in every verdict
     paper_setting: bool = False  # whether task, scale and metric are the paper's (only then "agrees with the paper")
     claims: dict[str, dict] = field(default_factory=dict)  # point label -> {claim: text, paper: better | worse}
@@ -225,7 +227,8 @@ def read_mapping(path: Path, kind: str, keys: tuple[str, ...]) -> dict:
 
 
 DOTTED_MAPS = ("fixed", "grid", "search", "baseline", "marks", "claims")  # mappings keyed by dotted paths or labels
-REPORT_ONLY = ("baseline", "marks", "escape", "setting", "paper_setting", "claims")  # what the report compares, draws
+# what the report compares, draws
+REPORT_ONLY = ("baseline", "marks", "escape", "margin", "setting", "paper_setting", "claims")
 # and words: no part of what the trials run
 STUDY_NAME = r"[\w.\-]+"
 
@@ -495,7 +498,15 @@ def _build(path: Path, raw: dict) -> SweepSpec:
 
 def _wording(path: Path, raw: dict, spec: SweepSpec) -> None:
     """The report-only keys that word a study's answers: ``escape`` (checked to lie beyond the task's plateau),
-    ``setting``, ``paper_setting`` and ``claims`` (one per compared point, by its label)."""
+    ``margin`` (a positive number: the smallest difference that matters; it needs a baseline), ``setting``,
+    ``paper_setting`` and ``claims`` (one per compared point, by its label)."""
+    margin = raw.get("margin")
+    if margin is not None:
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+            _fail(path, "margin", f"expected a positive number (a difference of {spec.metric}), got {margin!r}")
+        if spec.baseline is None:
+            _fail(path, "margin", "a margin is read from a comparison with the baseline; the file has no baseline")
+        spec.margin = float(margin)
     escape = raw.get("escape")
     if escape is not None:
         if isinstance(escape, bool) or not isinstance(escape, (int, float)):

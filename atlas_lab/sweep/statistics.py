@@ -2,8 +2,14 @@
 
 A point is compared with the baseline seed by seed: d_r = v_r(point) − v_r(baseline), r = 1..n.
 
+    precision       a stored value v carries its storage's rounding, at most ε|v| (ε = 2⁻²⁴ where every value is a
+                    float32, as Lightning logs metrics; 2⁻⁵³ for float64), so d_r = a_r − b_r carries at most
+                    ε(|a_r| + |b_r|) plus float64's own subtraction error (``rounding``). The d_r have no spread where
+                    max(d) − min(d) is within twice the largest such error: one value up to rounding
     paired t        t = mean(d) / (s/√n), two-sided p from Student's t with n − 1 degrees of freedom; none where
-                    the d_r have no spread (s = 0: t is 0/0 or ∞ from a degenerate sample, which is no evidence)
+                    the d_r have no spread (their s is rounding, t is 0/0 or a rounding error's ∞: no evidence)
+    equivalence     two one-sided t tests (TOST) of |mean(d)| ≥ margin: p = max(P(T ≥ (mean + margin)/(s/√n)),
+                    P(T ≤ (mean − margin)/(s/√n))); below a level a it says the (1 − 2a) interval lies within ±margin
     sign flip       the exact permutation test of mean(d) = 0: every sign pattern of the d_r (2ⁿ of them, or
                     FLIPS random ones beyond n = 16), two-sided; no normality assumed (bounded, skewed accuracies).
                     Its smallest reachable p is 2/2ⁿ (0.0625 at 5 pairs): below 6 pairs it cannot reach 0.05
@@ -11,8 +17,9 @@ A point is compared with the baseline seed by seed: d_r = v_r(point) − v_r(bas
                     at most EXACT_RESAMPLES (n ≤ 6); else over DRAWS random ones (fixed seed), with the Monte-Carlo
                     standard error of its ends. Percentiles are the inverted distribution function (the smallest
                     resampled mean whose share at or below it reaches the level)
-    Holm            across a study's m comparisons: p_(i) sorted, adjusted p_(i) = max_{j≤i} min(1, (m − j + 1) p_(j));
-                    a comparison is resolved where its adjusted p < α, the family-wise error rate held at α
+    Holm            across a study's m comparisons with a p (a missing or NaN p is left out of the family, as if the
+                    comparison were absent): p_(i) sorted, adjusted p_(i) = max_{j≤i} min(1, (m − j + 1) p_(j)); a
+                    comparison is resolved where its adjusted p < α, the family-wise error rate held at α
     Fisher          escape counts (seeds that reached a threshold) of two points, k_a of n_a and k_b of n_b: the
                     two-sided exact test of equal rates, summing the hypergeometric probabilities of the 2×2 tables
                     with the same margins that are no more likely than the observed one
@@ -23,7 +30,11 @@ A point is compared with the baseline seed by seed: d_r = v_r(point) − v_r(bas
     power           the seeds a paired t test needs to detect a mean difference δ at α with power 1 − β, for the
                     observed sd of the d_r: the smallest n with P(|T_{n−1}(δ√n/sd)| > t_{1−α/2, n−1}) ≥ 1 − β
                     (T noncentral t). A verdict by Holm's method uses α/(m − i + 1) at the comparison's rank i of m
-                    (``holm_level``): power is stated at that level, not at α
+                    (``holm_level``): power is stated at that level, not at α. The TOST's power at a true difference
+                    δ (0: the points equal): with u = s/σ, (n − 1)u² ~ χ²_{n−1}, E_u[max(0, Φ(√n(margin − δ)/σ −
+                    t_c u) − Φ(−√n(margin + δ)/σ + t_c u))], t_c = t_{1−a, n−1} (exact, by quadrature)
+    bounds          a t interval of a bounded metric (an accuracy in [0, 1]) is cut to the metric's range: the
+                    parameter lies in it, so the cut interval covers as often as the uncut one
     too few         a comparison on fewer than MIN_PAIRS pairs is never resolved, whatever its p
 """
 from __future__ import annotations
@@ -46,23 +57,74 @@ EXACT_SPLITS = 200_000  # Gehan: every split up to this many
 SPLITS = 20_000
 
 
-def no_spread(d: list[float]) -> bool:
-    """Whether the d_r are identical up to floating-point rounding (sd at most 1e-9 of the largest |d_r|: 0.5 − 0.4965
-    and 0.6 − 0.5965 differ in their last bits)."""
+FLOAT32_EPS = 2.0 ** -24  # a float32's rounding, relative (half its ulp): how Lightning logs a metric
+FLOAT64_EPS = 2.0 ** -53
+
+
+def storage_eps(values: list[float]) -> float:
+    """The relative rounding of stored values: FLOAT32_EPS where every one is a float32 (it survives the round trip),
+    else FLOAT64_EPS."""
+    x = np.asarray(values, dtype=float)
+    return FLOAT32_EPS if np.array_equal(x.astype(np.float32).astype(float), x) else FLOAT64_EPS
+
+
+def rounding(a: list[float], b: list[float]) -> float:
+    """The largest rounding error of a paired difference a_r − b_r of stored values: ε(|a_r| + |b_r|) from storage
+    (``storage_eps``) and 2⁻⁵³ of it again from float64's subtraction; 0 without pairs."""
+    if not len(a):
+        return 0.0
+    scale = float(np.max(np.abs(np.asarray(a, dtype=float)) + np.abs(np.asarray(b, dtype=float))))
+    return (storage_eps(list(a) + list(b)) + FLOAT64_EPS) * scale
+
+
+def no_spread(d: list[float], error: float = 0.0) -> bool:
+    """Whether the d_r are one value up to rounding: max(d) − min(d) ≤ 2 · ``error`` (each d_r's largest rounding
+    error, ``rounding``), and never more than float64's own (2⁻⁵⁰ of the largest |d_r|, where ``error`` is 0)."""
     x = np.asarray(d, dtype=float)
-    return len(x) < 2 or float(np.std(x, ddof=1)) <= 1e-9 * float(np.max(np.abs(x)))
+    if len(x) < 2:
+        return True
+    return float(x.max() - x.min()) <= max(2 * error, 2.0 ** -50 * float(np.max(np.abs(x))))
 
 
-def paired_t_p(d: list[float]) -> float | None:
+def paired_t_p(d: list[float], error: float = 0.0) -> float | None:
     """Two-sided p of the paired t test of mean(d) = 0; None below two pairs or where the d_r have no spread
-    (``no_spread``: identical differences are no evidence, t is undefined)."""
+    (``no_spread`` at their rounding ``error``: identical differences are no evidence, t is undefined)."""
     from scipy.stats import t
 
     n = len(d)
-    if n < 2 or no_spread(d):
+    if n < 2 or no_spread(d, error):
         return None
     mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
     return float(2 * t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def equivalence_p(d: list[float], margin: float, error: float = 0.0) -> float | None:
+    """p of the two one-sided t tests that mean(d) ≤ −margin and mean(d) ≥ margin (the larger of the two): below a
+    level a, the (1 − 2a) t interval of mean(d) lies within ±margin. None below two pairs or without spread."""
+    from scipy.stats import t
+
+    n = len(d)
+    if n < 2 or no_spread(d, error):
+        return None
+    mean, se = float(np.mean(d)), float(np.std(d, ddof=1)) / math.sqrt(n)
+    return float(max(t.sf((mean + margin) / se, n - 1), t.cdf((mean - margin) / se, n - 1)))
+
+
+def metric_bounds(metric: str) -> tuple[float, float]:
+    """The range a metric's values lie in: [0, 1] for an accuracy (a name with "acc"), [0, ∞) for a loss or a
+    perplexity, else unbounded."""
+    name = metric.lower()
+    if "acc" in name:
+        return 0.0, 1.0
+    if "loss" in name or "ppl" in name or "perplexity" in name:
+        return 0.0, math.inf
+    return -math.inf, math.inf
+
+
+def difference_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
+    """The range of a difference of two values in ``bounds``: [lo − hi, hi − lo]."""
+    low, high = bounds
+    return low - high, high - low
 
 
 def sign_flip_p(d: list[float], seed: int = 0) -> float | None:
@@ -116,10 +178,15 @@ def bootstrap_interval(d: list[float], level: float = 0.95, seed: int = 0) -> Bo
     return Bootstrap(float(low), float(high), DRAWS, False, float(np.max((means[above] - means[below]) / 2)))
 
 
+def _known(v: float | None) -> bool:
+    return v is not None and not math.isnan(v)
+
+
 def holm(p: list[float | None]) -> list[float | None]:
-    """Holm-adjusted p-values, in the order given (a None stays None and is not counted)."""
-    known = sorted((v, i) for i, v in enumerate(p) if v is not None)
-    m, out, running = len(known), list(p), 0.0
+    """Holm-adjusted p-values, in the order given; a None or NaN p has none (None) and is not counted: the others
+    are adjusted as if its comparison were absent."""
+    known = sorted((v, i) for i, v in enumerate(p) if _known(v))
+    m, out, running = len(known), [None] * len(p), 0.0
     for rank, (v, i) in enumerate(known):
         running = max(running, min(1.0, (m - rank) * v))
         out[i] = running
@@ -133,8 +200,8 @@ def holm_level(rank: int, m: int, alpha: float = ALPHA) -> float:
 
 
 def holm_ranks(p: list[float | None]) -> list[int | None]:
-    """Each p's rank among the known ones (1: the smallest; ties in the order given); None stays None."""
-    order = sorted((v, i) for i, v in enumerate(p) if v is not None)
+    """Each p's rank among the known ones (1: the smallest; ties in the order given); None or NaN: None."""
+    order = sorted((v, i) for i, v in enumerate(p) if _known(v))
     out: list[int | None] = [None] * len(p)
     for rank, (_, i) in enumerate(order, 1):
         out[i] = rank
@@ -157,21 +224,58 @@ def paired_power(n: int, delta: float, sd: float, alpha: float = ALPHA) -> float
     return float(nct.sf(crit, n - 1, shift) + nct.sf(crit, n - 1, -shift))
 
 
-def seeds_for_power(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER,
-                    most: int = 100_000) -> int | None:
-    """The fewest pairs (≥ 2) whose paired t test reaches ``power`` for ``delta`` at ``sd`` (power grows with n:
-    doubling, then bisection); None where it takes more than ``most``."""
-    if not delta or not sd:
+def equivalence_power(n: int, margin: float, sd: float, alpha: float = ALPHA, delta: float = 0.0) -> float | None:
+    """Power of the TOST at level alpha with n pairs to show |mean| < margin where the true difference is delta, for
+    the paired differences' sd (exact: the normal mean's probability averaged over the sd's χ distribution); None
+    without a spread."""
+    from scipy.integrate import quad
+    from scipy.stats import chi2, norm, t
+
+    if not sd:
         return None
+    if n < 2:
+        return 0.0
+    crit, root = float(t.ppf(1 - alpha, n - 1)), math.sqrt(n)
+    upper, lower = root * (margin - delta) / sd, root * (margin + delta) / sd  # the z of each bound
+
+    def inside(x: float) -> float:  # P(the TOST rejects | (n − 1)u² = x)
+        u = math.sqrt(x / (n - 1))
+        return max(0.0, float(norm.cdf(upper - crit * u) - norm.cdf(-lower + crit * u))) * float(chi2.pdf(x, n - 1))
+
+    reach = (n - 1) * ((upper + lower) / (2 * crit)) ** 2  # beyond it the interval is wider than ±margin: 0
+    return float(min(1.0, quad(inside, 0.0, reach, limit=200, epsabs=1e-10)[0]))
+
+
+def _fewest(power_at, power: float, most: int) -> int | None:
+    """The fewest pairs (≥ 2) whose ``power_at(n)`` reaches ``power`` (power grows with n: doubling, then
+    bisection); None where it takes more than ``most``."""
     low, high = 1, 2  # power(low) < power ≤ power(high) once found
-    while paired_power(high, delta, sd, alpha) < power:
+    while power_at(high) < power:
         low, high = high, 2 * high
         if high > 2 * most:
             return None
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (low, mid) if paired_power(mid, delta, sd, alpha) >= power else (mid, high)
+        low, high = (low, mid) if power_at(mid) >= power else (mid, high)
     return high if high <= most else None
+
+
+def seeds_for_power(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER,
+                    most: int = 100_000) -> int | None:
+    """The fewest pairs (≥ 2) whose paired t test reaches ``power`` for ``delta`` at ``sd``; None where it takes
+    more than ``most`` or without a spread."""
+    if not delta or not sd:
+        return None
+    return _fewest(lambda n: paired_power(n, delta, sd, alpha), power, most)
+
+
+def seeds_for_equivalence(margin: float, sd: float, alpha: float = ALPHA, power: float = POWER,
+                          most: int = 100_000) -> int | None:
+    """The fewest pairs (≥ 2) whose TOST shows equivalence within ±``margin`` with ``power`` where the points are
+    equal, at ``sd``; None where it takes more than ``most`` or without a spread."""
+    if not margin or not sd:
+        return None
+    return _fewest(lambda n: equivalence_power(n, margin, sd, alpha), power, most)
 
 
 def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float | None:

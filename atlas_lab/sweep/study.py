@@ -249,7 +249,8 @@ def record_spec(study: optuna.Study, spec: SweepSpec, storage_url: str) -> None:
                        ("summary", spec.summary), ("sampler", spec.sampler), ("grid_keys", list(spec.grid)),
                        ("grid_labels", {k: list(labels) for k, labels in spec.grid.items()}),
                        ("baseline", spec.baseline), ("tune_keys", list(spec.tune)), ("marks", spec.marks),
-                       ("escape", spec.escape), ("setting", spec.setting), ("paper_setting", spec.paper_setting),
+                       ("escape", spec.escape), ("margin", spec.margin), ("setting", spec.setting),
+                       ("paper_setting", spec.paper_setting),
                        ("claims", spec.claims)):
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)

@@ -35,7 +35,7 @@ def test_two_identical_differences_are_too_few_seeds_not_a_verdict(tmp_path):
     columns, rows = result_rows(study)
     (d,) = differences(study, columns, rows, power=0.1)
     assert d["p"] is None and d["p_flip"] == 0.5 and d["p_flip_min"] == 0.5 and d["no_spread"]
-    assert d["too_few"] and not d["resolved"] and d["p_holm"] == 1.0 and d["seeds"] is None
+    assert d["too_few"] and not d["resolved"] and d["p_holm"] is None and d["seeds"] is None
     assert verdict(d, {}).startswith("too few seeds: 2 pair(s), a verdict needs 3")
     console = Console(width=200, record=True)
     md = (summarize(study, console=console, out_dir=tmp_path) / "results.md").read_text()
@@ -48,18 +48,18 @@ def test_identical_differences_on_enough_seeds_are_not_resolved():
     columns, rows = result_rows(study)
     diffs = {d["changes"]: d for d in differences(study, columns, rows)}
     gd, linear = diffs["memory=gd"], diffs["memory=linear"]
-    assert gd["p"] is None and gd["p_holm"] == 1.0 and not gd["resolved"] and gd["p_flip_min"] == 0.125
-    assert "no spread" in verdict(gd, {})
-    assert linear["p_holm"] == pytest.approx(min(1.0, 2 * linear["p"]))  # the identical one still counts in Holm
+    assert gd["p"] is None and gd["p_holm"] is None and not gd["resolved"] and gd["p_flip_min"] == 0.125
+    assert verdict(gd, {}).startswith("no value: the differences are one value up to the metric's storage precision")
+    assert linear["p_holm"] == linear["p"] and linear["holm_m"] == 1  # the identical one is left out of Holm
 
 
 # --- verdicts name their setting ---
 
 @pytest.mark.parametrize("paper_setting,side,expected", [
-    (False, "worse", f"opposite ordering at {SETTING}; does not test Table 6: linear is worse"),
-    (False, "better", f"same ordering at {SETTING}; does not test Table 6: linear is worse"),
-    (True, "worse", f"disagrees with the paper at {SETTING}: Table 6: linear is worse"),
-    (True, "better", f"agrees with the paper at {SETTING}: Table 6: linear is worse")])
+    (False, "worse", f"opposite ordering at {SETTING} (better); does not test Table 6: linear is worse"),
+    (False, "better", f"same ordering at {SETTING} (better); does not test Table 6: linear is worse"),
+    (True, "worse", f"disagrees with the paper at {SETTING} (better): Table 6: linear is worse"),
+    (True, "better", f"agrees with the paper at {SETTING} (better): Table 6: linear is worse")])
 def test_a_verdict_agrees_with_the_paper_only_in_the_papers_setting(paper_setting, side, expected, tmp_path):
     """linear is ahead of the baseline in every seed (resolved): read against a claim that it is worse (or, to see
     the other word, that it is better)."""
@@ -82,6 +82,49 @@ def test_a_verdict_without_a_claim_still_names_the_setting():
     diffs = {d["changes"]: d for d in differences(study, columns, rows)}
     assert verdict(diffs["memory=linear"], {"setting": SETTING}) == f"better at {SETTING}"
     assert verdict(diffs["memory=gd"], {}) == "not resolved at this study's setting (none declared)"
+
+
+# --- verdicts that resolve either way: a margin ---
+
+def test_a_margin_turns_a_well_powered_null_into_equivalence(tmp_path):
+    """margin 0.05: gd is within ±0.01 of the baseline in every seed (its 90 % interval inside ±0.05: equivalent),
+    linear is 0.1 ahead (better), mag differs by ±0.2 from seed to seed (neither); the TOST p's are Holm-adjusted
+    among themselves, and --power sizes both designs."""
+    base = [0.5, 0.6, 0.7, 0.55, 0.65]
+    study = worded(synthetic_study({("atlas", "atlas"): base,
+                                    ("atlas", "gd"): [b + e for b, e in zip(base, [0.01, -0.005, 0.0, 0.008, -0.01])],
+                                    ("atlas", "linear"): [b + 0.1 + e for b, e in zip(base, [0, .01, -.01, .02, 0])],
+                                    ("atlas_mag", "atlas"): [b + e for b, e in zip(base, [.2, -.2, .15, -.1, .05])]},
+                                   baseline=BASE), setting=SETTING, margin=0.05)
+    columns, rows = result_rows(study)
+    diffs = {d["changes"]: d for d in differences(study, columns, rows, power=0.1)}
+    gd, linear, mag = diffs["memory=gd"], diffs["memory=linear"], diffs["preset=atlas_mag"]
+    assert gd["equivalent"] and not gd["resolved"]
+    assert verdict(gd, study.user_attrs) == f"equivalent within ±0.05 at {SETTING}"
+    assert linear["resolved"] and not linear["equivalent"] and verdict(linear, study.user_attrs).startswith("better")
+    assert not mag["resolved"] and not mag["equivalent"]
+    assert verdict(mag, study.user_attrs) == f"not resolved at {SETTING}"
+    ranks = {d["changes"]: d["equiv_rank"] for d in diffs.values()}
+    p_eq = {d["changes"]: d["p_equiv"] for d in diffs.values()}
+    assert gd["p_equiv_holm"] == pytest.approx(3 * p_eq["memory=gd"]) and ranks["memory=gd"] == 1
+    assert gd["p_equiv"] == pytest.approx(st.equivalence_p([g - b for g, b in zip(rows_of(rows, "gd"), base)], 0.05))
+    assert gd["power_equiv"] == pytest.approx(st.equivalence_power(5, 0.05, gd["std"], 0.05 / 3))
+    assert gd["seeds_equiv"] == st.seeds_for_equivalence(0.05, gd["std"], 0.05 / 3)
+    md = (summarize(study, console=Console(width=300, record=True), out_dir=tmp_path, power=0.1)
+          / "results.md").read_text()
+    assert "* equivalent ±0.05" in md and "power (equal points)" in md and "seeds for ±0.05" in md
+    assert f"| memory=gd | val/acc | equivalent within ±0.05 at {SETTING} |" in md
+
+
+def rows_of(rows, memory):
+    return [v for _, v in sorted(next(r for r in rows if r["model.memory"] == memory and
+                                      r["model.preset"] == "atlas")["values"].items())]
+
+
+def test_a_margin_is_read_from_the_sweep_file_and_changes_no_trial(sweep_dir):
+    path = write_sweep("m.yaml", grid={"model.lr": [1e-3, 2e-3]}, baseline={"model.lr": 0.001}, margin=0.05)
+    assert load_sweep(path).margin == 0.05
+    assert load_sweep(path, ["margin=0.02"]).margin == 0.02  # a report-only key: --set needs no study name
 
 
 # --- escapes, Fisher's test, power at the Holm level ---
@@ -127,6 +170,9 @@ def test_the_escape_threshold_lies_above_the_tasks_plateau(sweep_dir):
      "claims.0.001.paper: unknown value 'lower'; valid choices: better, worse"),
     (dict(claims={"0.001": {"claim": "x", "paper": "worse"}}), "claims: a claim is read from a comparison"),
     (dict(paper_setting=True), "paper_setting: true needs a setting"),
+    (dict(margin=0, baseline={"model.lr": 0.001}), "margin: expected a positive number (a difference of val/acc)"),
+    (dict(margin="small", baseline={"model.lr": 0.001}), "margin: expected a positive number"),
+    (dict(margin=0.05), "margin: a margin is read from a comparison with the baseline; the file has no baseline"),
     (dict(tune={"grid": {"model.memory.eta_max": [0.1]}, "seeds": 1}), "tune.seeds: expected an int from 3 to 1000")])
 def test_bad_wording_keys_are_one_line(fields, message, sweep_dir):
     with pytest.raises(SweepError) as e:

@@ -216,3 +216,100 @@ def test_gehan_calls_a_null_effect_resolved_at_most_at_the_nominal_rate():
 
     null = np.mean([st.gehan_p(draw(1800.0), draw(1800.0)) < st.ALPHA for _ in range(runs)])
     assert null <= st.ALPHA + 3 * math.sqrt(st.ALPHA * (1 - st.ALPHA) / runs), null
+
+
+# --- precision, missing p, equivalence ---
+
+# the baseline's five values from a demo journal (float32, as Lightning logs a metric), and a point that is 0.0035
+# below it in every seed: its differences are one value, spread only by float32 rounding
+FLOAT32_BASELINE = [0.3019999861717224, 0.9769999980926514, 0.996999979019165, 0.9925000071525574,
+                    0.9244999885559082]
+
+
+def test_storage_precision_is_float32_where_every_value_is_one():
+    assert st.storage_eps(FLOAT32_BASELINE) == st.FLOAT32_EPS
+    assert st.storage_eps(FLOAT32_BASELINE + [0.4965]) == st.FLOAT64_EPS  # 0.4965 is no float32
+
+
+def test_float32_rounded_identical_differences_have_no_spread_and_no_p():
+    """The differences come out as −0.00350001 and −0.00349998 (sd about 1e-8, well above float64's rounding and
+    far below float32's): one value up to storage rounding, so no t p (it would be about 1e-22 otherwise)."""
+    point = [float(np.float32(b - 0.0035)) for b in FLOAT32_BASELINE]
+    d = [a - b for a, b in zip(point, FLOAT32_BASELINE)]
+    assert np.std(d, ddof=1) > 1e-9  # the old tolerance, 1e-9 of the largest |d|, took this spread for evidence
+    error = st.rounding(point, FLOAT32_BASELINE)
+    assert st.no_spread(d, error) and st.paired_t_p(d, error) is None
+    assert st.equivalence_p(d, 0.05, error) is None
+    assert not st.no_spread(d) and st.paired_t_p(d) < 1e-15  # at float64's precision it would be a verdict
+    spread = [x + e for x, e in zip(d, [0.0, 1e-4, -1e-4, 2e-4, 0.0])]  # a real spread is still one
+    assert not st.no_spread(spread, error) and st.paired_t_p(spread, error) is not None
+
+
+def test_a_report_of_float32_rounded_identical_differences_gives_no_verdict(tmp_path):
+    point = [float(np.float32(b - 0.0035)) for b in FLOAT32_BASELINE]
+    study = synthetic_study({("atlas", "atlas"): FLOAT32_BASELINE, ("atlas", "linear"): point,
+                             ("atlas", "gd"): [b - 0.1 - 0.01 * i for i, b in enumerate(FLOAT32_BASELINE)]},
+                            baseline={"model.preset": "atlas", "model.memory": "atlas"})
+    columns, rows = result_rows(study)
+    diffs = {d["changes"]: d for d in differences(study, columns, rows)}
+    linear, gd = diffs["memory=linear"], diffs["memory=gd"]
+    assert linear["no_spread"] and linear["p"] is None and linear["p_holm"] is None and not linear["resolved"]
+    assert gd["holm_m"] == 1 and gd["p_holm"] == gd["p"] and gd["resolved"]  # linear is left out of the family
+    console = Console(width=300, record=True)
+    md = (summarize(study, console=console, out_dir=tmp_path) / "results.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| memory=linear | 5 |"))
+    assert "worse" not in line and "no value" in line, line
+
+
+def test_a_nan_or_missing_p_leaves_the_other_adjustments_as_if_it_were_absent():
+    assert st.holm([float("nan"), 0.001, 0.01]) == [None, pytest.approx(0.002), pytest.approx(0.01)]
+    assert st.holm([None, 0.001, 0.01]) == st.holm([float("nan"), 0.001, 0.01])
+    assert st.holm([0.001, 0.01]) == pytest.approx([0.002, 0.01])
+    assert st.holm_ranks([float("nan"), 0.01, 0.001]) == [None, 2, 1]
+
+
+def test_equivalence_p_is_the_larger_one_sided_p_and_matches_the_interval():
+    """TOST at level a says equivalent exactly where the (1 − 2a) t interval lies within ±margin."""
+    from scipy.stats import t
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        d = list(rng.normal(rng.uniform(-0.05, 0.05), rng.uniform(0.005, 0.05), size=int(rng.integers(3, 9))))
+        n, mean, se = len(d), np.mean(d), np.std(d, ddof=1) / math.sqrt(len(d))
+        low, high = mean - t.ppf(0.95, n - 1) * se, mean + t.ppf(0.95, n - 1) * se  # the 90 % interval
+        p = st.equivalence_p(d, 0.04)
+        assert p == pytest.approx(max(t.sf((mean + 0.04) / se, n - 1), t.cdf((mean - 0.04) / se, n - 1)))
+        if abs(max(abs(low), abs(high)) - 0.04) > 1e-9:  # off the boundary, the two agree
+            assert (p < 0.05) == (-0.04 < low and high < 0.04)
+
+
+@pytest.mark.parametrize("n,margin,sd,alpha,delta", [(5, 0.05, 0.03, 0.05, 0.0), (10, 0.05, 0.05, 0.025, 0.01),
+                                                     (3, 0.1, 0.05, 0.05, 0.0)])
+def test_equivalence_power_is_the_simulated_rate(n, margin, sd, alpha, delta):
+    """The quadrature against SIMULATIONS × 10 simulated designs: within 4 binomial standard errors."""
+    from scipy.stats import t
+
+    runs = SIMULATIONS * 10
+    d = np.random.default_rng(n).normal(delta, sd, size=(runs, n))
+    mean, se = d.mean(1), d.std(1, ddof=1) / math.sqrt(n)
+    crit = t.ppf(1 - alpha, n - 1)
+    rate = np.mean((mean - crit * se > -margin) & (mean + crit * se < margin))
+    power = st.equivalence_power(n, margin, sd, alpha, delta)
+    assert abs(power - rate) <= 4 * math.sqrt(rate * (1 - rate) / runs) + 1e-9, (power, rate)
+
+
+def test_seeds_for_equivalence_are_the_fewest_that_reach_the_power():
+    n = st.seeds_for_equivalence(0.05, 0.03, 0.05)
+    assert st.equivalence_power(n, 0.05, 0.03, 0.05) >= st.POWER > st.equivalence_power(n - 1, 0.05, 0.03, 0.05)
+    assert st.seeds_for_equivalence(0.05, 0.0) is None and st.seeds_for_equivalence(0.05, None) is None
+
+
+def test_a_bounded_metrics_interval_stays_within_its_bounds():
+    from atlas_lab.sweep.report import interval
+
+    assert st.metric_bounds("val/acc.best") == (0.0, 1.0) and st.metric_bounds("val/loss")[0] == 0.0
+    cut = interval([0.998, 0.6, 0.995, 0.99, 0.997], st.metric_bounds("val/acc"))
+    uncut = interval([0.998, 0.6, 0.995, 0.99, 0.997])
+    assert uncut["high"] > 1.0 and cut["high"] == 1.0 and cut["low"] == uncut["low"]
+    assert interval([1.2, 1.4, 1.3], (0.0, 1.0))["high"] > 1.0  # values beyond the bounds: not the metric's
+    assert st.difference_bounds((0.0, 1.0)) == (-1.0, 1.0)
