@@ -199,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
                         "difference of DELTA in the metric at its pairs and the seeds that give power 0.8 (a paired t "
                         "test at the level Holm's method holds the comparison to, at its observed spread)")
     p.add_argument("--sweep", default=None, metavar="FILE",
-                   help="the study's sweep file, for a study run before its escape threshold, setting, claims or "
-                        "marks were declared: the report words its verdicts with them")
+                   help="the study's sweep file, for a study run before its escape threshold, margin, setting, "
+                        "claims or marks were declared: the report words its verdicts with them")
+    p.add_argument("--cost", action="store_true",
+                   help="add the study's cost from its journal: trial-hours, wall time, minutes per trial of each "
+                        "point, and the hours of the design that would resolve each open comparison (sized for "
+                        "--power DELTA, else the study's margin; written to cost.md)")
     p = sub.add_parser("capacity", help="recall of N pairs by memory component combinations, without training "
                                         "(accuracy against state size)")
     p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
@@ -316,7 +320,7 @@ def command(args) -> int:
 
         study = load_existing(storage, args.study)
         check_writable(f"runs/sweeps/{args.study}")  # where the report's files go
-        summarize(study, power=args.power, sweep=args.sweep)
+        summarize(study, power=args.power, sweep=args.sweep, cost=args.cost)
         return 0
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -492,6 +492,98 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
     return files
 
 
+def trial_seconds(t) -> float | None:
+    """A finished trial's run time in seconds, from the journal: its completion minus its start (None while it runs,
+    or where either is missing)."""
+    if t.datetime_start is None or t.datetime_complete is None:
+        return None
+    return (t.datetime_complete - t.datetime_start).total_seconds()
+
+
+def _busy_seconds(spans: list[tuple]) -> float:
+    """The length of the union of (start, end) spans: the time at least one trial ran."""
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total, end = total + (b - a).total_seconds(), b
+        elif b > end:
+            total, end = total + (b - end).total_seconds(), b
+    return total
+
+
+def study_cost(study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict]) -> dict:
+    """A study's cost from its journal: the trial-hours (every finished trial's run time summed: reported trials,
+    tune pilots, failed ones), the wall time from the first start to the last finish and the busy time (at least one
+    trial running), each point's mean minutes per complete reported trial (the study's own measured rate), and per
+    comparison that is neither resolved nor equivalent the hours of the design that would resolve it: the seeds that
+    give power 0.8 at its Holm level (``differences`` with ``power``; ``seeds_equiv`` for equivalence within the
+    margin), run for the point and for the baseline. "open": every open comparison at once, the baseline run once at
+    the most seeds any of them needs."""
+    trials = [t for t in study.get_trials(deepcopy=False) if trial_seconds(t) is not None]
+    reported = [t for t in trials if not is_superseded(study, t) and not is_tune(t)]
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials]
+    minutes: dict[tuple, float | None] = {}
+    for r in rows:
+        mine = [trial_seconds(t) for t in reported if t.state == TrialState.COMPLETE
+                and tuple(t.user_attrs.get("labels", {}).get(k) for k in columns) == tuple(r[k] for k in columns)]
+        minutes[tuple(r[k] for k in columns)] = statistics.fmean(mine) / 60 if mine else None
+    base = baseline_row(rows, columns, study.user_attrs.get("baseline"))
+    base_minutes = minutes.get(tuple(base[k] for k in columns)) if base else None
+    designs = []
+    for d in diffs:
+        if d["resolved"] or d.get("equivalent") or d["too_few"]:
+            continue
+        rate = minutes.get(tuple(d[k] for k in columns))
+        design = {"changes": d["changes"], "minutes": rate, "seeds": d["seeds"], "seeds_equiv": d.get("seeds_equiv")}
+        for key, seeds in (("hours", d["seeds"]), ("hours_equiv", d.get("seeds_equiv"))):
+            design[key] = None if seeds is None or rate is None or base_minutes is None else \
+                seeds * (rate + base_minutes) / 60
+        designs.append(design)
+    sized = [x for x in designs if x["seeds"] is not None and x["minutes"] is not None]
+    every = None if not sized or base_minutes is None or len(sized) < len(designs) else \
+        (max(x["seeds"] for x in sized) * base_minutes + sum(x["seeds"] * x["minutes"] for x in sized)) / 60
+    return {"trials": len(trials), "trial_hours": sum(trial_seconds(t) for t in trials) / 3600,
+            "reported_trials": len(reported), "reported_hours": sum(trial_seconds(t) for t in reported) / 3600,
+            "wall_hours": (max(b for _, b in spans) - min(a for a, _ in spans)).total_seconds() / 3600 if spans
+            else 0.0, "busy_hours": _busy_seconds(spans) / 3600,
+            "first": min(a for a, _ in spans) if spans else None, "last": max(b for _, b in spans) if spans else None,
+            "minutes": minutes, "baseline_minutes": base_minutes, "designs": designs, "open_hours": every}
+
+
+def cost_lines(cost: dict, columns: list[str], power: float | None, margin: float | None) -> list[str]:
+    """The study's cost as markdown: one sentence of totals, the minutes per trial of each point, and the designs
+    that would resolve its open comparisons."""
+    when = "" if cost["first"] is None else \
+        f" ({cost['first']:%Y-%m-%d %H:%M} to {cost['last']:%Y-%m-%d %H:%M})"
+    lines = [f"{cost['trials']} finished trials, {cost['trial_hours']:.2f} trial-hours (their run times summed; "
+             f"{cost['reported_trials']} reported trials {cost['reported_hours']:.2f} h, the rest tune pilots and "
+             f"superseded or failed trials); wall time {cost['wall_hours']:.2f} h{when}, of which "
+             f"{cost['busy_hours']:.2f} h with a trial running", ""]
+    lines += _markdown(columns + ["minutes per reported trial"],
+                       [list(key) + [_fmt(m) if m is None else f"{m:.1f}"] for key, m in cost["minutes"].items()])
+    if cost["designs"]:
+        header = ["open comparison", "minutes per trial (point)", f"seeds for ±{power:g}" if power else "seeds",
+                  "hours (point and baseline)"]
+        if margin is not None:
+            header += [f"seeds for equivalence ±{margin:g}", "hours (equivalence)"]
+        cells = []
+        for x in cost["designs"]:
+            row = [x["changes"], "—" if x["minutes"] is None else f"{x['minutes']:.1f}", x["seeds"] or "—",
+                   "—" if x["hours"] is None else f"{x['hours']:.1f}"]
+            if margin is not None:
+                row += [x["seeds_equiv"] or "—", "—" if x["hours_equiv"] is None else f"{x['hours_equiv']:.1f}"]
+            cells.append(row)
+        baseline = "—" if cost["baseline_minutes"] is None else f"{cost['baseline_minutes']:.1f}"
+        lines += ["", f"the designs that would resolve each open comparison: the seeds that give power "
+                      f"{stats_.POWER:g} at its Holm level, each run for the point and for the baseline ({baseline} "
+                      f"minutes a trial), at this study's measured minutes per trial", ""]
+        lines += _markdown(header, cells)
+        if cost["open_hours"] is not None:
+            lines += ["", f"every open comparison at once (the baseline run once, at the most seeds any needs): "
+                          f"{cost['open_hours']:.1f} trial-hours"]
+    return lines
+
+
 def axis_labels(rows: list[dict], col: str) -> list[str]:
     """A grid axis' labels in plotting order: numeric values ascending (a window, a step count), others as the rows
     list them."""
@@ -620,15 +712,23 @@ def sweep_wording(study: optuna.Study, path: str | Path) -> dict:
 
 def summarize(study: optuna.Study, client=None, parent: str | None = None, console: Console | None = None,
               out_dir: str | Path | None = None, tracking_uri: str | None = None, power: float | None = None,
-              sweep: str | Path | None = None) -> Path:
+              sweep: str | Path | None = None, cost: bool = False) -> Path:
     """Print the tables, write results.{csv,md} (and differences.csv), ablation.png (and importances.csv), and
     attach them and the summary metrics to the parent run; the last line says where its runs are seen (on
     ``tracking_uri``, default the project's store). ``power``: add each seed's value, and per comparison its power
     and the seeds that resolve a difference of that size at its Holm level, and its escapes. ``sweep``: the sweep
-    file whose escape threshold, setting, claims and marks word the report (``sweep_wording``). Returns the
-    folder."""
+    file whose escape threshold, setting, claims and marks word the report (``sweep_wording``). ``cost``: the
+    study's trial-hours and wall time and the designs that would resolve its open comparisons (``study_cost``; sized
+    for ``power``, else the study's margin), printed and written to cost.md. Returns the folder."""
     console = console or Console()
     attrs = dict(study.user_attrs) | (sweep_wording(study, sweep) if sweep is not None else {})
+    if cost and power is None:
+        power = attrs.get("margin")
+        if power is None:
+            from .spec import SweepError
+
+            raise SweepError(f"--cost: study {study.study_name!r} declares no margin; expected --power DELTA, the "
+                             "difference its designs are sized for")
     metric = attrs.get("metric", "value")
     baseline = attrs.get("baseline")
     maximize = attrs.get("direction", "maximize") == "maximize"
@@ -685,6 +785,11 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
     for r in rows:
         if r["reason"]:
             console.print(Text(f"trials {r['trials']}: {r['reason']}", style="red"))
+    if cost:
+        lines = cost_lines(study_cost(study, columns, rows, diffs), columns, power, attrs.get("margin"))
+        files.append(out / "cost.md")
+        files[-1].write_text("\n".join(lines) + "\n")
+        console.print(Text("cost:\n" + "\n".join(lines)))
     if client is not None and parent is not None:
         for f in files:
             client.log_artifact(parent, str(f), "summary")

@@ -213,3 +213,70 @@ def test_a_point_without_a_stable_candidate_says_where_its_reported_trials_ran(t
     for text in (console.export_text(), (out / "results.md").read_text()):
         assert "none stable; reported at model.lr=0.001" in text
         assert "model.lr=0.003 (reported" not in text
+
+
+# --- the cost of a study, from its journal ---
+
+def timed_study(minutes: dict[tuple, list[float]], values: dict[tuple, list[float]], gap_after: int | None = None):
+    """A grid study like synthetic_study whose trials ran one after another for the given minutes (a gap of a day
+    after trial number ``gap_after``)."""
+    from datetime import datetime, timedelta
+
+    study = synthetic_study({k: [None] * 0 for k in values}, baseline={"model.preset": "atlas", "model.memory":
+                                                                       "atlas"})
+    dists = {"model.preset": CategoricalDistribution(["atlas", "atlas_mag"]),
+             "model.memory": CategoricalDistribution(["atlas", "linear", "gd"])}
+    clock, number = datetime(2026, 1, 1, 12, 0), 0
+    for key, per_repeat in values.items():
+        for repeat, (v, m) in enumerate(zip(per_repeat, minutes[key])):
+            trial = create_trial(state=TrialState.COMPLETE, value=v, params=dict(zip(("model.preset", "model.memory"),
+                                                                                     key)),
+                                 distributions=dists, user_attrs={"labels": dict(zip(("model.preset", "model.memory"),
+                                                                                     key)), "repeat": repeat})
+            trial.datetime_start, trial.datetime_complete = clock, clock + timedelta(minutes=m)
+            study.add_trial(trial)
+            clock += timedelta(minutes=m) + (timedelta(days=1) if number == gap_after else timedelta())
+            number += 1
+    return study
+
+
+def test_the_cost_sums_trial_times_and_sizes_each_open_design_with_its_baseline():
+    """baseline 6 minutes a trial, linear (resolved: ahead in every seed) 3, gd (open) 9; gd's design: the seeds
+    for ±0.1 at its Holm level, each run for gd and for the baseline: seeds × (9 + 6) minutes."""
+    from atlas_lab.sweep.report import study_cost
+
+    values = {("atlas", "atlas"): [0.5, 0.6, 0.7, 0.55], ("atlas", "linear"): [0.9, 0.95, 0.97, 0.93],
+              ("atlas", "gd"): [0.6, 0.5, 0.8, 0.45]}
+    minutes = {("atlas", "atlas"): [6] * 4, ("atlas", "linear"): [3] * 4, ("atlas", "gd"): [9] * 4}
+    study = timed_study(minutes, values, gap_after=3)
+    columns, rows = result_rows(study)
+    diffs = differences(study, columns, rows, power=0.1)
+    cost = study_cost(study, columns, rows, diffs)
+    assert cost["trials"] == 12 and cost["trial_hours"] == pytest.approx((24 + 12 + 36) / 60)
+    assert cost["busy_hours"] == pytest.approx(72 / 60) and cost["wall_hours"] == pytest.approx(24 + 72 / 60)
+    assert cost["minutes"][("atlas", "gd")] == pytest.approx(9) and cost["baseline_minutes"] == pytest.approx(6)
+    (design,) = cost["designs"]
+    gd = next(d for d in diffs if d["changes"] == "memory=gd")
+    assert design["changes"] == "memory=gd" and design["seeds"] == gd["seeds"] > 4
+    assert design["hours"] == pytest.approx(gd["seeds"] * (9 + 6) / 60) == cost["open_hours"]
+
+
+def test_report_cost_is_written_and_needs_a_difference_to_size_for(tmp_path, monkeypatch, capsys):
+    from atlas_lab.cli import main
+
+    values = {("atlas", "atlas"): [0.5, 0.6, 0.7], ("atlas", "gd"): [0.6, 0.5, 0.8]}
+    study = timed_study({k: [2, 2, 2] for k in values}, values)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    copy = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    for t in study.get_trials():
+        copy.add_trial(t)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "s", "--storage", storage, "--cost"]) == 2
+    err = capsys.readouterr().err
+    assert "--cost: study 's' declares no margin; expected --power DELTA" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs" / "sweeps" / "s" / "cost.md").exists()
+    assert main(["report", "s", "--storage", storage, "--cost", "--power", "0.1"]) == 0
+    md = (tmp_path / "runs" / "sweeps" / "s" / "cost.md").read_text()
+    assert md.startswith("6 finished trials, 0.20 trial-hours") and "| memory=gd | 2.0 |" in md
