@@ -43,6 +43,14 @@ def resolve_uri(uri: str | None, create: bool = True) -> str:
     return uri
 
 
+def artifact_root(uri: str | None) -> Path:
+    """Where an experiment created in the store ``uri`` (default ``DEFAULT_TRACKING_URI``) keeps its runs'
+    artifacts, each run's in ``<this>/<run id>/artifacts``: ``artifacts/`` beside a SQLite database (runs/artifacts
+    for runs/mlflow.db), else runs/artifacts in the working folder; absolute."""
+    store = store_file(resolve_uri(uri, create=False))
+    return (store.parent if store is not None else Path("runs")).resolve() / "artifacts"
+
+
 MIN_FREE_BYTES = 1 << 20  # what a folder must have free before a sweep writes its first byte there
 
 

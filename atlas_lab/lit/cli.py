@@ -26,8 +26,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..configfiles import ConfigError, add_renamed, check_classes, check_config_files, check_values
 from ..memory.config import COMPONENTS, with_option
-from ..store import init_store, resolve_uri
-from .module import CheckpointOnSigterm, SequenceModel, ValidateAtEnd
+from ..store import artifact_root, init_store, resolve_uri
+from .module import CheckpointOnSigterm, RunCost, SequenceModel, ValidateAtEnd
 
 EVALUATIONS = ("validate", "test")  # the subcommands that score a trained model
 JSONARGPARSE = Path(jsonargparse.__file__).parent  # its code: an exception raised there wraps the one below it
@@ -244,6 +244,54 @@ def task_name(config) -> str:
 
 def readable_checkpoint(path: str) -> None:
     """ConfigError unless ``path`` loads as LightningCLI loads a checkpoint's hyper-parameters (``torch.load``, weights
+RULE_FIELDS = ("architecture", "feature_map", "attentional_bias", "optimizer", "learning_rule")  # a memory's components
+
+
+def component_text(spec) -> str:
+    """A component as a run records it: a short-hand (``muon``), a short-hand with options (``muon(ns_steps=3)``),
+    a class path with its options (``myrules.ValueNormDelta(p=1.0)``), or an object's repr."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, dict) and "class_path" in spec:
+        name, options = spec["class_path"], dict(spec.get("init_args") or {})
+    elif isinstance(spec, dict) and "name" in spec:
+        name, options = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    else:
+        return repr(spec)
+    return name + (f"({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+
+
+def short_class(text: str) -> str:
+    """A component's text with its class path cut to the class: ``myrules.ValueNormDelta(p=1.0)`` ->
+    ``ValueNormDelta(p=1.0)``."""
+    name, paren, options = text.partition("(")
+    return name.rsplit(".", 1)[-1] + paren + options
+
+
+def changed_components(model) -> dict[str, str]:
+    """{field: component_text} of the memory components a run's model config (``model``: the parsed model section)
+    sets other than its preset does; {} where they are the preset's, or the config does not build (the build then
+    says why)."""
+    from ..models import resolve_preset
+
+    memory = model.get("memory")
+    if not memory:
+        return {}
+    memory = memory if isinstance(memory, dict) else dict(memory)
+    try:
+        own, preset = resolve_preset(model["preset"], memory)[1], resolve_preset(model["preset"])[1]
+    except (ValueError, TypeError, KeyError):
+        return {}
+    if own is None or preset is None:
+        return {}
+    out = {}
+    for field in RULE_FIELDS:
+        text = component_text(getattr(own, field))
+        if text != component_text(getattr(preset, field)):
+            out[field] = text
+    return out
+
+
     only); memory-mapped, so the tensors are not read."""
     import torch
 
@@ -281,12 +329,17 @@ class AtlasCLI(LightningCLI):
     Linked from the instantiated data module into the model (and so saved in checkpoints):
     vocab_size, slice_names, bytes_per_token, target.
 
-    Paths follow ``trainer.default_root_dir`` (default ``runs``): a ModelCheckpoint without ``dirpath`` writes to
-    ``<root>/checkpoints`` and the MLflow experiment, when it is created, keeps artifacts in ``<root>/artifacts``.
-    Each MLflow run is named after its configuration: ``<subcommand>-<task>-<preset>``; a fit resumed from a
+    A ModelCheckpoint without ``dirpath`` writes to ``<trainer.default_root_dir>/checkpoints`` (default ``runs``).
+    The MLflow store keeps every run's artifacts in ``<artifact_root>/<run id>/artifacts``, beside the store
+    whatever the run's root (``store.artifact_root``: runs/artifacts for runs/mlflow.db; MLflow fixes an experiment's
+    artifact folder when the experiment is created, so a folder per root could not hold). Each MLflow run is named
+    after its configuration, ``<subcommand>-<task>-<preset>``, followed by each memory component that differs from
+    the preset's (``fit-mqar-deltanet learning_rule=ValueNormDelta(p=1.0)``), which the tag ``atlas_lab.components``
+    records by class path and options (the params hold them as ``model.memory.<field>...``). A fit resumed from a
     checkpoint (``--ckpt_path``) continues the run the checkpoint records, where the store holds it (``resumed_run``).
     """
 
+    Every fit records its cost (``RunCost``).
     def __init__(self, *args, **kwargs):
         strict = {"exit_on_error": False}  # a parse error raises, and becomes one ConfigError line
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in ("fit", "validate", "test", "predict")}})
@@ -334,10 +387,15 @@ class AtlasCLI(LightningCLI):
             init = logger["init_args"]
             if init.get("tracking_uri"):
                 init["tracking_uri"] = resolve_uri(init["tracking_uri"], create=False)
-            if init.get("artifact_location") is None:
-                init["artifact_location"] = str(root / "artifacts")
+            if init.get("artifact_location") is None and not str(init.get("tracking_uri") or "").startswith("http"):
+                init["artifact_location"] = str(artifact_root(init.get("tracking_uri")))
+            changed = changed_components(config["model"])
+            if changed:
+                init["tags"] = {**(init.get("tags") or {}), "atlas_lab.components": "; ".join(
+                    f"{field}={text}" for field, text in changed.items())}
             if init.get("run_name") is None:  # else MLflow draws a name from the seeded RNG: the same every run
-                init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['preset']}"
+                own = "".join(f" {field}={short_class(text)}" for field, text in changed.items())
+                init["run_name"] = f"{self.subcommand or 'run'}-{task_name(config)}-{config['model']['preset']}{own}"
             if logger["class_path"] == "lightning.pytorch.loggers.MLFlowLogger":
                 logger["class_path"] = f"{__name__}.{RunLogger.__name__}"
 
@@ -420,6 +478,8 @@ class AtlasCLI(LightningCLI):
             if self.subcommand == "fit" and logger["class_path"] == f"{__name__}.{RunLogger.__name__}" \
                     and init.get("run_id") is None:
                 init["run_id"] = resumed_run(config.get("ckpt_path"), init.get("tracking_uri"))
+        if self.subcommand in ("fit", None) and not any(isinstance(c, RunCost) for c in self.trainer.callbacks):
+            self.trainer.callbacks.append(RunCost())  # None: a sweep trial's CLI, which fits
             self.trainer.loggers = [instantiate_class((), {"class_path": logger["class_path"], "init_args": init})]
 
     def add_arguments_to_parser(self, parser):

@@ -10,14 +10,17 @@ L tokens by a position embedding + MLP head.
 from __future__ import annotations
 
 import math
+import resource
+import sys
 from pathlib import Path
 from typing import Literal, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import RichModelSummary
+from lightning.pytorch.callbacks import RichModelSummary, ThroughputMonitor
 from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
@@ -202,6 +205,128 @@ class ModelSummary(RichModelSummary):
                   f"{flops_text(flops['memory'])}, attention {flops_text(flops['attention'])}")
 
 
+# Lightning's throughput names (stage "train", separator "/") -> the names a run logs them under
+COST_NAMES = {"device/samples_per_sec": "samples_per_s", "device/items_per_sec": "tokens_per_s",
+              "device/flops_per_sec": "flops_per_s", "device/mfu": "mfu"}
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """The fit's peak memory in MiB: on CUDA the most the allocator held for tensors (``max_memory_allocated``, its
+    count reset as the fit starts); elsewhere the process's peak resident set (``getrusage``: Linux counts KiB, macOS
+    bytes), the Python process and its libraries included."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+class RunCost(ThroughputMonitor):
+    """What a fit costs, in every fit (the CLI adds it): Lightning's ``ThroughputMonitor`` over the training batches
+    (a batch's samples: ``input_ids`` rows; its tokens: ``input_ids`` elements; its FLOPs: ``flops_per_batch``, set
+    here before each batch from the model's own count, ``SequenceModel.sequence_flops``), logged at the logging
+    interval (``trainer.log_every_n_steps``) as ``cost/tokens_per_s``, ``cost/samples_per_s``, ``cost/s_per_step``
+    (an optimizer step: ``accumulate_grad_batches`` batches), ``cost/flops_per_s``, ``cost/mfu`` (on a GPU whose
+    peak Lightning knows: FLOP/s over the device's peak at the trainer's precision) and ``cost/peak_memory_mib``
+    (``peak_memory_mib``). Each is the rate over the batches since the last log (the monitor's window: the interval
+    plus one batch end); validation time is left out, as the monitor leaves it out.
+
+    When the fit ends, its summary: ``cost/steady/<name>`` for each rate, over the steady steps (every training batch
+    after the first logging interval, which holds the warm-up: allocation, kernel builds, compilation; a fit shorter
+    than two intervals drops its first batch only), ``cost/peak_memory_mib`` at the last step, ``cost/flops_per_token``
+    (training FLOPs per token at the longest length trained), the tags ``cost.device`` and ``cost.steady_steps``; and
+    one printed line. Rank 0 measures and logs (its device's rates)."""
+
+    def __init__(self):
+        super().__init__(batch_size_fn=lambda batch: batch["input_ids"].shape[0],
+                         length_fn=lambda batch: batch["input_ids"].numel())
+        self.flops, self.lengths = 0.0, set()
+        self.record: list[tuple[float, int, int, int, float]] = []  # per training batch: (s, batches, samples,
+        #                                                             tokens, FLOPs), cumulative since the fit began
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == TrainerFn.FITTING:
+            self.kwargs["window_size"] = trainer.log_every_n_steps * trainer.accumulate_grad_batches + 1
+        super().setup(trainer, pl_module, stage)
+
+    def on_fit_start(self, trainer, pl_module):
+        self.record, self.flops, self.lengths = [], 0.0, set()
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        ids = batch["input_ids"]
+        self.lengths.add(ids.shape[1])
+        pl_module.flops_per_batch = ids.shape[0] * pl_module.sequence_flops(ids.shape[1]) \
+            if isinstance(pl_module, SequenceModel) else None
+
+    def _update(self, trainer, pl_module, batch, iter_num):
+        super()._update(trainer, pl_module, batch, iter_num)
+        stage = trainer.state.stage
+        if stage == RunningStage.TRAINING:
+            self.flops += pl_module.flops_per_batch or 0.0
+            self.record.append((self._throughputs[stage]._time[-1], self._batches[stage], self._samples[stage],
+                                self._lengths[stage], self.flops))
+
+    def _compute(self, trainer, iter_num=None):
+        """The training rates since the last log, under the run's names (``COST_NAMES``); validation's are not
+        logged."""
+        if trainer.state.stage != RunningStage.TRAINING or not trainer._logger_connector.should_update_logs:
+            return
+        computed = self._throughputs[RunningStage.TRAINING].compute()
+        metrics = {f"cost/{name}": computed[key] for key, name in COST_NAMES.items() if key in computed}
+        if "device/batches_per_sec" in computed:
+            metrics["cost/s_per_step"] = trainer.accumulate_grad_batches / computed["device/batches_per_sec"]
+        metrics["cost/peak_memory_mib"] = peak_memory_mib(trainer.strategy.root_device)
+        trainer._logger_connector.log_metrics(metrics, step=iter_num)
+
+    def steady(self, trainer) -> tuple[dict[str, float], tuple[int, int]] | None:
+        """The rates over the steady steps (see the class) and the first and last batch they cover (1-based), or
+        None below two timed batches."""
+        record = self.record
+        if len(record) < 2:
+            return None
+        window = self.kwargs["window_size"] - 1
+        first = window - 1 if len(record) > 2 * window else 0  # the record of the last batch left out
+        t0, b0, s0, n0, f0 = record[first]
+        t1, b1, s1, n1, f1 = record[-1]
+        seconds = t1 - t0
+        if seconds <= 0:
+            return None
+        rates = {"tokens_per_s": (n1 - n0) / seconds, "samples_per_s": (s1 - s0) / seconds,
+                 "s_per_step": seconds / (b1 - b0) * trainer.accumulate_grad_batches}
+        if f1 > f0:
+            rates["flops_per_s"] = (f1 - f0) / seconds
+            if self.available_flops:
+                rates["mfu"] = rates["flops_per_s"] / self.available_flops
+        return rates, (b0 + 1, b1)
+
+    @rank_zero_only
+    def on_train_end(self, trainer, pl_module):
+        found = self.steady(trainer)
+        if found is None:
+            return
+        rates, (first, last) = found
+        device = trainer.strategy.root_device
+        peak = peak_memory_mib(device)
+        metrics = {f"cost/steady/{k}": v for k, v in rates.items()} | {"cost/peak_memory_mib": peak}
+        if isinstance(pl_module, SequenceModel) and self.lengths:
+            T = max(self.lengths)
+            metrics["cost/flops_per_token"] = pl_module.sequence_flops(T) / T
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+            f"cpu, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}"
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+            if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
+                logger.experiment.set_tag(logger.run_id, "cost.device", where)
+                logger.experiment.set_tag(logger.run_id, "cost.steady_steps", f"batches {first}-{last}")
+        flops = f", {rates['flops_per_s'] / 1e9:.3g} GFLOP/s" if "flops_per_s" in rates else ""
+        mfu = f", MFU {rates['mfu']:.1%}" if "mfu" in rates else ""
+        print(f"cost: {rates['tokens_per_s']:,.0f} tokens/s, {rates['samples_per_s']:,.1f} samples/s, "
+              f"{rates['s_per_step']:.4g} s/step{flops}{mfu} over batches {first}-{last}; peak memory {peak:,.0f} MiB "
+              f"({where})", flush=True)
+
+
 def _positive(x) -> bool:
     return x > 0
 
@@ -281,6 +406,24 @@ class SequenceModel(L.LightningModule):
         self.slice_metrics = nn.ModuleDict({s: SliceAccuracy(len(slice_names)) for s in STAGES}) if slice_names \
             else None
         self.exact_match = nn.ModuleDict({s: ExactMatch() for s in STAGES})
+
+    def sequence_flops(self, T: int) -> float:
+        """The training FLOPs of one sequence of T tokens: torch's FlopCounterMode over a forward and backward of
+        [1, T] tokens (the matrix products; what the counter does not see, a custom kernel's products, is not
+        counted), run eager and apart from the fit (the gradients taken, not accumulated; the random state kept).
+        Counted once per T."""
+        counted = self.__dict__.setdefault("_sequence_flops", {})
+        if T not in counted:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)
+            params = [p for p in self.parameters() if p.requires_grad]
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.compiler.set_stance("force_eager"), \
+                    torch.enable_grad(), FlopCounterMode(display=False) as counter:
+                torch.autograd.grad(self(ids).float().sum(), params, allow_unused=True)
+            counted[T] = float(counter.get_total_flops())
+        return counted[T]
 
     def forward(self, input_ids: torch.Tensor, document_start: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, L, V] for the batch's labels (next-token or compression decoding). document_start: [B, L] bool

@@ -64,13 +64,13 @@ def fit_process(data: list[str], root: Path, steps: int, *extra: str) -> int:
 def record(root: Path) -> dict:
     """What a fit left: its last checkpoint's weights and epoch, its checkpoint names, and every metric's history
     ([(step, value)] in logging order) from the MLflow store (``epoch``, which Lightning logs beside every metric
-    as often as it logs, left out)."""
+    as often as it logs, and the run's cost, ``cost/*``, timings that differ from fit to fit, left out)."""
     checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     client = MlflowClient(f"sqlite:///{root}.db")
     (run,) = client.search_runs([client.get_experiment_by_name("atlas-lab").experiment_id])
     history = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                        key=lambda m: (m.step, m.timestamp))]
-               for key in run.data.metrics if key != "epoch"}
+               for key in run.data.metrics if key != "epoch" and not key.startswith("cost/")}
     return {"weights": checkpoint["state_dict"], "epoch": checkpoint["epoch"], "step": checkpoint["global_step"],
             "files": sorted(p.name for p in (root / "checkpoints").iterdir()), "metrics": history,
             "status": run.info.status}
