@@ -22,22 +22,26 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The system packages the tests start, installed here and only here (a test never installs anything; one whose
-# part is missing fails with a line naming this target): Debian's PostgreSQL server binaries (the PostgreSQL tests
-# start a server of their own) and Chromium (the UI test drives it headless through Playwright). apt-get, as root;
-# it says what it installs, and installs nothing when both are there.
+# The system packages the tests start, installed by this step and only here (a test never installs anything; one
+# whose part is missing fails with a line naming it): Debian's PostgreSQL server binaries (the PostgreSQL tests start
+# a server of their own) and Chromium (the UI test drives it headless through Playwright). `make test` runs it first.
+# Found as the tests find them (initdb on PATH or in Debian's folder; chromium on PATH); both there: nothing done.
+# Missing, as root: apt-get installs them, saying which. Missing, as another user: one line naming the command, and
+# make stops (before the tests).
 SYSTEM_PACKAGES := postgresql chromium
+HAVE_POSTGRESQL ?= $(shell command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)
+HAVE_CHROMIUM   ?= $(shell command -v chromium)
+USER_ID         ?= $(shell id -u)
+SYSTEM_MISSING   = $(strip $(if $(HAVE_POSTGRESQL),,postgresql) $(if $(HAVE_CHROMIUM),,chromium))
 
 system-deps:
-	@missing=""; \
-	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	if [ -z "$$missing" ]; then echo "system-deps: $(SYSTEM_PACKAGES) already installed"; exit 0; fi; \
-	echo "system-deps: apt-get install$$missing"; \
-	if [ "$$(id -u)" != 0 ]; then echo "system-deps: needs root (sudo make system-deps)"; exit 1; fi; \
-	export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q $$missing
+	$(if $(SYSTEM_MISSING),$(if $(filter 0,$(USER_ID)),,$(error system-deps: $(SYSTEM_MISSING) missing, which the \
+	  tests start; install as root: sudo make system-deps)))
+	@if [ -z "$(SYSTEM_MISSING)" ]; then echo "system-deps: $(SYSTEM_PACKAGES) installed"; exit 0; fi; \
+	echo "system-deps: installing $(SYSTEM_MISSING) (apt-get install, as root)"; \
+	export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q $(SYSTEM_MISSING)
 
-test: $(VENV)/.installed
+test: system-deps $(VENV)/.installed
 	$(PY) -m ruff check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n 3 --dist worksteal --durations=30
 
