@@ -67,9 +67,12 @@ class JournalBackend(JournalFileBackend):
     Optuna then fails to read the journal at all, and the study, with every complete trial in it, is lost. Here such a
     line is skipped with one warning naming the file and line (a complete record appended after the torn part is
     kept), so every complete record is read; a partial last line (being written now, or torn) is left for a later
-    read. Every reader of a study takes the same view (the records are numbered without the torn ones). A write
-    first ends a torn last line, so new records are lines of their own, and a write that fails (a full disk) is
-    taken back: the journal is never left half-written by this process."""
+    read. Every reader of a study takes the same view (the records are numbered without the torn ones).
+
+    A write first repairs a torn last line (``cut_torn_tail``): under the journal's write lock, which every writer
+    holds, a last line without its newline is no write in progress but a torn one, and it is moved to a side file
+    named in one warning before anything is appended, so the journal stays one that Optuna's own reader opens. A
+    write that fails (a full disk) is taken back: the journal is never left half-written by this process."""
 
     def __init__(self, file_path: str, lock_obj, shown_path: str | None = None):
         super().__init__(file_path, lock_obj=lock_obj)
@@ -117,12 +120,9 @@ class JournalBackend(JournalFileBackend):
         text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
         self._lock.acquire()
         try:
-            with open(self._file_path, "ab+") as f:
+            with open(self._file_path, "rb+" if os.path.exists(self._file_path) else "ab+") as f:
+                self.cut_torn_tail(f)
                 size = f.seek(0, os.SEEK_END)
-                if size:
-                    f.seek(size - 1)
-                    if f.read(1) != b"\n":  # a torn last record: end its line first
-                        text = "\n" + text
                 try:
                     f.write(text.encode("utf-8"))
                     f.flush()
@@ -133,6 +133,33 @@ class JournalBackend(JournalFileBackend):
                     raise
         finally:
             self._lock.release()
+
+    def cut_torn_tail(self, f) -> None:
+        """Move a torn last line of the journal open as ``f`` (read and write) to ``JOURNAL.torn-<offset>`` (its
+        bytes as they were) and cut the journal before it, with one warning naming that file; nothing where the
+        journal ends with a newline. Call it under the write lock: a writer ends every record it writes with a
+        newline, so without one the write was cut short (a kill, a full disk)."""
+        size = f.seek(0, os.SEEK_END)
+        if not size:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        start = data.rfind(b"\n") + 1
+        side = Path(f"{self._file_path}.torn-{start}")
+        with open(side, "wb") as out:
+            out.write(data[start:])
+            out.flush()
+            os.fsync(out.fileno())
+        f.truncate(start)
+        f.flush()
+        os.fsync(f.fileno())
+        line = data.count(b"\n", 0, start) + 1
+        print(f"warning: {self._shown}:{line}: a torn journal record (a write cut short by a kill or a full disk), "
+              f"{size - start} bytes, moved to {self._shown}.torn-{start} before the next write", file=sys.stderr,
+              flush=True)
 
 
 def journal_quiet(url: str, timeout: float = 5.0):
