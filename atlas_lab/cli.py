@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="add the study's cost from its journal: trial-hours, wall time, minutes per trial of each "
                         "point, and the hours of the design that would resolve each open comparison (sized for "
                         "--power DELTA, else the study's margin; written to cost.md)")
+    p = sub.add_parser("results-doc", help="write every generated block of a results document (and a sweep file's "
+                                           "cost line) again from the committed journals")
+    p.add_argument("files", nargs="+", help="markdown or YAML files with generated blocks, e.g. docs/results.md")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming each file whose blocks differ from what the journals give")
     p = sub.add_parser("capacity", help="recall of N pairs by memory component combinations, without training "
                                         "(accuracy against state size)")
     p.add_argument("file", help="a capacity YAML file, e.g. sweeps/capacity/memories.yaml")
@@ -306,6 +311,13 @@ def command(args) -> int:
 
             return run_sweep(args.file, args.workers, args.storage, args.tracking_uri, args.retry_failed,
                              sets=args.sets, study=args.study)
+        if args.command == "results-doc":
+            from .sweep.results_doc import write_docs
+
+            changed = write_docs(args.files, check=args.check)
+            for path in changed:
+                print(f"{path}: {'differs from' if args.check else 'written again from'} its journals")
+            return 1 if args.check and changed else 0
         if args.command == "capacity":
             from .sweep.capacity import capacity_study
 

@@ -492,12 +492,25 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
     return files
 
 
+def trial_end(t):
+    """When a trial stopped running, from the journal: a complete trial at its completion; any other at its last
+    heartbeat where it has one (a trial lost with its worker is marked failed only when that is noticed, and one
+    running when the journal was copied never finishes), else at its completion; None where neither is known."""
+    from datetime import datetime
+
+    if t.state != TrialState.COMPLETE and "heartbeat" in t.user_attrs:
+        beat = datetime.fromtimestamp(t.user_attrs["heartbeat"])
+        return beat if t.datetime_complete is None else min(beat, t.datetime_complete)
+    return t.datetime_complete
+
+
 def trial_seconds(t) -> float | None:
-    """A finished trial's run time in seconds, from the journal: its completion minus its start (None while it runs,
-    or where either is missing)."""
-    if t.datetime_start is None or t.datetime_complete is None:
+    """A trial's run time in seconds, from the journal: ``trial_end`` minus its start (None where either is
+    missing)."""
+    end = trial_end(t)
+    if t.datetime_start is None or end is None:
         return None
-    return (t.datetime_complete - t.datetime_start).total_seconds()
+    return max(0.0, (end - t.datetime_start).total_seconds())
 
 
 def _busy_seconds(spans: list[tuple]) -> float:
@@ -512,16 +525,17 @@ def _busy_seconds(spans: list[tuple]) -> float:
 
 
 def study_cost(study: optuna.Study, columns: list[str], rows: list[dict], diffs: list[dict]) -> dict:
-    """A study's cost from its journal: the trial-hours (every finished trial's run time summed: reported trials,
-    tune pilots, failed ones), the wall time from the first start to the last finish and the busy time (at least one
-    trial running), each point's mean minutes per complete reported trial (the study's own measured rate), and per
+    """A study's cost from its journal: the trial-hours (every trial's run time summed, ``trial_seconds``: reported
+    trials, tune pilots, failed, lost and stopped ones), the wall time from the first start to the last finish and
+    the busy time (at least one trial running), each point's mean minutes per complete reported trial (the study's
+    own measured rate), and per
     comparison that is neither resolved nor equivalent the hours of the design that would resolve it: the seeds that
     give power 0.8 at its Holm level (``differences`` with ``power``; ``seeds_equiv`` for equivalence within the
     margin), run for the point and for the baseline. "open": every open comparison at once, the baseline run once at
     the most seeds any of them needs."""
     trials = [t for t in study.get_trials(deepcopy=False) if trial_seconds(t) is not None]
     reported = [t for t in trials if not is_superseded(study, t) and not is_tune(t)]
-    spans = [(t.datetime_start, t.datetime_complete) for t in trials]
+    spans = [(t.datetime_start, trial_end(t)) for t in trials]
     minutes: dict[tuple, float | None] = {}
     for r in rows:
         mine = [trial_seconds(t) for t in reported if t.state == TrialState.COMPLETE
@@ -555,9 +569,9 @@ def cost_lines(cost: dict, columns: list[str], power: float | None, margin: floa
     that would resolve its open comparisons."""
     when = "" if cost["first"] is None else \
         f" ({cost['first']:%Y-%m-%d %H:%M} to {cost['last']:%Y-%m-%d %H:%M})"
-    lines = [f"{cost['trials']} finished trials, {cost['trial_hours']:.2f} trial-hours (their run times summed; "
+    lines = [f"{cost['trials']} trials, {cost['trial_hours']:.2f} trial-hours (their run times summed; "
              f"{cost['reported_trials']} reported trials {cost['reported_hours']:.2f} h, the rest tune pilots and "
-             f"superseded or failed trials); wall time {cost['wall_hours']:.2f} h{when}, of which "
+             f"superseded, failed, lost or stopped trials); wall time {cost['wall_hours']:.2f} h{when}, of which "
              f"{cost['busy_hours']:.2f} h with a trial running", ""]
     lines += _markdown(columns + ["minutes per reported trial"],
                        [list(key) + [_fmt(m) if m is None else f"{m:.1f}"] for key, m in cost["minutes"].items()])

@@ -243,6 +243,8 @@ def timed_study(minutes: dict[tuple, list[float]], values: dict[tuple, list[floa
 def test_the_cost_sums_trial_times_and_sizes_each_open_design_with_its_baseline():
     """baseline 6 minutes a trial, linear (resolved: ahead in every seed) 3, gd (open) 9; gd's design: the seeds
     for ±0.1 at its Holm level, each run for gd and for the baseline: seeds × (9 + 6) minutes."""
+    from datetime import timedelta
+
     from atlas_lab.sweep.report import study_cost
 
     values = {("atlas", "atlas"): [0.5, 0.6, 0.7, 0.55], ("atlas", "linear"): [0.9, 0.95, 0.97, 0.93],
@@ -257,6 +259,14 @@ def test_the_cost_sums_trial_times_and_sizes_each_open_design_with_its_baseline(
     assert cost["minutes"][("atlas", "gd")] == pytest.approx(9) and cost["baseline_minutes"] == pytest.approx(6)
     (design,) = cost["designs"]
     gd = next(d for d in diffs if d["changes"] == "memory=gd")
+    lost = create_trial(state=TrialState.FAIL, params={"model.preset": "atlas", "model.memory": "gd"},
+                        distributions=study.get_trials()[0].distributions,
+                        user_attrs={"labels": {"model.preset": "atlas", "model.memory": "gd"}, "repeat": 9})
+    start = study.get_trials()[-1].datetime_complete
+    lost.datetime_start, lost.datetime_complete = start, start + timedelta(hours=5)  # noticed lost 5 hours later
+    lost.set_user_attr("heartbeat", (start + timedelta(minutes=4)).timestamp())  # its worker's last sign of life
+    study.add_trial(lost)
+    assert study_cost(study, columns, rows, diffs)["trial_hours"] == pytest.approx((24 + 12 + 36 + 4) / 60)
     assert design["changes"] == "memory=gd" and design["seeds"] == gd["seeds"] > 4
     assert design["hours"] == pytest.approx(gd["seeds"] * (9 + 6) / 60) == cost["open_hours"]
 
@@ -279,4 +289,4 @@ def test_report_cost_is_written_and_needs_a_difference_to_size_for(tmp_path, mon
     assert not (tmp_path / "runs" / "sweeps" / "s" / "cost.md").exists()
     assert main(["report", "s", "--storage", storage, "--cost", "--power", "0.1"]) == 0
     md = (tmp_path / "runs" / "sweeps" / "s" / "cost.md").read_text()
-    assert md.startswith("6 finished trials, 0.20 trial-hours") and "| memory=gd | 2.0 |" in md
+    assert md.startswith("6 trials, 0.20 trial-hours") and "| memory=gd | 2.0 |" in md
