@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 from dataclasses import fields
 from pathlib import Path
-from types import NoneType, UnionType
-from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Literal, Optional, Union, get_type_hints
 
 import yaml
 
@@ -64,75 +62,15 @@ def add_renamed(parser) -> None:
                             help=argparse.SUPPRESS)
 
 
-def describe(kind) -> str:
-    """A type annotation as a person writes it: ``Optional[int]`` -> int or null; ``Literal['a', 'b']`` -> 'a', 'b';
-    ``list[int]`` -> list[int]."""
-    origin, args = get_origin(kind), get_args(kind)
-    if kind is None or kind is NoneType:
-        return "null"
-    if origin is Literal:
-        return ", ".join(map(repr, args))
-    if origin in (Union, UnionType):
-        return " or ".join(dict.fromkeys(map(describe, args)))
-    if is_typeddict(kind):
-        return f"a mapping of {', '.join(kind.__annotations__)}"
-    if origin is not None and args:
-        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else describe(a) for a in args)}]"
-    return getattr(kind, "__name__", str(kind))
-
-
-def _number(value, kind) -> bool:
-    """An int (not a bool) for int; an int or float for float, or a string of one (``1e-3``: YAML 1.1 reads it as a
-    string, the CLI's parser as a number)."""
-    if isinstance(value, bool):
-        return False
-    if kind is int:
-        return isinstance(value, int)
-    if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:
-            return False
-        return True
-    return isinstance(value, (int, float))
-
-
-def conforms(value, kind) -> bool:
-    """Whether a YAML value (a config file's, or ``yaml.safe_load`` of a command-line value) has type ``kind``: the
-    builtins, None, Literal, Union, list, tuple, dict and TypedDict, as the CLI's parser takes them; a type of another
-    kind (a class, a path) is the parser's to check, and conforms here."""
-    origin, args = get_origin(kind), get_args(kind)
-    if kind is Any or kind is object:
-        return True
-    if kind is None or kind is NoneType:
-        return value is None
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in args)
-    if origin in (Union, UnionType):
-        return any(conforms(value, a) for a in args)
-    if kind in (int, float):
-        return _number(value, kind)
-    if kind in (bool, str):
-        return isinstance(value, kind)
-    if is_typeddict(kind):
-        return isinstance(value, dict) and all(k in kind.__annotations__ and conforms(v, kind.__annotations__[k])
-                                               for k, v in value.items())
-    if kind in (list, tuple) or origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(map(conforms, value, args))
-        return not args or all(conforms(v, args[0]) for v in value)
-    if kind is dict or origin is dict:
-        return isinstance(value, dict) and (not args or all(conforms(k, args[0]) and conforms(v, args[1])
-                                                            for k, v in value.items()))
-    return True
-
-
 def check_value(key: str, value, kind) -> None:
-    """ConfigError ``<key>: expected <kind>; got <value>`` unless ``value`` conforms to ``kind``."""
-    if not conforms(value, kind):
-        raise ConfigError(f"{key}: expected {describe(kind)}; got {value}")
+    """ConfigError ``<key>: expected <kind>; got <value>`` unless ``value`` conforms to ``kind`` (the components'
+    checker, ``memory.components.check_value``: one line for a run's value and a component's option alike)."""
+    from .memory.components import check_value as check_option
+
+    try:
+        check_option(key, value, kind)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_class(key: str, value) -> type | None:
@@ -148,15 +86,6 @@ def check_class(key: str, value) -> type | None:
         return import_class(path, key)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-
-
-def argument_types(cls) -> dict:
-    """{argument: annotation} of ``cls.__init__``'s named arguments (not *args, **kwargs), as ``typing`` resolves
-    them."""
-    hints = get_type_hints(cls.__init__)
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {n: hints[n] for n, p in inspect.signature(cls.__init__).parameters.items()
-            if n in hints and p.kind in named}
 
 
 # Lightning's Trainer arguments whose types name no Lightning class (Trainer.__init__'s annotations, lightning 2.6;
@@ -258,6 +187,8 @@ def check_classes(args: list[str], trees: dict, model) -> None:
     LightningModule) that ModelConfig does not hold, the data module's class (importable) and its ``init_args``, and
     the trainer's callbacks and logger (importable); each config file's on its own (the line names the file), then as
     the run will see them. Called where Lightning is imported."""
+    from .memory.components import argument_types
+
     model_types = argument_types(model)
     try:  # the run's data module, whose arguments a file's init_args are checked against
         cls = check_class("data", section(args, trees, "data", ("class_path",)))

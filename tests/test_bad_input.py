@@ -18,7 +18,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from atlas_lab.layers import MemoryMixer
-from atlas_lab.memory import MemoryConfig, memorize
+from atlas_lab.memory import MemoryConfig, Online, memorize
 from atlas_lab.models import LanguageModel
 from atlas_lab.cli import main
 from helpers import make_problem
@@ -28,6 +28,18 @@ from sweep_helpers import runs_of, write_sweep
 # The Python API
 
 B, T, H, D = 2, 5, 2, 4
+
+
+class ValueNormDelta(Online):
+    """A user's learning rule with an option of its own, p (η scaled by ‖v‖^p): the option is checked against its
+    annotation wherever the rule is named (``USER_RULE``)."""
+
+    def __init__(self, p: float = 1.0):
+        super().__init__()
+        self.p = p
+
+
+USER_RULE = f"{__name__}.ValueNormDelta"
 
 
 def qkv(**changes):
@@ -70,6 +82,19 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
                       ["memorize.ns_steps", "an option of the optimizer now", "write optimizer.ns_steps: 3"]),
     "degree-zero": (call_memorize(feature_map={"name": "polynomial", "degree": 0}), ValueError,
                     ["memorize.feature_map", "degree", "int >= 1", "polynomial", "got 0"]),
+    # an option of each kind of component, and of a user's class, by its constructor's annotation
+    "depth-type": (call_memorize(architecture={"name": "mlp", "depth": "deep"}), ValueError,
+                   ["memorize.architecture.depth: expected int; got deep"]),
+    "degree-type": (call_memorize(feature_map={"name": "polynomial", "degree": 2.5}), ValueError,
+                    ["memorize.feature_map.degree: expected int; got 2.5"]),
+    "delta-type": (call_memorize(attentional_bias={"name": "huber", "delta": "wide"}), ValueError,
+                   ["memorize.attentional_bias.delta: expected float; got wide"]),
+    "beta1-type": (call_memorize(optimizer={"name": "adam", "beta1": [0.9]}), ValueError,
+                   ["memorize.optimizer.beta1: expected float; got [0.9]"]),
+    "per_matrix-type": (call_memorize(learning_rule={"name": "chunk_commit", "per_matrix": "yes"}), ValueError,
+                        ["memorize.learning_rule.per_matrix: expected true or false; got yes"]),
+    "user-option-type": (call_memorize(learning_rule={"class_path": USER_RULE, "init_args": {"p": "abc"}}),
+                         ValueError, ["memorize.learning_rule.init_args.p: expected float; got abc"]),
     "alpha-negative": (call_memorize(alpha=-0.5), ValueError, ["memorize", "alpha", ">= 0", "-0.5"]),
     "theta-negative": (call_memorize(optimizer="momentum", theta=-0.1), ValueError,
                        ["memorize", "theta", ">= 0", "-0.1"]),
@@ -181,8 +206,9 @@ def nan_key_run(impl, poison, **options):
     if poison:
         k[:, NAN_T] = float("nan")
     k.requires_grad_(True)
-    o, _ = memorize(p["q"], k, p["v"], alpha=p["alpha"], eta=p["eta"], theta=p["theta"], gamma=p["gamma"],
-                    initial_state=p["initial_state"], impl=impl, **options)
+    o, _ = memorize(p["q"], k, p["v"],
+                    initial_state=p["initial_state"], impl=impl, **options,
+                    gates={"alpha": p["alpha"], "eta": p["eta"], "theta": p["theta"], "gamma": p["gamma"]})
     grads = torch.autograd.grad(o[:, :NAN_T].sum(), (p["q"], k, p["v"]))
     return o, [g[:, :NAN_T] for g in grads]
 
@@ -212,9 +238,10 @@ def test_a_nan_in_any_other_input_never_reaches_earlier_outputs(poisoned, memory
              for n, x in make_problem(architecture=memory).items()}
         if poison:
             p[poisoned][:, NAN_T] = float("nan")
-        outputs.append(memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], theta=p["theta"],
-                                gamma=p["gamma"], initial_state=p["initial_state"], architecture=memory,
-                                optimizer=optimizer, window=window, chunk_size=4)[0])
+        outputs.append(memorize(p["q"], p["k"], p["v"],
+                                initial_state=p["initial_state"], architecture=memory,
+                                optimizer=optimizer, window=window, chunk_size=4,
+                                gates={g: p[g] for g in ("alpha", "eta", "theta", "gamma")})[0])
     torch.testing.assert_close(outputs[1][:, :NAN_T], outputs[0][:, :NAN_T], rtol=1e-12, atol=1e-12)
     assert not torch.isfinite(outputs[1][:, NAN_T]).all(), f"a NaN {poisoned} at t = 3 did not reach o_3"
 
@@ -313,6 +340,21 @@ BAD_RUNS = {  # name: (arguments after the subcommand, what the one line must sa
                            "model.memory.normalize: needs architecture linear, attentional_bias dot"),
     "output_norm on linear": (["fit", *TINY_RUN, "--model.memory.architecture.output_norm=true"],
                               "model.memory.architecture.output_norm: linear does not take 'output_norm'"),
+    # a component's option by its constructor's annotation: a user's class (rule.yaml: learning_rule: {class_path:
+    # ValueNormDelta}) or a shipped one, in a file, as an option flag or in LightningCLI's init_args form
+    "user option type in a file": (["fit", *TINY_RUN, "-c", "rule_abc.yaml"],
+                                   "model.memory.learning_rule.init_args.p: expected float; got abc"),
+    "user option type": (["fit", *TINY_RUN, "-c", "rule.yaml", "--model.memory.learning_rule.init_args.p=abc"],
+                         "model.memory.learning_rule.init_args.p: expected float; got abc"),
+    "user option type, short": (["fit", *TINY_RUN, "-c", "rule.yaml", "--model.memory.learning_rule.p=abc"],
+                                "model.memory.learning_rule.init_args.p: expected float; got abc"),
+    "user option name": (["fit", *TINY_RUN, "-c", "rule.yaml", "--model.memory.learning_rule.init_args.q=1"],
+                         f"model.memory.learning_rule.init_args.q: {USER_RULE} does not take 'q'; it takes p"),
+    "init_args of a short-hand": (["fit", *TINY_RUN, "--model.memory.learning_rule.init_args.p=0.5"],
+                                  "model.memory.learning_rule.init_args.p: init_args holds the options of a class "
+                                  "given by class_path, and the learning_rule is 'online'"),
+    "shipped option type": (["fit", *TINY_RUN, "--model.preset=atlas", "--model.memory.optimizer.ns_steps=abc"],
+                            "model.memory.optimizer.ns_steps: expected int; got abc"),
     # the data: checked when it is set up, before the run is created
     "vocabulary": (["fit", *TINY_RUN, "--data.init_args.vocab_size=8"], "data.init_args.vocab_size"),
     "missing corpus": (["fit", *LM_RUN, "--data.init_args.data_path=/no/such/file.txt"],
@@ -366,6 +408,9 @@ def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
     Path("memory.yaml").write_text("model:\n  memory:\n    window: wide\n")
     Path("windw.yaml").write_text("model:\n  memory:\n    windw: 3\n")
     Path("betas.yaml").write_text("model:\n  betas: [0.9]\n")
+    Path("rule.yaml").write_text(f"model:\n  memory:\n    learning_rule: {{class_path: {USER_RULE}}}\n")
+    Path("rule_abc.yaml").write_text(f"model:\n  memory:\n    learning_rule: {{class_path: {USER_RULE}, "
+                                     "init_args: {p: abc}}\n")
     Path("empty.txt").write_text("")
     Path("binary.bin").write_bytes(bytes(range(256)) * 40)
     Path("x.ckpt").write_bytes(b"")
@@ -380,7 +425,8 @@ def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(case, workdir, capsys):
 EARLY_VALUES = {  # a model or trainer value a config file or argument gets wrong, and the line it must give
     "preset": ("--model.preset=atlass", "model.preset: expected 'transformer', 'swa'"),
     "trainer type": ("--trainer.max_epochs=three", "trainer.max_epochs: expected int or null; got three"),
-    "trainer flag": ("--trainer.enable_progress_bar=maybe", "trainer.enable_progress_bar: expected bool or null"),
+    "trainer flag": ("--trainer.enable_progress_bar=maybe",
+                     "trainer.enable_progress_bar: expected true or false or null"),
     "type": ("--model.d_model=abc", "model.d_model: expected int; got abc"),
     "range": ("--model.n_layers=0", "model.n_layers: expected an int >= 1, got 0"),
     "renamed": ("--model.mixer=atlas", "model.mixer: renamed; write model.preset: atlas"),
@@ -389,6 +435,9 @@ EARLY_VALUES = {  # a model or trainer value a config file or argument gets wron
                                                    "'wide'"),
     "memory choice": ("--model.memory.read=tok", "model.memory.read: unknown value 'tok'; valid choices: token, start"),
     "heads": ("--model.n_heads=5", "model.n_heads: d_model=16 must be divisible by n_heads=5"),
+    "component option": ("--model.memory={learning_rule: {class_path: atlas_lab.memory.ChunkCommit, init_args: "
+                         "{reset_every: often}}}",
+                         "model.memory.learning_rule.init_args.reset_every: expected int or null; got often"),
 }
 
 
@@ -424,16 +473,27 @@ CHECKED_TYPES = [  # (annotation, value, conforms): a value as YAML loads it (a 
 
 @pytest.mark.parametrize("kind, value, expected", CHECKED_TYPES)
 def test_a_value_is_checked_against_its_annotation(kind, value, expected):
-    from atlas_lab.configfiles import conforms
+    from atlas_lab.memory.components import conforms
 
     assert conforms(value, kind) is expected
 
 
+@pytest.mark.parametrize("kind, value, taken", [
+    (float, "1e-3", 0.001), (typing.Optional[float], "2", 2.0), (typing.Union[float, str], "1e-3", "1e-3"),
+    (typing.Any, "1e-3", "1e-3"), (float, 1, 1), (int, 3, 3), (list[float], ["1e-3"], ["1e-3"])])
+def test_a_component_takes_a_string_of_a_number_as_the_float_its_annotation_says(kind, value, taken):
+    """YAML 1.1 reads 1e-3 as a string, which conforms to float: a component's float option receives 0.001."""
+    from atlas_lab.memory.components import as_annotated
+
+    assert as_annotated(value, kind) == taken and type(as_annotated(value, kind)) is type(taken)
+
+
 def test_an_annotation_is_described_as_a_person_writes_it():
-    from atlas_lab.configfiles import describe
+    from atlas_lab.memory.components import describe
     from atlas_lab.models.lm import MemoryChanges
 
     assert describe(typing.Optional[int]) == "int or null"
+    assert describe(typing.Optional[bool]) == "true or false or null"
     assert describe(typing.Literal["a", "b"]) == "'a', 'b'"
     assert describe(typing.Union[int, float, None]) == "int or float or null"
     assert describe(tuple[float, float]) == "tuple[float, float]"
@@ -442,16 +502,17 @@ def test_an_annotation_is_described_as_a_person_writes_it():
 
 
 def test_every_annotation_a_run_checks_is_one_the_checker_reads():
-    """The model's, the module's, the trainer's and the shipped data modules' argument types are built from the
-    builtins, None, Literal, Union, list, tuple, dict and TypedDict (``conforms`` judges them), or are classes
-    and paths the CLI's parser checks: none is a typing form the checker would pass unread."""
+    """The model's, the module's, the trainer's, the shipped data modules' and components' argument types are built
+    from the builtins, None, Literal, Union, list, tuple, dict and TypedDict (``conforms`` judges them), or are
+    classes and paths the CLI's parser checks: none is a typing form the checker would pass unread."""
     import inspect
 
     import atlas_lab.data as data
     from lightning.pytorch import LightningDataModule
 
-    from atlas_lab.configfiles import TRAINER_VALUES, argument_types
+    from atlas_lab.configfiles import TRAINER_VALUES
     from atlas_lab.lit.module import SequenceModel
+    from atlas_lab.memory.components import argument_types
     from atlas_lab.models.lm import ModelConfig
 
     read = (list, tuple, dict, typing.Union, types.UnionType, typing.Literal)
@@ -468,8 +529,12 @@ def test_every_annotation_a_run_checks_is_one_the_checker_reads():
     modules = [c for c in map(functools.partial(getattr, data), data.EXPORTS)
                if inspect.isclass(c) and issubclass(c, LightningDataModule)]
     assert len(modules) >= 7
+    from atlas_lab.memory import ATTENTIONAL_BIASES, FEATURE_MAPS, LEARNING_RULES, MEMORIES, OPTIMIZERS
+
+    components = [c for registry in (MEMORIES, FEATURE_MAPS, ATTENTIONAL_BIASES, OPTIMIZERS, LEARNING_RULES)
+                  for c in registry.values()]
     kinds = [*typing.get_type_hints(ModelConfig).values(), *argument_types(SequenceModel).values(),
-             *TRAINER_VALUES.values(), *(k for m in modules for k in argument_types(m).values())]
+             *TRAINER_VALUES.values(), *(k for m in [*modules, *components] for k in argument_types(m).values())]
     assert [u for k in kinds for u in unread(k)] == []
 
 
@@ -563,6 +628,17 @@ BAD_SWEEPS = {  # name: (sweep file fields, what the one line must say)
     "tune search": (dict(sampler="tpe", trials=2, search={"model.lr": {"low": 1e-3, "high": 1e-2}},
                          tune={"grid": {"model.memory.eta_max": [0.1]}}),
                     "tune: tuning picks a setting per grid point; sampler tpe has none"),
+    # a component's option by its constructor's annotation, a user's class's (``ValueNormDelta``) included
+    "user option type": (dict(fixed={"model.memory.learning_rule": {"class_path": USER_RULE,
+                                                                    "init_args": {"p": "abc"}}}),
+                         "fixed: model.memory.learning_rule.init_args.p: expected float; got abc"),
+    "user option grid": (dict(fixed={"model.memory.learning_rule": {"class_path": USER_RULE}},
+                              grid={"model.memory.learning_rule.init_args.p": [0.5, "abc"]}),
+                         "grid.model.memory.learning_rule.init_args.p = abc: model.memory.learning_rule.init_args.p: "
+                         "expected float; got abc"),
+    "shipped option grid": (dict(fixed={"model.preset": "atlas"}, grid={"model.memory.optimizer.ns_steps": [2, 2.5]}),
+                            "grid.model.memory.optimizer.ns_steps = 2.5: model.memory.optimizer.ns_steps: expected "
+                            "int; got 2.5"),
 }
 
 

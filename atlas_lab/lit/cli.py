@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import re
 import sys
 import traceback
@@ -42,7 +43,8 @@ RUN_RANGES = {  # run options that Lightning takes unchecked and fails on mid-ru
 
 
 # --model.memory.<component>.<option>=<value>: one option of a memory component (MemoryConfig.replace's dotted form)
-COMPONENT_OPTION = re.compile(r"--model\.memory\.(\w+\.\w+)(?:=(.*))?$")
+# (``--model.memory.<component>.init_args.<option>``: LightningCLI's form, for a class given by class_path)
+COMPONENT_OPTION = re.compile(r"--model\.memory\.(\w+\.(?:init_args\.)?\w+)(?:=(.*))?$")
 
 
 def component_options(args: list[str]) -> tuple[list[str], dict]:
@@ -75,7 +77,7 @@ def with_options(memory: dict, options: dict) -> dict:
     refuse."""
     memory = dict(memory)
     for key, value in options.items():
-        field, option = key.split(".")
+        field, option = key.split(".", 1)
         if field in COMPONENTS:
             memory[field] = with_option(memory.get(field, {}), option, value, f"model.memory.{field}")
         else:
@@ -352,20 +354,25 @@ class AtlasCLI(LightningCLI):
         """LightningCLI's parse of the command line without its memory components' options (``component_options``),
         its values checked first by their types (``check_values``, ``check_classes``: a bad one is its one line),
         those options added, and the run checked (``check_run``) before
-        LightningCLI reads the hyper-parameters of a ``--ckpt_path`` checkpoint."""
-        options = {}
+        LightningCLI reads the hyper-parameters of a ``--ckpt_path`` checkpoint. With those options
+        ``--print_config`` prints the config once they are added: the memory the run uses."""
+        options, printing = {}, []
         if isinstance(args, list) or args is None:
             args, options = component_options(sys.argv[1:] if args is None else args)
             trees = check_config_files(args)
             check_values(args, trees)
             check_classes(args, trees, SequenceModel)
+            printing = [a for a in args if a.partition("=")[0] == "--print_config"] if options else []
         try:
-            super().parse_arguments(parser, args)
+            super().parse_arguments(parser, [a for a in args if a not in printing] if printing else args)
+            config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+            if options:
+                with config_errors():
+                    config["model"]["memory"] = with_options(config["model"].get("memory") or {}, options)
+            if printing:  # parsed again with the memory the run uses, the last value of model.memory: printed
+                super().parse_arguments(parser, [*args, f"--model.memory={json.dumps(config['model']['memory'])}"])
         except ArgumentError as e:  # what the checks above do not cover (an unknown key: one line already)
             raise ConfigError(flat(str(e))) from None
-        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
-        if options:
-            config["model"]["memory"] = with_options(config["model"].get("memory") or {}, options)
         self.check_run(config)
 
     def check_run(self, config) -> None:

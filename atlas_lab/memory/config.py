@@ -43,11 +43,19 @@ RULE_FIELDS = {"channel_gates": "learning_rule: kda (α per key channel) or {nam
 
 
 def with_option(spec, option: str, value, where: str):
-    """A component spec with one option set: "muon" + ns_steps=3 -> {"name": "muon", "ns_steps": 3}."""
+    """A component spec with one option set: "muon" + ns_steps=3 -> {"name": "muon", "ns_steps": 3}. A class given by
+    class_path takes ``init_args.<option>`` (LightningCLI's form) as well as ``<option>``; a mapping of options
+    without a name keeps either, for ``MemoryConfig.replace`` to set on the component it has."""
+    own = option.removeprefix("init_args.")
+    if isinstance(spec, dict) and "class_path" in spec:
+        return {**spec, "init_args": {**(spec.get("init_args") or {}), own: value}}
+    if own != option and (isinstance(spec, str) or isinstance(spec, dict) and "name" in spec):
+        name, field = spec if isinstance(spec, str) else spec["name"], where.rpartition(".")[2]
+        raise ValueError(f"{where}.{option}: init_args holds the options of a class given by class_path, and the "
+                         f"{field} is {name!r}; write {field}.{own}: {value} for an option of {name}, or {field}: "
+                         f"{{class_path: ..., init_args: {{{own}: {value}}}}}")
     if isinstance(spec, str):
         return {"name": spec, option: value}
-    if isinstance(spec, dict) and "class_path" in spec:
-        return {**spec, "init_args": {**(spec.get("init_args") or {}), option: value}}
     if isinstance(spec, dict):
         return {**spec, option: value}
     raise ValueError(f"{where}.{option}: the component is given as an object ({spec!r}); set its options where it "

@@ -101,9 +101,12 @@ class SweepSpec:
     named: str | None = None  # --study: the name given on the command line, instead of the file's
 
     def set_for(self, key: str) -> str | None:
-        """The ``--set KEY=VALUE`` that gave the sweep key ``key`` (``fixed.trainer.max_steps``, ``grid.model.lr``)
-        or a key inside it; None where the file gave it."""
-        return next((text for text, set_key, _ in self.sets if _related(set_key, key)), None)
+        """The ``--set KEY=VALUE`` that gave the sweep key ``key`` (``fixed.trainer.max_steps``, ``grid.model.lr``),
+        itself or a mapping holding it (``--set fixed={...}``); None where the file gave it. A --set of a key below
+        it is a key of its own (``--set fixed.model.memory.learning_rule.init_args.p=0.5`` beside the file's
+        ``model.memory.learning_rule``: the file gave the class, the --set its option)."""
+        return next((text for text, set_key, _ in self.sets if key == set_key or key.startswith(set_key + ".")),
+                    None)
 
     def argv(self) -> list[str]:
         """The sweep file and its command-line changes, as a worker or a trial's job is given them."""

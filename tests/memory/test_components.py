@@ -1,5 +1,6 @@
 """Components as objects (docs/components.md): user components defined here reach the engine from Python and from
 YAML (class_path / init_args through `atlas-lab fit`), take the path their form allows, and match the oracle."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_check_against_reference_can_fail():
         def direction(self, S, ndim):  # the closed form it declares (with the tanh) beside that update
             return torch.tanh(S / self.tau)
 
-    with pytest.raises(AssertionError, match="chunked differs from reference"):
+    with pytest.raises(AssertionError, match="chunked differs from the equation of learning rule online with mlp"):
         check_against_reference(optimizer=Inconsistent())
 
 
@@ -186,8 +187,12 @@ class ValueGate(Online):
         return {**super().gates(config, optimizer),
                 "omega": GateSpec("ω", "learned", 0.5, lambda x: x >= 0, ">= 0", per_step=True)}
 
-    def inputs(self, gates, v, acts):
-        return super().inputs(gates, v * gates["omega"].unsqueeze(-1), acts)
+    def act(self, steps):
+        return dataclasses.replace(steps, v=steps.v * steps.gates["omega"].unsqueeze(-1))
+
+    def equation(self, W, S, x, loop):
+        g = loop.window(loop.start, x, x.gates["omega"].unsqueeze(-1) * x.v, x.gates["gamma"])
+        return loop.step(W, S, g, x.gates["alpha"], x.gates["eta"], x.gates["theta"])
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(architecture="linear", optimizer="momentum", read="chunk")])
@@ -209,9 +214,76 @@ def test_a_users_learning_rule_is_checked_in_one_call(changes):
 def test_learning_rules_are_named_like_the_other_components():
     rule = MemoryConfig(learning_rule={"class_path": "atlas_lab.memory.learning_rules.DeltaProduct",
                                        "init_args": {"householder_steps": 3}}).rule()
-    assert (repr(rule), rule.steps_per_token) == ("deltaproduct", 3)
+    assert (repr(rule), rule.steps()) == ("deltaproduct", 3)
     with pytest.raises(ValueError, match="learning_rule.householder: deltaproduct does not take 'householder'"):
         MemoryConfig(learning_rule={"name": "deltaproduct", "householder": 3}).validate()
     changed = MemoryConfig(architecture="linear", alpha="learned").replace(**{"learning_rule": "kda",
                                                                                "learning_rule.gradient_at": "state"})
     assert changed.learning_rule == {"name": "kda", "gradient_at": "state"}
+
+
+class ValueNormDelta(Online):
+    """A user's rule with an option of its own, p: float (the online rule; p is what its class declares)."""
+
+    def __init__(self, p: float = 1.0):
+        super().__init__()
+        self.p = p
+
+
+def test_a_components_options_are_checked_by_their_annotations():
+    """An option its constructor's annotation does not admit is one line naming the key, the type and the value,
+    before the class is built; a string of a number (YAML 1.1's 1e-3) is the float the annotation asks for; the
+    init_args form of ``replace`` sets an option of a class given by class_path, and is refused for a short-hand."""
+    from atlas_lab.memory import build_learning_rule
+
+    config = MemoryConfig(learning_rule=path("ValueNormDelta"))
+    with pytest.raises(ValueError, match=r"^memory\.learning_rule\.init_args\.p: expected float; got abc$"):
+        config.replace(**{"learning_rule.init_args.p": "abc"})
+    with pytest.raises(ValueError, match=r"^memory\.learning_rule\.init_args\.p: expected float; got \[1\]$"):
+        config.replace(**{"learning_rule.p": [1]})
+    changed = config.replace(**{"learning_rule.init_args.p": "1e-3"})
+    assert changed.learning_rule == {**path("ValueNormDelta"), "init_args": {"p": "1e-3"}}
+    rule = build_learning_rule(changed.learning_rule)
+    assert type(rule) is ValueNormDelta and rule.p == 0.001 and type(rule.p) is float
+    with pytest.raises(ValueError, match=r"^memory\.learning_rule\.init_args\.p: init_args holds the options of a "
+                                         r"class given by class_path, and the learning_rule is 'online'; write "
+                                         r"learning_rule\.p: 0\.5"):
+        MemoryConfig().replace(**{"learning_rule.init_args.p": 0.5})
+    with pytest.raises(ValueError, match=r"^memory\.optimizer\.ns_steps: expected int; got 2\.5$"):
+        MemoryConfig(optimizer={"name": "muon", "ns_steps": 2.5}).validate()
+    with pytest.raises(ValueError, match="muon ns_steps must be an int >= 1, got 0"):  # its range: the class's own
+        MemoryConfig(optimizer={"name": "muon", "ns_steps": 0}).validate()
+
+
+USER_RULE_YAML = f"model:\n  memory:\n    learning_rule: {{class_path: {__name__}.ValueNormDelta}}\n"
+
+
+@pytest.mark.parametrize("flag", ["--model.memory.learning_rule.init_args.p=0.5", "--model.memory.learning_rule.p=0.5"])
+def test_a_users_option_from_the_command_line_reaches_its_class(flag, workdir):
+    """A YAML names a user's rule by class_path; an option flag, in LightningCLI's init_args form or the short one,
+    sets its option: the model's layers build the class with it."""
+    from atlas_lab.lit.cli import check_config
+    from atlas_lab.memory import build_learning_rule
+
+    Path("rule.yaml").write_text(USER_RULE_YAML)
+    cli = check_config(["-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "-c", "rule.yaml", flag])
+    spec = cli.model.model.blocks[0].mixer.config.learning_rule
+    assert spec == {**path("ValueNormDelta"), "init_args": {"p": 0.5}}
+    assert build_learning_rule(spec).p == 0.5
+
+
+def test_print_config_shows_the_memory_the_run_uses(workdir, capsys):
+    """--print_config with a component's option flags prints the config with the options set (the class given by
+    class_path and its init_args; an option of the preset's component as a mapping of options), not the parser's
+    reading of the flags."""
+    import yaml
+
+    Path("rule.yaml").write_text(USER_RULE_YAML)
+    base = ["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.preset=atlas"]
+    with pytest.raises(SystemExit) as done:
+        main([*base, "-c", "rule.yaml", "--model.memory.learning_rule.init_args.p=0.5",
+              "--model.memory.optimizer.ns_steps=3", "--print_config"])
+    assert done.value.code == 0
+    memory = yaml.safe_load(capsys.readouterr().out)["model"]["memory"]
+    assert memory == {"learning_rule": {**path("ValueNormDelta"), "init_args": {"p": 0.5}},
+                      "optimizer": {"ns_steps": 3}}

@@ -71,6 +71,23 @@ def test_a_bad_set_is_one_line_exit_2_and_nothing_is_written(case, workdir, caps
     assert not __import__("pathlib").Path("runs").exists()
 
 
+@pytest.mark.parametrize("value, message", [
+    ("often", "model.memory.learning_rule.init_args.reset_every: expected int or null; got often"),
+    ("6", "model.memory.learning_rule.reset_every: expected a multiple of chunk_size=16"),
+])
+def test_a_sets_component_option_is_checked_by_its_class(value, message, workdir, capsys):
+    """--set of an option of a component given by class_path, in LightningCLI's init_args form: its type checked by
+    the class's annotation (reset_every: int | None), its range by the class: one line naming the --set, exit 2,
+    nothing written."""
+    sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3]},
+                        fixed={"model.memory.learning_rule": {"class_path": "atlas_lab.memory.ChunkCommit"}})
+    given = f"fixed.model.memory.learning_rule.init_args.reset_every={value}"
+    assert main(["sweep", sweep, "--set", given, "--study", "x"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --set {given}: {message}"), lines
+    assert not __import__("pathlib").Path("runs").exists()
+
+
 def test_what_only_the_report_uses_needs_no_study_name(workdir, capsys):
     """--set marks (or baseline) changes no trial: the file's study, no --study needed; a value equal to the file's
     is no change either."""
