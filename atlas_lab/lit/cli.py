@@ -244,8 +244,6 @@ def task_name(config) -> str:
     return str(config["data"].get("class_path", "data")).rsplit(".", 1)[-1].removesuffix("DataModule").lower()
 
 
-def readable_checkpoint(path: str) -> None:
-    """ConfigError unless ``path`` loads as LightningCLI loads a checkpoint's hyper-parameters (``torch.load``, weights
 RULE_FIELDS = ("architecture", "feature_map", "attentional_bias", "optimizer", "learning_rule")  # a memory's components
 
 
@@ -294,6 +292,8 @@ def changed_components(model) -> dict[str, str]:
     return out
 
 
+def readable_checkpoint(path: str) -> None:
+    """ConfigError unless ``path`` loads as LightningCLI loads a checkpoint's hyper-parameters (``torch.load``, weights
     only); memory-mapped, so the tensors are not read."""
     import torch
 
@@ -339,9 +339,9 @@ class AtlasCLI(LightningCLI):
     the preset's (``fit-mqar-deltanet learning_rule=ValueNormDelta(p=1.0)``), which the tag ``atlas_lab.components``
     records by class path and options (the params hold them as ``model.memory.<field>...``). A fit resumed from a
     checkpoint (``--ckpt_path``) continues the run the checkpoint records, where the store holds it (``resumed_run``).
+    Every fit records its cost (``RunCost``).
     """
 
-    Every fit records its cost (``RunCost``).
     def __init__(self, *args, **kwargs):
         strict = {"exit_on_error": False}  # a parse error raises, and becomes one ConfigError line
         kwargs.setdefault("parser_kwargs", {**strict, **{c: strict for c in ("fit", "validate", "test", "predict")}})
@@ -478,6 +478,8 @@ class AtlasCLI(LightningCLI):
             self.trainer.callbacks.insert(0, ValidateAtEnd())
         if self.subcommand == "fit":
             self.trainer.callbacks.append(CheckpointOnSigterm())
+        if self.subcommand in ("fit", None) and not any(isinstance(c, RunCost) for c in self.trainer.callbacks):
+            self.trainer.callbacks.append(RunCost())  # None: a sweep trial's CLI, which fits
         logger = self.held_back_logger
         if logger is not None:
             init = logger.get("init_args") or {}
@@ -485,8 +487,6 @@ class AtlasCLI(LightningCLI):
             if self.subcommand == "fit" and logger["class_path"] == f"{__name__}.{RunLogger.__name__}" \
                     and init.get("run_id") is None:
                 init["run_id"] = resumed_run(config.get("ckpt_path"), init.get("tracking_uri"))
-        if self.subcommand in ("fit", None) and not any(isinstance(c, RunCost) for c in self.trainer.callbacks):
-            self.trainer.callbacks.append(RunCost())  # None: a sweep trial's CLI, which fits
             self.trainer.loggers = [instantiate_class((), {"class_path": logger["class_path"], "init_args": init})]
 
     def add_arguments_to_parser(self, parser):
