@@ -272,7 +272,7 @@ def verdict(d: dict, attrs: dict) -> str:
         if within is None:
             return f"not resolved at {setting}{untested}"
         if claim and attrs.get("paper_setting"):
-            return f"disagrees with the paper at {setting} ({within}): {claim['claim']}"
+            return f"disagrees with the paper ({within}) at {setting}: {claim['claim']}"
         return f"{within} at {setting}{untested}"
     side = "better" if d["better"] else "worse"
     side += f", by less than the margin ({within})" if within else ""
@@ -280,8 +280,8 @@ def verdict(d: dict, attrs: dict) -> str:
         return f"{side} at {setting}"
     same = side.split(",")[0] == claim["paper"]
     if attrs.get("paper_setting"):
-        return f"{'agrees' if same else 'disagrees'} with the paper at {setting} ({side}): {claim['claim']}"
-    return f"{'same' if same else 'opposite'} ordering at {setting} ({side}); does not test {claim['claim']}"
+        return f"{'agrees' if same else 'disagrees'} with the paper ({side}) at {setting}: {claim['claim']}"
+    return f"{'same' if same else 'opposite'} ordering ({side}) at {setting}; does not test {claim['claim']}"
 
 
 def _fmt(v):
@@ -495,11 +495,13 @@ def write_tables(columns: list[str], rows: list[dict], diffs: list[dict], metric
 def trial_end(t):
     """When a trial stopped running, from the journal: a complete trial at its completion; any other at its last
     heartbeat where it has one (a trial lost with its worker is marked failed only when that is noticed, and one
-    running when the journal was copied never finishes), else at its completion; None where neither is known."""
-    from datetime import datetime
+    running when the journal was copied never finishes), else at its completion; None where neither is known. The
+    heartbeat is seconds since the epoch, read as UTC, the clock the journal's start and end times were written in
+    (Optuna writes the host's local time; the studies' hosts ran in UTC), whatever the reader's time zone."""
+    from datetime import datetime, timezone
 
     if t.state != TrialState.COMPLETE and "heartbeat" in t.user_attrs:
-        beat = datetime.fromtimestamp(t.user_attrs["heartbeat"])
+        beat = datetime.fromtimestamp(t.user_attrs["heartbeat"], timezone.utc).replace(tzinfo=None)
         return beat if t.datetime_complete is None else min(beat, t.datetime_complete)
     return t.datetime_complete
 
@@ -769,6 +771,9 @@ def summarize(study: optuna.Study, client=None, parent: str | None = None, conso
                 keys + SHOWN_POINT_HEADER, [[str(r[c]) for c in columns] + _shown_point_cells(r) for r in rows],
                 keys=len(columns), styles=["red" if r["failed"] else "yellow" if r["pruned"] or r["unfinished"]
                                            else None for r in rows])
+    from .costs import quality_cost  # each point's tokens/s and s/step, the plot, the estimate checked
+
+    files += quality_cost(study, columns, rows, metric, maximize, out, console, client, parent, tracking_uri)
     if diffs:
         steps_to = "p_rank" in diffs[0]
         where = " ".join(f"{n}={baseline.get(k)}" for k, n in zip(columns, keys))

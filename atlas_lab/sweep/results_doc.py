@@ -24,6 +24,7 @@ kind of block; ``key=value`` words follow:
     curves        each trial's metric at every validation (``trials=finished`` keeps complete and running ones)
     capacity      ``capacity FILE.csv capacity``: retrieval accuracy per combination and head dim, one column per N
     capacity-growth  ``capacity FILE.csv capacity-growth``: where recall does not grow with the head dim
+    journals cost ``journals cost``: every committed journal's trials and trial-hours, and their sum
 
 ``sweep=FILE`` words a study's verdicts with that sweep file's setting, claims, escape and margin
 (``report.sweep_wording``); ``power=DELTA`` sizes the power and cost blocks; ``journal=FILE`` reads another journal.
@@ -78,6 +79,8 @@ def block(spec: str, where: str = "block") -> list[str]:
         raise SweepError(f"{where}: {spec!r}: expected 'STUDY KIND [key=value ...]'")
     if words[0] == "capacity":
         return _capacity(words[1], words[2] if len(words) > 2 else "capacity", where)
+    if words[:2] == ["journals", "cost"]:
+        return _every_cost()
     name, kind, options = words[0], words[1], _options(words[2:], where)
     journal = options.get("journal") or str(JOURNALS / f"{name}.journal")
     if not Path(journal).is_file():
@@ -124,6 +127,20 @@ def block(spec: str, where: str = "block") -> list[str]:
         return _curves(study, columns, options.get("trials"), re.sub(r"\.(best|final|mean|steps_to_.+)$", "", metric))
     raise SweepError(f"{where}: unknown block kind {kind!r}; valid choices: points, seeds, differences, verdicts, "
                      "power, tuned, cost, cost-line, answers, curves, capacity, capacity-growth")
+
+
+def _every_cost() -> list[str]:
+    """Each committed journal's trials and trial-hours, and their sum."""
+    rows, total = [], 0.0
+    for path in sorted(JOURNALS.glob("*.journal")):
+        name = path.stem
+        study = _study(name, str(path))
+        columns, points = rp.result_rows(study)
+        cost = rp.study_cost(study, columns, points, [])
+        total += cost["trial_hours"]
+        rows.append([name, cost["trials"], f"{cost['trial_hours']:.2f}", f"{cost['busy_hours']:.2f}"])
+    return rp._markdown(["study", "trials", "trial-hours", "hours with a trial running"], rows) + \
+        ["", f"all committed journals: {total:.2f} trial-hours"]
 
 
 def _curves(study, columns: list[str], which: str | None, metric: str) -> list[str]:

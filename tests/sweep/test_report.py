@@ -243,7 +243,7 @@ def timed_study(minutes: dict[tuple, list[float]], values: dict[tuple, list[floa
 def test_the_cost_sums_trial_times_and_sizes_each_open_design_with_its_baseline():
     """baseline 6 minutes a trial, linear (resolved: ahead in every seed) 3, gd (open) 9; gd's design: the seeds
     for ±0.1 at its Holm level, each run for gd and for the baseline: seeds × (9 + 6) minutes."""
-    from datetime import timedelta
+    from datetime import timedelta, timezone
 
     from atlas_lab.sweep.report import study_cost
 
@@ -264,7 +264,8 @@ def test_the_cost_sums_trial_times_and_sizes_each_open_design_with_its_baseline(
                         user_attrs={"labels": {"model.preset": "atlas", "model.memory": "gd"}, "repeat": 9})
     start = study.get_trials()[-1].datetime_complete
     lost.datetime_start, lost.datetime_complete = start, start + timedelta(hours=5)  # noticed lost 5 hours later
-    lost.set_user_attr("heartbeat", (start + timedelta(minutes=4)).timestamp())  # its worker's last sign of life
+    beat = (start + timedelta(minutes=4)).replace(tzinfo=timezone.utc).timestamp()  # its worker's last sign of life
+    lost.set_user_attr("heartbeat", beat)
     study.add_trial(lost)
     assert study_cost(study, columns, rows, diffs)["trial_hours"] == pytest.approx((24 + 12 + 36 + 4) / 60)
     assert design["changes"] == "memory=gd" and design["seeds"] == gd["seeds"] > 4
