@@ -287,7 +287,10 @@ def verdict(d: dict, attrs: dict) -> str:
 def _fmt(v):
     if v is None:
         return "—"
-    return f"{v:.{DIGITS}f}" if isinstance(v, float) else str(v)
+    if not isinstance(v, float):
+        return str(v)
+    text = f"{v:.{DIGITS}f}"
+    return text[1:] if text.startswith("-") and text.strip("-0.") == "" else text  # zero, rounded, has no sign
 
 
 def _ci(r) -> str:

@@ -56,10 +56,10 @@ def test_identical_differences_on_enough_seeds_are_not_resolved():
 # --- verdicts name their setting ---
 
 @pytest.mark.parametrize("paper_setting,side,expected", [
-    (False, "worse", f"opposite ordering at {SETTING} (better); does not test Table 6: linear is worse"),
-    (False, "better", f"same ordering at {SETTING} (better); does not test Table 6: linear is worse"),
-    (True, "worse", f"disagrees with the paper at {SETTING} (better): Table 6: linear is worse"),
-    (True, "better", f"agrees with the paper at {SETTING} (better): Table 6: linear is worse")])
+    (False, "worse", f"opposite ordering (better) at {SETTING}; does not test Table 6: linear is worse"),
+    (False, "better", f"same ordering (better) at {SETTING}; does not test Table 6: linear is worse"),
+    (True, "worse", f"disagrees with the paper (better) at {SETTING}: Table 6: linear is worse"),
+    (True, "better", f"agrees with the paper (better) at {SETTING}: Table 6: linear is worse")])
 def test_a_verdict_agrees_with_the_paper_only_in_the_papers_setting(paper_setting, side, expected, tmp_path):
     """linear is ahead of the baseline in every seed (resolved): read against a claim that it is worse (or, to see
     the other word, that it is better)."""

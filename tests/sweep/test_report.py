@@ -291,3 +291,10 @@ def test_report_cost_is_written_and_needs_a_difference_to_size_for(tmp_path, mon
     assert main(["report", "s", "--storage", storage, "--cost", "--power", "0.1"]) == 0
     md = (tmp_path / "runs" / "sweeps" / "s" / "cost.md").read_text()
     assert md.startswith("6 trials, 0.20 trial-hours") and "| memory=gd | 2.0 |" in md
+
+
+def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
+    from atlas_lab.sweep.report import _fmt
+
+    assert [_fmt(v) for v in (-0.00001, 0.0, -0.00006, -0.5, 1.0)] == ["0.0000", "0.0000", "-0.0001", "-0.5000",
+                                                                     "1.0000"]
