@@ -1,7 +1,7 @@
 """The GPU path in one run (``make gpu-check``): tests on the device, kernel timings, training steps, the pilot of a
 sweep, one JSON.
 
-    python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot] [--sweep FILE]
+    python benchmarks/gpu_check.py [--budget 450] [--parts tests kernels training pilot model] [--sweep FILE]
                                    [--set KEY=VALUE ...]
 
 (a) tests     the kernel and memory tests (tests/kernels, tests/memory) and the compiled blocks' (tests/models/
@@ -27,7 +27,12 @@ sweep, one JSON.
               ``atlas-lab sweep FILE --estimate``): s/step by length, one validation's seconds, and the projected hours
               of each configuration and of the whole study. ``--set KEY=VALUE`` changes the sweep file as ``atlas-lab
               sweep --set`` does (``--set fixed.model.compile=true``: the study with compiled blocks).
-(e) one JSON, runs/bench/gpu_check.json (gpu_check.cpu.json without CUDA), and the tables.
+(e) model     the GPU model (benchmarks/gpu_model.py): each pilot configuration's and each training model's step
+              counted on the CPU (launches, FLOPs; the meta device, the plan asked as on CUDA), in a process of its own
+              beside the other parts (on the CPU: after them), given ``MODEL_GRACE`` seconds after the parts (what it
+              counted by then is used): measured beside predicted, with the constants fitted to the H200 table and, on
+              a GPU, refitted to this run's pilot (``gpu_model.fit``). No share of the budget.
+(f) one JSON, runs/bench/gpu_check.json (gpu_check.cpu.json without CUDA), and the tables.
 
 Budget. Each part has its share of ``--budget`` (seconds; tests 30 %, kernels 20 %, training 20 %, pilot 30 %) and
 keeps what finished. A row is not started when it cannot finish in what is left of its share, by an estimate from
@@ -108,6 +113,8 @@ TRAIN_TINY = dict(d_model=32, n_layers=2, n_heads=2, vocab=256, T=64, batch=1)
 PILOT_SWEEP, PILOT_SWEEP_TINY = "sweeps/mqar_gpu.yaml", "sweeps/demo.yaml"
 PILOT_STEPS, PILOT_STEPS_TINY = 20, 3
 PILOT_OWN = 0.8  # of a pilot row's time: the pilot's own limit (the rest: its process's start and imports)
+PARTS = list(SHARES) + ["model"]  # model: counted on the CPU beside the other parts, no share of the budget
+MODEL_GRACE = 60.0  # seconds the model's count may run on after the other parts (then what it counted is used)
 
 
 class Share:
@@ -337,29 +344,42 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
 
 # ---------------------------------------------------------------- (c) training steps
 
-def train_child(label: str, size: dict, steps: int) -> dict:
-    """One model's training step at ``size`` (in this process): median seconds of ``steps`` steps after a warm-up,
-    tokens/s and peak memory (CUDA: max allocated; CPU: the process's peak resident set)."""
+def train_model(label: str, size: dict, device: str):
+    """A model of ``TRAIN_MODELS`` at ``size`` on ``device`` (seeded; memory layers recompute each chunk in the
+    backward) and its AdamW (torch's foreach choice: foreach on CUDA)."""
     from atlas_lab.models import LanguageModel
 
     preset, memory = TRAIN_MODELS[label] or (label, None)
-    device = "cuda" if CUDA else "cpu"
-    if not CUDA:
-        torch.set_num_threads(1)
     torch.manual_seed(0)
     model = LanguageModel(size["vocab"], preset, d_model=size["d_model"], n_layers=size["n_layers"],
                           n_heads=size["n_heads"], memory=dict(memory or {}, checkpoint=True)
                           if preset != "transformer" else None).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True if device != "cpu" else None)
+
+
+def train_step(model, opt, ids, device_type: str):
+    """One training step (part c's): forward under bf16 autocast, next-token cross-entropy in float32, backward,
+    AdamW; returns the loss (not read: no synchronisation)."""
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        logits, _ = model(ids[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def train_child(label: str, size: dict, steps: int) -> dict:
+    """One model's training step at ``size`` (in this process): median seconds of ``steps`` steps after a warm-up,
+    tokens/s and peak memory (CUDA: max allocated; CPU: the process's peak resident set)."""
+    device = "cuda" if CUDA else "cpu"
+    if not CUDA:
+        torch.set_num_threads(1)
+    model, opt = train_model(label, size, device)
     ids = torch.randint(0, size["vocab"], (size["batch"], size["T"] + 1), device=device)
 
     def step():
-        with torch.autocast(device, dtype=torch.bfloat16):
-            logits, _ = model(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, ids, device)
         if CUDA:
             torch.cuda.synchronize()
         return loss.item()
@@ -444,6 +464,59 @@ def run_pilot(share: Share, sweep: str, steps: int, pilot: Callable | None = Non
                 piloted=sum("projection" in r for r in rows), configurations=len(rows))
 
 
+# ---------------------------------------------------------------- (e) the GPU model
+
+def start_model(record: Path, sweep: str, sets: tuple[str, ...], size: dict, log: Path) -> subprocess.Popen:
+    """benchmarks/gpu_model.py counting, on the CPU (the meta device), the pilot's configurations and the training
+    models at ``size``, in a process of its own that writes ``record`` as it goes; started beside the other parts."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_model.py"), "--record", str(record), "--sweep", sweep,
+           "--train-size", json.dumps(size), *(a for s in sets for a in ("--set", s))]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+
+
+def finish_model(proc: subprocess.Popen, record: Path, grace: float | None) -> dict:
+    """Wait ``grace`` seconds at most (None: until it ends) for ``start_model``'s process (then stop it), and read
+    what it counted."""
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if not record.is_file():
+        raise RuntimeError(f"the model's count wrote nothing (log: {record.with_suffix('.log')})")
+    return json.loads(record.read_text())
+
+
+def model_rows(rec: dict, result: dict, refit: bool) -> dict:
+    """Measured beside predicted: each pilot row's s/step by length and each training row's step against the model
+    with the constants fitted to the H200 table, and (``refit``: on a GPU) with constants refitted to this run's
+    pilot. Rows the count did not reach have no prediction."""
+    import gpu_model as gm
+
+    h200 = gm.Constants(**rec["fit"]["constants"]) if rec.get("fit") else None
+    rows = []
+    for r in (result.get("pilot") or {}).get("rows", []):
+        counts = gm.int_keys(rec["counts"].get(gm.point_name(r["point"]), {}))
+        for L, s in sorted((int(L), s) for L, s in (r.get("step_s") or {}).items()):
+            rows.append(dict(part="pilot", name=gm.point_name(r["point"]), L=L, measured=s, **counts.get(L, {})))
+    size = rec.get("train_size") or {}
+    for r in result.get("training") or []:
+        if "step_s" in r:
+            rows.append(dict(part="training", name=r["model"], L=size.get("T"), measured=r["step_s"],
+                             **rec["train"].get(r["model"], {})))
+    points = [dict(r, preset=r["name"]) for r in rows if r["part"] == "pilot" and "launches" in r]
+    report = gm.fit_report(points) if refit and len({p["preset"] for p in points}) >= 2 else None
+    fitted = gm.Constants(**report["constants"]) if report else None
+    for r in rows:
+        if "launches" in r:
+            r["predicted"] = h200 and h200.predict(r["launches"], r["flops"])
+            r["refitted"] = fitted and fitted.predict(r["launches"], r["flops"])
+    return dict(h200=rec.get("fit"), refit=report, rows=rows, counted=sorted(rec.get("seconds", {})))
+
+
 # ---------------------------------------------------------------- tables
 
 def tests_label(files: str) -> str:
@@ -457,7 +530,7 @@ def fmt(x, spec=".2f", suffix=""):
 
 def print_tables(result: dict) -> None:
     where = result["device"] + ("" if CUDA else " — CPU / Triton interpreter, tiny shapes: times mean nothing")
-    for part in ("tests", "kernels", "training", "pilot"):
+    for part in PARTS:
         if isinstance(result.get(part), dict) and "error" in result[part] and len(result[part]) == 1:
             common.console().print(f"({part}) did not run: {result[part]['error']}", markup=False)
     if "counts" in result.get("tests", {}):
@@ -509,13 +582,32 @@ def print_tables(result: dict) -> None:
         common.console().print(f"study {p['sweep']}: {p['hours']:.2f} hours projected for one worker" +
                                (f" ({missing} of {p['configurations']} configurations not piloted, not counted)"
                                 if missing else ""), markup=False)
+    if "rows" in result.get("model", {}):
+        m = result["model"]
+        import gpu_model as gm
+
+        for label, report in (("constants fitted to the H200 table", m["h200"]),
+                              ("refitted to this pilot", m["refit"])):
+            if report:
+                gm.print_fit(report, label)
+        common.print_table("(e) one training step, measured beside the GPU model (benchmarks/gpu_model.py: "
+                           "C0 + C_launch · launches + FLOPs / R)" + ("" if CUDA else " — measured on the CPU: "
+                                                                         "not a GPU's step, no refit"),
+                           ["part", "configuration", "L", "launches", "GFLOP", "measured s", "predicted s",
+                            "pred / meas", "refitted s", "refit / meas"],
+                           [[r["part"], r["name"], r["L"], r.get("launches"), fmt(r.get("flops") and r["flops"] / 1e9,
+                                                                                 ",.1f"),
+                             fmt(r["measured"], ".4f"), fmt(r.get("predicted"), ".4f"),
+                             fmt(r.get("predicted") and r["predicted"] / r["measured"]),
+                             fmt(r.get("refitted"), ".4f"),
+                             fmt(r.get("refitted") and r["refitted"] / r["measured"])] for r in m["rows"]], left=2)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget", type=float, default=450.0, help="seconds for the parts (default 450: with the "
                                                                 "start and the tables, under 8 minutes)")
-    ap.add_argument("--parts", nargs="+", default=list(SHARES), choices=list(SHARES))
+    ap.add_argument("--parts", nargs="+", default=PARTS, choices=PARTS)
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 4096, 16384], help="kernel lengths")
     ap.add_argument("--repeats", type=int, default=5, help="timed kernel calls (median)")
     ap.add_argument("--steps", type=int, default=3, help="timed training steps per model (median)")
@@ -544,9 +636,17 @@ def main(argv=None) -> int:
     result["tiny"] = tiny
     out = common.BENCH_DIR / "gpu_check.json" if CUDA else common.BENCH_DIR / "gpu_check.cpu.json"
     out = given or out
-    share = {p: SHARES[p] / sum(SHARES[q] for q in args.parts) for p in args.parts}
+    timed = [p for p in args.parts if p in SHARES]
+    share = {p: SHARES[p] / sum(SHARES[q] for q in timed) for p in timed}
     started = time.monotonic()
-    for part in args.parts:
+    sweep = args.sweep or (PILOT_SWEEP_TINY if tiny else PILOT_SWEEP)
+    record = out.parent / f"{out.stem}.model.json"
+    def count():
+        return start_model(record, sweep, tuple(args.sets), TRAIN_TINY if tiny else TRAIN_SIZE,
+                           record.with_suffix(".log"))
+    # on a GPU machine the count runs on a CPU core beside the parts; on the CPU after them (not to slow their rows)
+    counting = count() if "model" in args.parts and CUDA else None
+    for part in timed:
         budget = Share(share[part] * args.budget)
         t = time.monotonic()
         try:
@@ -559,13 +659,22 @@ def main(argv=None) -> int:
                 result["training_size"] = size
                 result["training"] = run_training(budget, size, 1 if tiny else args.steps)
             else:
-                result["pilot"] = run_pilot(budget, args.sweep or (PILOT_SWEEP_TINY if tiny else PILOT_SWEEP),
-                                            args.pilot_steps or (PILOT_STEPS_TINY if tiny else PILOT_STEPS),
+                result["pilot"] = run_pilot(budget, sweep, args.pilot_steps or (PILOT_STEPS_TINY if tiny
+                                                                                 else PILOT_STEPS),
                                             sets=tuple(args.sets))
         except Exception as e:  # this part's error; the next part runs
             result[part] = dict(error=f"{type(e).__name__}: {e}"[:500])
         result.setdefault("seconds", {})[part] = round(time.monotonic() - t, 1)
         common.write_json(out, result, quiet=True)  # what finished is kept if a later part dies
+    if "model" in args.parts:
+        t = time.monotonic()
+        try:
+            counting = counting or count()
+            result["model"] = model_rows(finish_model(counting, record, MODEL_GRACE if CUDA else None), result,
+                                         refit=CUDA)
+        except Exception as e:
+            result["model"] = dict(error=f"{type(e).__name__}: {e}"[:500])
+        result.setdefault("seconds", {})["model"] = round(time.monotonic() - t, 1)
     result["seconds"]["total"] = round(time.monotonic() - started, 1)
     print_tables(result)
     common.write_json(out, result)

@@ -287,3 +287,34 @@ def test_gpu_check_keeps_what_finished_when_the_budget_runs_out(tmp_path):
     assert checks[1:] == ["budget"] * 2 and checks[0] in ("correct", "budget")
     assert all(r["error"].startswith("budget") for r in result["training"])
     assert set(result["seconds"]) == {"kernels", "training", "total"}
+
+
+def test_the_model_part_puts_measured_beside_predicted_and_refits_on_the_pilot(capsys):
+    """The model's record (counts by configuration and length, the H200 fit) against a pilot and training rows: each
+    measured step with its prediction; refitted to the pilot's points (steps made by known constants: the refit finds
+    them), and a configuration the count did not reach has no prediction."""
+    import gpu_model
+
+    known = gpu_model.Constants(C0=2e-3, C_launch=20e-6, R=50e12)
+    counts = {"transformer": {"64": dict(launches=300, flops=4e10), "128": dict(launches=300, flops=8e10)},
+              "titans": {"64": dict(launches=3000, flops=4e10), "128": dict(launches=6000, flops=9e10)}}
+    rec = dict(fit=gpu_model.fit_report([dict(preset=n, L=int(L), measured=known.predict(c["launches"], c["flops"]),
+                                              **c) for n, by_L in counts.items() for L, c in by_L.items()]),
+               counts=counts, train={"transformer": dict(launches=1500, flops=5e12)},
+               train_size=dict(T=4096), seconds={})
+    pilot = [dict(point=f"preset={n}", step_s={L: known.predict(c["launches"], c["flops"]) for L, c in by_L.items()})
+             for n, by_L in counts.items()] + [dict(point="preset=atlas", step_s={"64": 1.5})]
+    result = dict(device="cuda", pilot=dict(rows=pilot), training=[dict(model="transformer", step_s=0.2),
+                                                                   dict(model="atlas", error="budget")])
+    model = gpu_check.model_rows(rec, result, refit=True)
+    rows = {(r["part"], r["name"], r["L"]): r for r in model["rows"]}
+    assert set(rows) == {("pilot", "transformer", 64), ("pilot", "transformer", 128), ("pilot", "titans", 64),
+                         ("pilot", "titans", 128), ("pilot", "atlas", 64), ("training", "transformer", 4096)}
+    assert rows[("pilot", "titans", 128)]["predicted"] == pytest.approx(rows[("pilot", "titans", 128)]["measured"])
+    assert model["refit"]["constants"]["C_launch"] == pytest.approx(known.C_launch, rel=1e-9)
+    assert "predicted" not in rows[("pilot", "atlas", 64)]
+    assert rows[("training", "transformer", 4096)]["predicted"] == pytest.approx(known.predict(1500, 5e12))
+    assert gpu_check.model_rows(rec, result, refit=False)["refit"] is None  # the CPU's times fit no GPU
+    gpu_check.print_tables(dict(device="cuda", model=model))
+    out = capsys.readouterr().out
+    assert "(e) one training step, measured beside the GPU model" in out and "refitted to this pilot" in out

@@ -1,0 +1,672 @@
+"""A model of a training step on a GPU, counted on the CPU: launches, matrix-product FLOPs and bytes of one step,
+fitted to the one GPU table we have.
+
+    python benchmarks/gpu_model.py [--sweep sweeps/mqar_gpu.yaml] [--presets ...] [--lengths 64 128 256]
+                                   [--no-125m] [--tf32-rate 250] [--json PATH]
+
+The model:  step ≈ C0 + C_launch · launches + FLOPs / R
+
+Counted (``count_step``): one training step as a fit runs it on CUDA — ``SequenceModel.training_step`` (forward,
+loss, its finiteness check), backward, gradient clipping at norm 1 (lightning_config.yaml) and AdamW with
+``foreach`` (torch's choice on CUDA), the second step (the first also creates AdamW's state). The model's tensors are
+on the ``meta`` device (shapes only: the whole table takes seconds, atlas at L 256 included) and the memory's plan is
+asked as on CUDA (``on_cuda``), so each call takes the path it takes there (``--route P=path``: another path, e.g. the
+Triton route a measurement was taken on). Each aten operator on a meta tensor is one launch, except views,
+allocations and metadata (``NO_KERNEL``); a ``_foreach_`` operator is its multi-tensor-apply launches (``foreach_
+launches``: chunks of 65,536 elements, at most 320 blocks and 110/64/48/36/30 tensors a launch by depth); each
+Triton kernel (``kernel[grid](...)``, ours and fla's) one launch; an ``atlas_lab::`` operator (the Newton–Schulz
+kernel) one launch. Operators on CPU tensors (AdamW's step counters) launch nothing on a GPU and are left out;
+``.item()`` is a host synchronisation, counted apart. FLOPs: torch's formulas for the matrix products and attention
+(``torch.utils.flop_counter``), the Newton–Schulz kernel's products (``ns_flops``), and for a call the plan routes to
+the chunk kernel or fla, its forward and backward dots (``launches()`` of the chunk kernel; fla: three times the
+plan's forward FLOPs). Bytes: every launch's tensors, read or written once (an upper bound on traffic).
+Left out: Lightning's logging of train/loss and the batch's copy to the GPU (a few launches, in C0).
+
+The measurement (``MEASURED``): the only GPU table we have — one H200, the Lightning fit of
+sweeps/mqar_gpu.yaml at its fixed sizes (d_model 128, 2 layers, memory heads 8, V 8192, batch 64, float32),
+s/step at L 64 / 128 / 256, an earlier tree (before the compile and routing changes since); gated_deltanet then took
+the Triton chunk kernel (no fla), and atlas did not finish 60 steps and a validation in 85 s (> 1 s a step).
+
+The fit (``fit``: non-negative least squares on the ratio predicted / measured, the 12 points; counts of today's
+tree, gated_deltanet on the Triton route), printed by this script:
+
+    C0 = 1.62 ms, C_launch = 28.8 µs, R = 73 TFLOP/s
+    predicted / measured: 0.92–1.08 on the 12 points; each preset left out of the fit: 0.82–1.24
+    atlas at L 64: predicted 0.43 s (measured > 1 s: the model misses atlas's cost, see docs/performance.md §o)
+
+R is what fp32 matrix products reached in that fit (the table's FLOPs are small: R is the least certain constant);
+``--tf32-rate`` (default 250 TFLOP/s, about half of an H200's dense tf32 peak) is the rate stated for tensor cores,
+which the targets of atlas are judged at. ``make gpu-check`` prints the same table measured beside predicted, and
+refits the constants on its own pilot where a GPU runs it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # atlas_lab from this checkout, installed or not
+    sys.path.insert(1, str(ROOT))
+
+import common  # noqa: E402  (benchmarks/common.py)
+
+# one H200, the Lightning fit of sweeps/mqar_gpu.yaml at its fixed sizes (d_model 128, 2 layers, memory heads 8,
+# V 8192, batch 64, float32): s/step at each training length; gated_deltanet on the Triton chunk kernel (no fla)
+MEASURED = {
+    "transformer": {64: 0.0092, 128: 0.0090, 256: 0.0095},
+    "gated_deltanet": {64: 0.023, 128: 0.024, 256: 0.026},
+    "omeganet": {64: 0.072, 128: 0.118, 256: 0.212},
+    "titans": {64: 0.103, 128: 0.176, 256: 0.344},
+}
+MEASURED_ROUTES = {"gated_deltanet": "triton"}  # the path each preset took when it was measured
+MEASURED_BOUNDS = {"atlas": 1.0}  # s/step it took at least (60 steps and a validation did not finish in 85 s)
+SWEEP = "sweeps/mqar_gpu.yaml"
+LENGTHS = (64, 128, 256)
+GRAD_CLIP = 1.0  # lightning_config.yaml's gradient_clip_val
+TF32_RATE = 250e12  # FLOP/s stated for float32 products on tensor cores (tf32): about half an H200's dense peak
+HBM = 4.8e12  # bytes/s, an H200's memory bandwidth: the bytes column's floor
+
+# leaf operators that only make a view, allocate, or do nothing: no kernel on a GPU
+NO_KERNEL = {
+    "as_strided", "view", "_reshape_alias", "_unsafe_view", "reshape", "alias", "detach", "detach_", "t",
+    "transpose", "permute", "expand", "squeeze", "unsqueeze", "select", "slice", "unbind", "split", "chunk",
+    "narrow", "diagonal", "unfold", "view_as", "expand_as", "empty", "empty_like", "empty_strided", "new_empty",
+    "new_empty_strided", "resize_", "resolve_conj", "resolve_neg", "to", "lift_fresh", "is_nonzero", "item",
+    "size", "stride", "numel", "dim", "contiguous", "result_type", "broadcast_tensors", "set_", "conj",
+    "scalar_tensor", "split_with_sizes", "unsafe_split", "_unsafe_view", "view_as_real", "view_as_complex",
+    "expand_copy", "_neg_view", "_conj", "sym_size", "sym_stride", "sym_numel", "is_same_size",
+    "_has_compatible_shallow_copy_type", "prim"}
+SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"}  # a host synchronisation
+
+# multi_tensor_apply (ATen's foreach kernels): elements a chunk, and per launch at most so many blocks and, by the
+# operator's number of tensor lists (its depth), so many tensors
+MTA_CHUNK, MTA_BLOCKS, MTA_TENSORS = 65536, 320, {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+
+
+def foreach_launches(numels: list[int], depth: int) -> int:
+    """Kernel launches of one ``_foreach_`` operator on CUDA over tensors of ``numels`` elements with ``depth``
+    tensor lists (outputs included): a launch each time a launch's blocks (chunks of MTA_CHUNK) or tensors are full,
+    and one for what is left."""
+    launches = blocks = tensors = 0
+    limit = MTA_TENSORS[min(depth, 5)]
+    for n in numels:
+        if n == 0:
+            continue
+        tensors += 1
+        chunks = math.ceil(n / MTA_CHUNK)
+        for c in range(chunks):
+            blocks += 1
+            if blocks == MTA_BLOCKS or (tensors == limit and c == chunks - 1):
+                launches += 1
+                blocks = 0
+                tensors = 1 if c < chunks - 1 else 0
+    return launches + (blocks > 0)
+
+
+def ns_flops(M: int, R: int, C: int, steps: int, quintic: bool, backward: bool) -> int:
+    """Dot FLOPs of the Newton–Schulz kernel on M matrices R × C (R ≤ C; ops/newton_schulz/triton.py): forward, per
+    step X Xᵀ (2R²C), A² (2R³, quintic), B X (2R²C); backward, the k − 1 iterates recomputed, then per step X Xᵀ, A²,
+    dX Xᵀ, dB A and A dB (quintic), B dX and sym X."""
+    step = 4 * R * R * C + (2 * R ** 3 if quintic else 0)
+    if not backward:
+        return M * steps * step
+    back = 8 * R * R * C + (6 * R ** 3 if quintic else 0)
+    return M * ((steps - 1) * step + steps * back)
+
+
+@dataclass
+class Count:
+    """One step's launches (by operator; Triton kernels by name), FLOPs, bytes and host synchronisations, by phase
+    (forward: training_step; backward; optimizer: clipping and AdamW)."""
+    launches: Counter = field(default_factory=Counter)
+    flops: Counter = field(default_factory=Counter)
+    bytes: Counter = field(default_factory=Counter)
+    syncs: Counter = field(default_factory=Counter)
+    ops: Counter = field(default_factory=Counter)
+    phase: str = "forward"
+
+    def add(self, op: str, launches: int = 1, flops: int = 0, nbytes: int = 0) -> None:
+        self.launches[self.phase] += launches
+        self.flops[self.phase] += flops
+        self.bytes[self.phase] += nbytes
+        self.ops[op] += launches
+
+    def total(self) -> dict:
+        return dict(launches=sum(self.launches.values()), flops=sum(self.flops.values()),
+                    bytes=sum(self.bytes.values()), syncs=sum(self.syncs.values()),
+                    by_phase={p: dict(launches=self.launches[p], flops=self.flops[p], bytes=self.bytes[p])
+                              for p in self.launches})
+
+
+def _tensors(tree):
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def _nbytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = (id(t.untyped_storage()) if t.device.type != "meta" else id(t), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def counting_mode(count: Count, device: str = "meta"):
+    """A TorchDispatchMode adding every operator on a ``device`` tensor to ``count`` (see the module's docstring)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu] = \
+        flop_registry[aten._scaled_dot_product_flash_attention]
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
+        flop_registry[aten._scaled_dot_product_flash_attention_backward]
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            inputs = _tensors((args, kwargs))
+            on = any(t.device.type == device for t in inputs)
+            name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
+            if on and name in SYNC:
+                count.syncs[name] += 1
+                if name == "_local_scalar_dense" and device == "meta" and inputs[0].dtype == torch.bool:
+                    return True  # a finiteness check: the step goes on as when it passes
+                raise RuntimeError(f"gpu_model: {func} reads a tensor's value on the host (data-dependent); a step "
+                                   "with it cannot be counted on the meta device")
+            out = func(*args, **kwargs)
+            namespace = getattr(func, "namespace", "aten")
+            if not on or (namespace == "aten" and name in NO_KERNEL) or namespace == "prim":
+                return out
+            outputs = _tensors(out)
+            if name.startswith("_foreach_"):
+                lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+                depth = len(lists) + (not name.endswith("_"))
+                launches = foreach_launches([t.numel() for t in lists[0]], depth) + (name == "_foreach_norm")
+            else:
+                launches = 1
+            flops = 0
+            if namespace == "atlas_lab" and name.startswith("newton_schulz_triton"):
+                flops = ns_call_flops(name, args)
+            elif func._overloadpacket in formulas:
+                flops = formulas[func._overloadpacket](*args, **kwargs, out_val=out)
+            count.add(f"{namespace}::{name}", launches, flops, _nbytes(inputs + outputs))
+            return out
+
+    return Counting()
+
+
+def ns_call_flops(name: str, args) -> int:
+    """FLOPs of one call of the Newton–Schulz operator (forward or its backward): G [M, R, C], steps, coefficients."""
+    from atlas_lab.memory import NS_COEFFICIENTS
+
+    G, steps, coefficients = args[0], args[-4] if name.endswith("backward") else args[1], \
+        args[-3] if name.endswith("backward") else args[2]
+    M, R, C = G.shape
+    return ns_flops(M, R, C, steps, NS_COEFFICIENTS[coefficients][2] != 0.0, name.endswith("backward"))
+
+
+@contextlib.contextmanager
+def triton_launches(count: Count):
+    """Every Triton launch (``kernel[grid](...)``: ours and fla's, through the autotuner or not) counted as one launch
+    under its kernel's name, its tensors' bytes added, and not run (its outputs stay as allocated)."""
+    from triton.runtime.jit import KernelInterface
+
+    def getitem(kernel, grid):
+        fn = kernel
+        while not hasattr(fn, "__name__") and hasattr(fn, "fn"):
+            fn = fn.fn
+
+        def launch(*args, **kwargs):
+            count.add(f"triton::{getattr(fn, '__name__', type(kernel).__name__)}", 1, 0,
+                      _nbytes(_tensors((args, kwargs))))
+        return launch
+
+    original = KernelInterface.__getitem__
+    KernelInterface.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+@contextlib.contextmanager
+def on_cuda(count: Count, routes: dict | None = None):
+    """Every memory call planned as on CUDA (``memory/plan.py``'s ``plan`` asked with device "cuda", and ``impl``
+    = ``routes[preset's memory]``, a path, where given), and the FLOPs of a call routed to the chunk kernel or fla
+    (which the operator count does not see) added from the plan; ``torch.autocast`` on the meta device as on the CPU,
+    torch's foreach operators taken there (``clip_grad_norm_`` and AdamW choose them on CUDA), and attention
+    computed by the fused kernel CUDA takes (float32 or a mask: memory-efficient; half precision: flash) rather than
+    the decomposition the meta device would take.
+    ``routes``: {"*": path} applies to every call."""
+    import torch
+    import torch.nn.functional as F
+    import torch.utils._foreach_utils as foreach
+
+    import atlas_lab.layers.memory_mixer as mixer
+    import atlas_lab.memory.op as op
+    from atlas_lab.memory import plan as planning
+
+    real, autocast, devices = planning.plan, torch.autocast, foreach._get_foreach_kernels_supported_devices
+    impl = (routes or {}).get("*")
+
+    def plan(config, shapes, dtype=torch.float32, device="cpu", asked="auto", acts=None):
+        how = real(config, shapes, dtype, "cuda", impl or asked, acts)
+        if how.path in ("triton", "fla") and how.form != "transformed" and shapes.T > 0:
+            count.flops[count.phase] += plan_kernel_flops(config, shapes, how)
+        return how
+
+    class Autocast(autocast):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if q.device.type != "meta":
+            return attention(q, k, v, attn_mask, dropout_p, is_causal, scale, **kwargs)
+        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal,
+                                                                      scale=scale)[0]
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # as sdpa converts it on CUDA
+            attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+                attn_mask.logical_not(), -math.inf)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, attn_mask, q.requires_grad, dropout_p, is_causal, scale=scale)[0]
+
+    attention = F.scaled_dot_product_attention
+    op.plan, mixer.plan, torch.autocast, F.scaled_dot_product_attention = plan, plan, Autocast, sdpa
+    foreach._get_foreach_kernels_supported_devices = lambda: devices() + ["meta"]
+    try:
+        yield
+    finally:
+        op.plan, mixer.plan, torch.autocast, F.scaled_dot_product_attention = real, real, autocast, attention
+        foreach._get_foreach_kernels_supported_devices = devices
+
+
+def plan_kernel_flops(config, shapes, how) -> int:
+    """Forward and backward dot FLOPs of a memory call on the chunk kernel (its ``launches()``) or on fla (three
+    times the plan's forward FLOPs: forward, and a backward of twice the forward's products)."""
+    from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
+    from atlas_lab.memory.plan import kernel_bias
+
+    if how.path == "fla" or how.flops is None:
+        return int(3 * (how.flops or 0) * shapes.B * shapes.T * shapes.H)
+    mem, fmap, bias, optimizer = config.components()
+    momentum = optimizer.state_shape((1, 1)) is not None
+    each = launches(shapes.B * shapes.H, shapes.T, fmap.dim(shapes.d_k), shapes.d_v + int(config.normalize),
+                    chunk_size=config.chunk_size, window=config.window, bias=kernel_bias(bias), momentum=momentum)
+    return int(sum(f for _, _, f in each.values()))
+
+
+def count_step(step, routes: dict | None = None, device: str = "meta") -> Count:
+    """The second call of ``step(count)`` (one training step; it sets ``count.phase``): launches, FLOPs, bytes and
+    syncs (the first step also creates AdamW's state)."""
+    first, count = Count(), Count()
+    for c in (first, count):
+        with on_cuda(c, routes), triton_launches(c), counting_mode(c, device):
+            step(c)
+    return count
+
+
+def fit_step(model, batch: dict, optimizer, clip: float | None = GRAD_CLIP):
+    """A fit's training step of a SequenceModel as ``count_step`` takes it: ``training_step`` (forward, loss, its
+    finiteness check), backward, gradient clipping (foreach) and the optimizer's step."""
+    import torch
+
+    def step(count: Count):
+        count.phase = "forward"
+        loss = model.training_step(batch, 0)
+        count.phase = "backward"
+        loss.backward()
+        count.phase = "optimizer"
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def sequence_model(overrides: dict, base: list[str], device: str = "meta"):
+    """(SequenceModel, vocab size, batch size, training lengths) of a sweep configuration (a trial's config: the
+    files of ``base``, then ``overrides``; the data's vocab_size and batch_size as the CLI links them), on
+    ``device``; the model's warnings (Lightning's self.log without a trainer) silenced."""
+    import warnings
+
+    from atlas_lab.lit.module import SequenceModel
+    from atlas_lab.sweep.estimate import run_config
+
+    config = run_config([ROOT / b for b in base], overrides)
+    data = (config.get("data") or {}).get("init_args") or {}
+    model_args = dict(config.get("model") or {})
+    model_args.pop("compile", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SequenceModel(data["vocab_size"], **model_args).to(device)
+    lengths = sorted({s[0] for s in data.get("train_slices") or []})
+    return model, data["vocab_size"], data["batch_size"], lengths
+
+
+def adamw(model, foreach: bool = True):
+    """The module's AdamW (``configure_optimizers``: its groups and betas), with ``foreach`` as on CUDA."""
+    import torch
+
+    return torch.optim.AdamW(model.parameter_groups(), betas=model.hparams.betas, foreach=foreach)
+
+
+def count_point(overrides: dict, base: list[str], lengths=None, routes: dict | None = None) -> dict[int, dict]:
+    """{L: count totals} of a sweep configuration's training step at each length (default: its training lengths)."""
+    import warnings
+
+    import torch
+
+    model, vocab, batch, own = sequence_model(overrides, base)
+    result = {}
+    for L in lengths or own:
+        ids = torch.zeros(batch, L, dtype=torch.long, device="meta")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # self.log without a trainer
+            result[L] = count_step(fit_step(model, {"input_ids": ids, "labels": ids}, adamw(model)),
+                                   routes).total()
+    return result
+
+
+def count_training(label: str, size: dict) -> dict:
+    """gpu_check's training step (its part c: ``train_model``, ``train_step``; bf16 autocast, AdamW, no clipping)
+    of ``label`` at ``size``."""
+    import torch
+
+    import gpu_check
+
+    model, opt = gpu_check.train_model(label, size, "meta")
+    ids = torch.zeros(size["batch"], size["T"] + 1, dtype=torch.long, device="meta")
+    return count_step(lambda count: gpu_check.train_step(model, opt, ids, "meta")).total()
+
+
+# ---------------------------------------------------------------- the fit
+
+@dataclass
+class Constants:
+    C0: float  # s a step
+    C_launch: float  # s a launch
+    R: float  # FLOP/s
+
+    def predict(self, launches: float, flops: float, rate: float | None = None) -> float:
+        return self.C0 + self.C_launch * launches + flops / (rate or self.R)
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min ‖A x − b‖ over x ≥ 0, for a few columns: the best of the unconstrained least-squares solutions on every
+    subset of the columns that comes out non-negative (exact: the optimum is one of them)."""
+    best, best_x = math.inf, np.zeros(A.shape[1])
+    for k in range(1, A.shape[1] + 1):
+        for cols in itertools.combinations(range(A.shape[1]), k):
+            sub, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+            if (sub < 0).any():
+                continue
+            x = np.zeros(A.shape[1])
+            x[list(cols)] = sub
+            r = float(np.sum((A @ x - b) ** 2))
+            if r < best:
+                best, best_x = r, x
+    return best_x
+
+
+def fit(points: list[dict]) -> Constants:
+    """C0, C_launch, 1/R ≥ 0 minimising Σ (predicted / measured − 1)² over ``points`` ({launches, flops,
+    measured}): every point weighted by its own size, so that a short step counts as much as a long one."""
+    y = np.array([p["measured"] for p in points], dtype=float)
+    A = np.array([[1.0, p["launches"], p["flops"]] for p in points], dtype=float) / y[:, None]
+    scale = np.linalg.norm(A, axis=0)  # columns of one size: launches ~1e4 and FLOPs ~1e12 in one system
+    scale[scale == 0] = 1.0
+    x = nnls(A / scale, np.ones(len(points))) / scale
+    return Constants(float(x[0]), float(x[1]), float(1.0 / x[2]) if x[2] > 0 else math.inf)
+
+
+def fit_report(points: list[dict]) -> dict:
+    """The fit on every point, its ratios predicted / measured, and each group (``preset``) left out of the fit and
+    predicted by the others."""
+    constants = fit(points)
+    ratios = [constants.predict(p["launches"], p["flops"]) / p["measured"] for p in points]
+    left_out = {}
+    for preset in dict.fromkeys(p["preset"] for p in points):
+        others = fit([p for p in points if p["preset"] != preset])
+        left_out[preset] = [others.predict(p["launches"], p["flops"]) / p["measured"] for p in points
+                            if p["preset"] == preset]
+    return dict(constants=asdict(constants), ratios=ratios, left_out=left_out,
+                max_ratio=max(max(r, 1 / r) for r in ratios))
+
+
+def measured_points(counts: dict) -> list[dict]:
+    """The fit's points: each measured (preset, L) with its count (``counts[preset][L]``)."""
+    return [dict(preset=p, L=L, measured=s, launches=counts[p][L]["launches"], flops=counts[p][L]["flops"])
+            for p, by_L in MEASURED.items() for L, s in by_L.items() if p in counts and L in counts[p]]
+
+
+# ---------------------------------------------------------------- the table
+
+def predicted_rows(counts: dict, constants: Constants, tf32_rate: float = TF32_RATE, base: str = "transformer",
+                   measured: dict | None = None) -> list[dict]:
+    """Per (configuration, L): launches, FLOPs, bytes, the predicted step (at R and at ``tf32_rate``), their ratios to
+    ``base``'s at the same L, launches at the longest L over the shortest, and ``measured`` ({name: {L: s}})."""
+    rows = []
+    for name, by_L in counts.items():
+        Ls = sorted(by_L)
+        for L in Ls:
+            c = by_L[L]
+            ref = counts.get(base, {}).get(L)
+            step = constants.predict(c["launches"], c["flops"])
+            step_tf32 = constants.predict(c["launches"], c["flops"], tf32_rate)
+            row = dict(name=name, L=L, launches=c["launches"], flops=c["flops"], bytes=c["bytes"],
+                       syncs=c["syncs"], step_s=step, step_tf32_s=step_tf32,
+                       launch_ratio=by_L[Ls[-1]]["launches"] / by_L[Ls[0]]["launches"],
+                       measured=(measured or {}).get(name, {}).get(L))
+            if ref is not None:
+                row["vs_base"] = step / constants.predict(ref["launches"], ref["flops"])
+                row["vs_base_tf32"] = step_tf32 / constants.predict(ref["launches"], ref["flops"], tf32_rate)
+                row["launches_vs_base"] = c["launches"] / ref["launches"]
+            rows.append(row)
+    return rows
+
+
+def fmt(x, spec=".2f", suffix=""):
+    return None if x is None else f"{x:{spec}}{suffix}"
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    """The table of ``predicted_rows`` (× tf.: the ratios to the transformer; L max / L min: launches)."""
+    common.print_table(title, ["configuration", "L", "launches", "× tf.", "L max / L min", "GFLOP", "GB",
+                               "predicted s", "× tf.", "× tf. at tf32", "measured s", "pred / meas"],
+                       [[r["name"], r["L"], f"{r['launches']:,}", fmt(r.get("launches_vs_base"), ".2f", "×"),
+                         fmt(r["launch_ratio"], ".2f", "×"), fmt(r["flops"] / 1e9, ",.0f"),
+                         fmt(r["bytes"] / 1e9, ",.1f"), fmt(r["step_s"], ".4f"), fmt(r.get("vs_base"), ".1f", "×"),
+                         fmt(r.get("vs_base_tf32"), ".1f", "×"), fmt(r.get("measured"), ".4f"),
+                         fmt(r.get("measured") and r["step_s"] / r["measured"], ".2f")] for r in rows], left=2)
+    syncs = sorted({r["syncs"] for r in rows})
+    common.console().print(f"host synchronisations a step: {', '.join(map(str, syncs))} (training_step's "
+                           "finiteness check is one)", markup=False)
+
+
+def targets(rows: list[dict], base: str = "transformer", slow: tuple[str, ...] = ("atlas",)) -> list[dict]:
+    """Issue 52's targets per configuration, on the model: launches at the longest L ≤ 1.2× the shortest's and
+    ≤ 3× ``base``'s at every L; the predicted step ≤ 3× ``base``'s (the ``slow`` ones: ≤ 6× at the tf32 rate)."""
+    out = []
+    for name in dict.fromkeys(r["name"] for r in rows if r["name"] != base and "vs_base" in r):
+        mine = [r for r in rows if r["name"] == name]
+        step = max(r["vs_base_tf32"] if name in slow else r["vs_base"] for r in mine)
+        limit = 6.0 if name in slow else 3.0
+        launches = max(r["launches_vs_base"] for r in mine)
+        out.append(dict(name=name, launch_ratio=mine[0]["launch_ratio"], launches_vs_base=launches,
+                        step_vs_base=step, step_limit=limit,
+                        met=mine[0]["launch_ratio"] <= 1.2 and launches <= 3.0 and step <= limit))
+    return out
+
+
+def print_targets(rows: list[dict], tf32_rate: float) -> None:
+    common.print_table(f"targets on the model (launches L max ≤ 1.2× L min and ≤ 3× the transformer's; step ≤ 3× "
+                       f"the transformer's, atlas ≤ 6× at tf32 {tf32_rate / 1e12:.0f} TFLOP/s)",
+                       ["configuration", "launches L max / L min", "launches × tf. (max)", "step × tf. (max)",
+                        "limit", "met"],
+                       [[t["name"], fmt(t["launch_ratio"], ".2f", "×"), fmt(t["launches_vs_base"], ".1f", "×"),
+                         fmt(t["step_vs_base"], ".1f", "×"), fmt(t["step_limit"], ".0f", "×"),
+                         "yes" if t["met"] else "no"] for t in targets(rows)])
+
+
+def print_fit(report: dict, label: str) -> None:
+    c = report["constants"]
+    ratios = report["ratios"]
+    common.console().print(
+        f"{label}: C0 = {c['C0'] * 1e3:.2f} ms, C_launch = {c['C_launch'] * 1e6:.1f} µs, "
+        f"R = {c['R'] / 1e12:.0f} TFLOP/s; predicted / measured {min(ratios):.2f}–{max(ratios):.2f} on "
+        f"{len(ratios)} points; each preset left out: " + ", ".join(
+            f"{p} {min(r):.2f}–{max(r):.2f}" for p, r in report["left_out"].items()), markup=False)
+
+
+def bound_check(counts: dict, constants: Constants) -> list[str]:
+    """For each of ``MEASURED_BOUNDS`` counted: its predicted step against the bound, and the rate its FLOPs would
+    have to run at for the bound to hold at its shortest length."""
+    lines = []
+    for name, bound in MEASURED_BOUNDS.items():
+        if name not in counts:
+            continue
+        L = min(counts[name])
+        c = counts[name][L]
+        rest = bound - constants.C0 - constants.C_launch * c["launches"]
+        lines.append(f"{name}: predicted {constants.predict(c['launches'], c['flops']):.3f} s at L {L} against "
+                     f"a measured > {bound:g} s; for the bound its {c['flops'] / 1e12:.2f} TFLOP would run at "
+                     f"≤ {c['flops'] / rest / 1e12:.1f} TFLOP/s" if rest > 0 else f"{name}: its launches alone "
+                     f"exceed {bound:g} s")
+    return lines
+
+
+def point_name(label: str) -> str:
+    """A sweep configuration's name in the tables: the preset of a grid by preset (``preset=atlas``: atlas), else
+    its label."""
+    return label[len("preset="):] if label.startswith("preset=") and " " not in label else label
+
+
+def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=None, routes: dict | None = None):
+    """(name, {L: totals}) of each configuration of a sweep file (changed by ``sets`` as ``atlas-lab sweep --set``
+    does; ``presets``: only those names) at ``lengths`` (default: its training lengths), one at a time;
+    ``routes``: {name: path} asked instead of the plan's choice."""
+    from atlas_lab.sweep.estimate import study_points
+    from atlas_lab.sweep.spec import load_sweep
+
+    spec = load_sweep(ROOT / sweep if not Path(sweep).is_absolute() else Path(sweep), sets,
+                      study="gpu-model" if sets else None)
+    for point in study_points(spec):
+        name = point_name(point.label)
+        if presets and name not in presets:
+            continue
+        route = (routes or {}).get(name)
+        yield name, count_point(point.overrides, [str(b) for b in spec.base], lengths, {"*": route} if route else None)
+
+
+def int_keys(by_L: dict) -> dict:
+    return {int(L): c for L, c in by_L.items()}
+
+
+def record(path: Path | None = None, sweep: str = SWEEP, sets: tuple[str, ...] = (), presets=None, lengths=None,
+           train_size: dict | None = None, train_models=(), log=None) -> dict:
+    """Everything the tables need, each part written to ``path`` as soon as it is counted (gpu_check reads what a
+    stopped run left): the fit to ``MEASURED`` (``fit``, its counts ``fit_counts``), the counts of ``sweep``'s
+    configurations (``counts``) and of gpu_check's training models at ``train_size`` (``train``), and the seconds
+    each took."""
+    rec = dict(meta=common.meta(None), sweep=sweep, sets=list(sets), train_size=train_size, fit_counts={},
+               counts={}, train={}, seconds={})
+
+    def done(kind, name, value, started):
+        rec[kind][name] = value
+        rec["seconds"][f"{kind}: {name}"] = round(time.perf_counter() - started, 1)
+        if log:
+            log(f"counted {name} ({kind}): {rec['seconds'][f'{kind}: {name}']} s", markup=False)
+        if path:
+            common.write_json(path, rec, quiet=True)
+
+    t = time.perf_counter()
+    for name, by_L in sweep_counts(SWEEP, (), list(MEASURED), LENGTHS, MEASURED_ROUTES):
+        done("fit_counts", name, by_L, t)
+        t = time.perf_counter()
+    rec["fit"] = fit_report(measured_points(rec["fit_counts"]))
+    for name, by_L in sweep_counts(sweep, sets, presets, lengths):
+        done("counts", name, by_L, t)
+        t = time.perf_counter()
+    for label in train_models:
+        done("train", label, count_training(label, train_size), t)
+        t = time.perf_counter()
+    return rec
+
+
+def main(argv=None) -> int:
+    import gpu_check
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", default=SWEEP, help=f"the sweep file whose configurations are counted ({SWEEP})")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="a change to the sweep file, as atlas-lab sweep --set takes it (repeatable)")
+    ap.add_argument("--presets", nargs="+", default=None,
+                    help="only these configurations and training models (default: all)")
+    ap.add_argument("--lengths", nargs="+", type=int, default=None,
+                    help="sequence lengths (default: the sweep's training lengths)")
+    ap.add_argument("--no-125m", dest="train", action="store_false",
+                    help="leave out gpu_check's 125M-class training steps (T 4096: minutes for the deep memories)")
+    ap.add_argument("--train-size", default=None, help=argparse.SUPPRESS)  # JSON: gpu_check's size of part c
+    ap.add_argument("--tf32-rate", type=float, default=TF32_RATE / 1e12,
+                    help=f"TFLOP/s stated for float32 products on tensor cores (default {TF32_RATE / 1e12:.0f})")
+    ap.add_argument("--record", default=None, help="only count, writing the record here (gpu_check's child)")
+    ap.add_argument("--json", default=None, help="the JSON (default runs/bench/gpu_model.json)")
+    args = ap.parse_args(argv)
+    common.set_threads(1)
+    started = time.perf_counter()
+    log = common.console().print
+    size = json.loads(args.train_size) if args.train_size else gpu_check.TRAIN_SIZE
+    models = [m for m in gpu_check.TRAIN_MODELS if not args.presets or m in args.presets
+              or (gpu_check.TRAIN_MODELS[m] or (m,))[0] in args.presets] if args.train else []
+    rec = record(Path(args.record) if args.record else None, args.sweep, tuple(args.sets), args.presets,
+                 args.lengths, size, models, log)
+    if args.record:
+        return 0
+    rate = args.tf32_rate * 1e12
+    print_fit(rec["fit"], "fit to the H200 table (gated_deltanet on the Triton route)")
+    constants = Constants(**rec["fit"]["constants"])
+    measured = {f"{n} ({MEASURED_ROUTES[n]})" if n in MEASURED_ROUTES else n: by_L for n, by_L in MEASURED.items()}
+    rows = predicted_rows({**rec["counts"], **{f"{n} ({r})": rec["fit_counts"][n] for n, r in
+                                               MEASURED_ROUTES.items()}}, constants, rate, measured=measured)
+    print_rows(f"one training step on a GPU, predicted: {args.sweep} at its sizes (× tf.: ÷ the transformer's; "
+               f"tf32 at {args.tf32_rate:.0f} TFLOP/s; measured: the H200 table)", rows)
+    for line in bound_check(rec["counts"], constants):
+        log(line, markup=False)
+    print_targets(rows, rate)
+    for name, route in MEASURED_ROUTES.items():
+        today = {r["L"]: r["step_s"] for r in rows if r["name"] == name}
+        then = {r["L"]: r["step_s"] for r in rows if r["name"] == f"{name} ({route})"}
+        ratios = [today[L] / then[L] for L in today if L in then]
+        if ratios:
+            log(f"{name}: the plan's route today ÷ the {route} route measured, on the model: "
+                f"{min(ratios):.2f}–{max(ratios):.2f}× (target: ≤ 1)", markup=False)
+    big = predicted_rows({label: {size["T"]: c} for label, c in rec["train"].items()}, constants, rate)
+    if big:
+        print_rows(f"gpu_check's training step at d_model {size['d_model']}, {size['n_layers']} layers, T "
+                   f"{size['T']}, batch {size['batch']}, bf16 autocast, predicted", big)
+    log(f"counted and fitted in {time.perf_counter() - started:.0f} s", markup=False)
+    common.write_json(args.json or common.out_path("gpu_model"),
+                      dict(rec, meta=common.meta(args), tf32_rate=rate, rows=rows, train_rows=big))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""benchmarks/gpu_model.py: the launch counter against a hand count of a one-matrix model's training step, the
+multi-tensor-apply launches of a foreach operator, a memory call routed to the chunk kernel counted as its Triton
+launches, and the fit against synthetic tables with known constants."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_model  # noqa: E402  (benchmarks/ is not a package)
+
+
+def test_a_one_matrix_step_is_counted_as_counted_by_hand():
+    """loss = (x W).sum() with W [4, 3] on the meta device, gradient clipping and AdamW with foreach.
+
+    forward    mm, sum                                                                        2
+    backward   ones_like (the loss's gradient), mm (∂W = xᵀ g; the sum's backward is a view)   2
+    optimizer  clipping: _foreach_norm (its multi-tensor launch and its cleanup: 2), stack, vector_norm, add ε,
+               max_norm / · (reciprocal, mul), clamp, _foreach_mul_                           9
+               AdamW: _foreach_ mul_ (weight decay), lerp_, mul_ (β₂), addcmul_, sqrt, div_, add_ (ε), addcdiv_
+               (the step counters are CPU tensors: nothing on a GPU)                          8
+    """
+    W = torch.nn.Parameter(torch.zeros(4, 3, device="meta"))
+    x = torch.zeros(2, 4, device="meta")
+    optimizer = torch.optim.AdamW([W], lr=1e-3, weight_decay=0.1, foreach=True)
+
+    def step(count):
+        count.phase = "forward"
+        loss = (x @ W).sum()
+        count.phase = "backward"
+        loss.backward()
+        count.phase = "optimizer"
+        torch.nn.utils.clip_grad_norm_([W], 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    count = gpu_model.count_step(step)
+    assert dict(count.launches) == {"forward": 2, "backward": 2, "optimizer": 17}, count.ops
+    assert dict(count.flops) == {"forward": 2 * 2 * 4 * 3, "backward": 2 * 4 * 2 * 3, "optimizer": 0}
+    # forward bytes: mm reads x [2, 4] and W [4, 3] and writes [2, 3]; sum reads [2, 3] and writes one float
+    assert count.bytes["forward"] == 4 * (8 + 12 + 6) + 4 * (6 + 1)
+    assert sum(count.syncs.values()) == 0
+
+
+def test_a_finiteness_check_is_a_host_synchronisation_and_a_value_read_is_refused():
+    def check(count):
+        y = torch.zeros(3, device="meta").sum()
+        if not torch.isfinite(y):  # read on the host: as if it passed
+            raise AssertionError
+    assert gpu_model.count_step(check).syncs == {"_local_scalar_dense": 1}
+    with pytest.raises(RuntimeError, match="reads a tensor's value on the host"):
+        gpu_model.count_step(lambda count: torch.zeros(3, device="meta").sum().item())
+
+
+@pytest.mark.parametrize("numels,depth,launches", [
+    ([10] * 110, 1, 1), ([10] * 111, 1, 2), ([10] * 64, 2, 1), ([10] * 65, 2, 2), ([10] * 31, 5, 2),
+    ([65536 * 320], 1, 1), ([65536 * 320 + 1], 1, 2), ([65536 * 200, 65536 * 200], 3, 2), ([0, 0], 1, 0)])
+def test_foreach_launches_follow_multi_tensor_apply(numels, depth, launches):
+    """A launch when 320 blocks of 65,536 elements or the depth's tensors (110, 64, 48, 36, 30) are full."""
+    assert gpu_model.foreach_launches(numels, depth) == launches
+
+
+def test_a_call_routed_to_the_chunk_kernel_counts_its_triton_launches_and_their_flops():
+    """An Omega memory (window 4, momentum) planned as on CUDA takes the chunk kernel: three launches forward, three
+    backward, and the dots of ``launches()`` added to the FLOPs; nothing of the kernel runs on the meta device."""
+    from atlas_lab.memory import memorize
+    from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
+
+    B, T, H, d = 2, 32, 2, 8
+    q, k, v = (torch.zeros(B, T, H, d, device="meta", requires_grad=True) for _ in range(3))
+    gates = {g: torch.zeros(B, T, H, device="meta", requires_grad=True) for g in ("alpha", "eta", "theta")}
+    options = dict(architecture="linear", feature_map="identity", attentional_bias="l2", window=4,
+                   optimizer="momentum", chunk_size=16)
+
+    def step(count):
+        count.phase = "forward"
+        o, _ = memorize(q, k, v, **gates, impl="auto", **options)
+        count.phase = "backward"
+        o.sum().backward()
+
+    count = gpu_model.count_step(step)
+    expected = launches(B * H, T, d, d, chunk_size=16, window=4, bias="l2", momentum=True)
+    triton = {name[len("triton::"):]: n for name, n in count.ops.items() if name.startswith("triton::")}
+    assert triton == dict.fromkeys(expected, 1)
+    assert count.flops["forward"] >= sum(f for _, _, f in expected.values())  # the kernel's, at its plan
+
+
+def test_ns_flops_by_hand():
+    """One quintic step on one 2 × 3 matrix: X Xᵀ 2·2·2·3, A² 2·2·2·2, B X 2·2·2·3; its backward (one step: no
+    iterate recomputed) X Xᵀ, A², dX Xᵀ, B dX, sym X (2·2·2·3 each, but A²) and dB A, A dB."""
+    assert gpu_model.ns_flops(1, 2, 3, 1, True, False) == 24 + 16 + 24
+    assert gpu_model.ns_flops(1, 2, 3, 1, True, True) == 4 * 24 + 3 * 16
+    assert gpu_model.ns_flops(5, 2, 3, 2, False, False) == 5 * 2 * 48
+
+
+def synthetic(constants, seed=0, noise=0.0):
+    rng = np.random.default_rng(seed)
+    points = []
+    for preset in ("a", "b", "c", "d"):
+        for L in (64, 128, 256):
+            launches, flops = float(rng.integers(200, 12000)), float(rng.uniform(1e10, 5e12))
+            step = constants.predict(launches, flops) * (1 + noise * rng.standard_normal())
+            points.append(dict(preset=preset, L=L, launches=launches, flops=flops, measured=step))
+    return points
+
+
+def test_the_fit_recovers_known_constants():
+    known = gpu_model.Constants(C0=1.6e-3, C_launch=29e-6, R=60e12)
+    report = gpu_model.fit_report(synthetic(known))
+    c = report["constants"]
+    # exact data: the least-squares solution up to float64 rounding, u = 1.1e-16 times the condition number of the
+    # column-scaled system (4.6 here): far below 1e-9
+    assert c["C0"] == pytest.approx(known.C0, rel=1e-9) and c["C_launch"] == pytest.approx(known.C_launch, rel=1e-9)
+    assert c["R"] == pytest.approx(known.R, rel=1e-9)
+    assert report["max_ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert all(r == pytest.approx(1.0, abs=1e-6) for ratios in report["left_out"].values() for r in ratios)
+
+
+def test_the_fit_keeps_every_constant_non_negative():
+    """Steps that shrink as FLOPs grow: unconstrained, 1/R would be negative; the fit sets it to 0 (R infinite)."""
+    points = [dict(preset=p, launches=n, flops=f, measured=1e-3 + 1e-5 * n - f / 1e14)
+              for p, n, f in (("a", 100, 1e10), ("a", 200, 5e10), ("b", 400, 9e10), ("b", 800, 1e9))]
+    c = gpu_model.fit(points)
+    assert c.R == float("inf") and c.C0 >= 0 and c.C_launch > 0
+
+
+def test_targets_are_judged_per_configuration():
+    counts = {"transformer": {64: dict(launches=100, flops=0, bytes=0, syncs=1),
+                              256: dict(launches=100, flops=0, bytes=0, syncs=1)},
+              "fast": {64: dict(launches=200, flops=0, bytes=0, syncs=1), 256: dict(launches=220, flops=0,
+                                                                                    bytes=0, syncs=1)},
+              "growing": {64: dict(launches=200, flops=0, bytes=0, syncs=1), 256: dict(launches=600, flops=0,
+                                                                                       bytes=0, syncs=1)}}
+    rows = gpu_model.predicted_rows(counts, gpu_model.Constants(0.0, 1e-5, 1e12))
+    verdicts = {t["name"]: t for t in gpu_model.targets(rows)}
+    assert verdicts["fast"]["met"] and verdicts["fast"]["launch_ratio"] == pytest.approx(1.1)
+    assert not verdicts["growing"]["met"] and verdicts["growing"]["launches_vs_base"] == pytest.approx(6.0)
