@@ -64,25 +64,18 @@ def test_foreach_launches_follow_multi_tensor_apply(numels, depth, launches):
 
 
 def test_a_call_routed_to_the_chunk_kernel_counts_its_triton_launches_and_their_flops():
-    """An Omega memory (window 4, momentum) planned as on CUDA takes the chunk kernel: three launches forward, three
-    backward, and the dots of ``launches()`` added to the FLOPs; nothing of the kernel runs on the meta device."""
-    from atlas_lab.memory import memorize
+    """gpu_check's Omega case (window 16, momentum, chunk 64) planned as on CUDA takes the chunk kernel: three
+    launches forward, three backward, and the dots of ``launches()`` added to the FLOPs; nothing of the kernel runs
+    on the meta device."""
+    import gpu_check
     from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
 
-    B, T, H, d = 2, 32, 2, 8
-    q, k, v = (torch.zeros(B, T, H, d, device="meta", requires_grad=True) for _ in range(3))
-    gates = {g: torch.zeros(B, T, H, device="meta", requires_grad=True) for g in ("alpha", "eta", "theta")}
-    options = dict(architecture="linear", feature_map="identity", attentional_bias="l2", window=4,
-                   optimizer="momentum", chunk_size=16)
-
-    def step(count):
-        count.phase = "forward"
-        o, _ = memorize(q, k, v, **gates, impl="auto", **options)
-        count.phase = "backward"
-        o.sum().backward()
-
-    count = gpu_model.count_step(step)
-    expected = launches(B * H, T, d, d, chunk_size=16, window=4, bias="l2", momentum=True)
+    B, T, H = 2, 160, 2
+    case = gpu_check.KERNEL_CASES["omega"]
+    options = {n: v for n, v in case.items() if n not in ("d", "gates", "tol")}
+    x = gpu_check.kernel_inputs(B, T, H, case["d"], case["gates"], "meta")
+    count = gpu_model.count_step(lambda count: gpu_check.memorize_fwd_bwd(x, "auto", options))
+    expected = launches(B * H, T, case["d"], case["d"], chunk_size=64, window=16, bias="l2", momentum=True)
     triton = {name[len("triton::"):]: n for name, n in count.ops.items() if name.startswith("triton::")}
     assert triton == dict.fromkeys(expected, 1)
     assert count.flops["forward"] >= sum(f for _, _, f in expected.values())  # the kernel's, at its plan
