@@ -61,8 +61,8 @@ def main(argv=None):
 def fwd_bwd_output(x, options):
     from atlas_lab.memory import memorize
 
-    o, _ = memorize(x["q"], x["k"], x["v"], alpha=x["alpha"], eta=x["eta"], theta=x["theta"], gamma=x["gamma"],
-                    **options)
+    o, _ = memorize(x["q"], x["k"], x["v"],
+                    **options, gates={"alpha": x["alpha"], "eta": x["eta"], "theta": x["theta"], "gamma": x["gamma"]})
     return o
 
 

@@ -66,8 +66,8 @@ def to_fla(x):
 def atlas_fwd_bwd(x, options, q_scale=1.0):
     for t in x.values():
         t.grad = None
-    o, state = memorize(x["q"] * q_scale if q_scale != 1.0 else x["q"], x["k"], x["v"], eta=x["beta"], impl="chunked",
-                        **options)
+    o, state = memorize(x["q"] * q_scale if q_scale != 1.0 else x["q"], x["k"], x["v"], impl="chunked",
+                        **options, gates={"eta": x["beta"]})
     o.square().mean().backward()
     return o, state
 
@@ -98,8 +98,8 @@ def model_gap(d, chunk):
     """How far atlas-lab's chunk-b DeltaNet is from the exact delta rule (outputs, float64): a model difference."""
     x = inputs(1, 2 * chunk, 2, d, torch.float64, seed=1)
     with torch.no_grad():
-        o_b, _ = memorize(x["q"], x["k"], x["v"], eta=x["beta"], **preset_options(chunk))
-        o_1, _ = memorize(x["q"], x["k"], x["v"], eta=x["beta"], **preset_options(1))
+        o_b, _ = memorize(x["q"], x["k"], x["v"], **preset_options(chunk), gates={"eta": x["beta"]})
+        o_1, _ = memorize(x["q"], x["k"], x["v"], **preset_options(1), gates={"eta": x["beta"]})
     return rel_err(o_b, o_1)
 
 

@@ -44,8 +44,9 @@ def inputs(B, T, H, d, dtype, seed=0):
 
 
 def fwd_bwd(x, impl, options):
-    o, state = memorize(x["q"], x["k"], x["v"], alpha=x["alpha"], eta=x["eta"], theta=x["theta"], gamma=x["gamma"],
-                        impl=impl, **options)
+    o, state = memorize(x["q"], x["k"], x["v"],
+                        impl=impl, **options,
+                        gates={"alpha": x["alpha"], "eta": x["eta"], "theta": x["theta"], "gamma": x["gamma"]})
     o.square().mean().backward()
     return o
 

@@ -65,8 +65,9 @@ def layer_fwd_bwd(layer, x):
 def op_fwd_bwd(x, options):
     for t in x.values():
         t.grad = None
-    o, _ = memorize(x["q"], x["k"], x["v"], alpha=x["alpha"], eta=x["eta"], theta=x["theta"], gamma=x["gamma"],
-                    impl="chunked", **options)
+    o, _ = memorize(x["q"], x["k"], x["v"],
+                    impl="chunked", **options,
+                    gates={"alpha": x["alpha"], "eta": x["eta"], "theta": x["theta"], "gamma": x["gamma"]})
     o.square().mean().backward()
     return o
 

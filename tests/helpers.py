@@ -55,8 +55,9 @@ def make_problem(B=2, T=7, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0, archi
 
 def run(problem, impl, **options):
     """memorize on a problem; returns (output, state, {input name: gradient})."""
-    o, state = memorize(problem["q"], problem["k"], problem["v"], impl=impl,
-                        **{n: problem[n] for n in GATES}, initial_state=problem["initial_state"],
+    gates = {**{n: problem[n] for n in GATES}, **options.pop("gates", {})}
+    o, state = memorize(problem["q"], problem["k"], problem["v"], impl=impl, gates=gates,
+                        initial_state=problem["initial_state"],
                         **({"coefficients": problem["coefficients"]} if "coefficients" in problem else {}), **options)
     leaves = {n: t for n, t in problem.items() if isinstance(t, torch.Tensor)}
     leaves.update({f"W0.{n}": w for n, w in problem["initial_state"].items()})

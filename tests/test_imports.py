@@ -108,7 +108,7 @@ def upward_imports(modules: dict[str, tuple[str, str, bool]], ranks: dict[str, i
 
 def test_no_module_of_atlas_lab_imports_from_a_layer_to_its_right():
     found = package_modules()
-    assert "atlas_lab.memory.ops.dispatch" in found and "atlas_lab.store" in found  # the walk reaches them
+    assert "atlas_lab.memory.dispatch" in found and "atlas_lab.store" in found  # the walk reaches them
     modules = {name: (str(path.relative_to(PACKAGE.parent)), path.read_text(encoding="utf-8"), is_package)
                for name, (path, is_package) in found.items()}
     problems = upward_imports(modules)
@@ -155,27 +155,30 @@ def test_imports_resolve_to_the_module_they_name(source, expected):
     assert [t for _, _, t in imported_modules("atlas_lab.lit.cli", False, source, known)] == [expected]
 
 
-# The files inside memory/ (memory.ops included), by rank: the same rule one level down. Components and their
-# building blocks first, then the optimisers (which use the CPU Newton–Schulz kernel), the config and the paths, the
-# plan that chooses among them, and memorize on top.
+# The files inside memory/ (memory.ops included), by rank: the same rule one level down. The kernels (ops/) and the
+# components' building blocks first, then the optimisers (which use the Newton–Schulz kernels), the learning rules,
+# the config and the paths, the plan that chooses among them, and memorize on top.
 MEMORY_RANKS = {
-    "components": 0, "causal": 0, "state": 0, "cost": 0, "ops.limits": 0, "ops.fla": 0, "ops.dots": 0,
-    "ops.operators": 0,
-    "feature_maps": 1, "memories": 1, "attentional_biases": 1, "learning_rules": 1, "delta_rule": 1,
+    "ops.causal": 0, "ops.limits": 0, "ops.dots": 0, "ops.operators": 0,
     "ops.newton_schulz.cpu": 1, "ops.chunk_linear_memory.naive": 1, "ops.chunk_linear_memory.triton": 1,
-    "ops.chunk_linear_memory": 2,
-    "optimizers": 2,
+    "ops.newton_schulz.reference": 2, "ops.chunk_linear_memory": 2,
     "ops.newton_schulz.triton": 3, "ops.newton_schulz": 3,
-    "config": 3, "reference": 3, "chunked": 3,
-    "plan": 4,
-    "ops.dispatch": 5, "op": 5, "ops": 5,  # the ops package exports dispatch's names too
-    "check": 6,
-    "__init__": 7,
+    "ops": 4,
+    "components": 0, "state": 0, "cost": 0, "call": 0,
+    "feature_maps": 1, "memories": 1, "attentional_biases": 1, "delta_rule": 1, "fla": 1,
+    "optimizers": 3,
+    "learning_rules": 4,
+    "config": 5, "reference": 5, "chunked": 5,
+    "plan": 6,
+    "dispatch": 7,
+    "op": 8,
+    "check": 9,
+    "__init__": 10,
 }
 
 
 def memory_file(module: str) -> str:
-    """A module of atlas_lab.memory as MEMORY_RANKS names it: ``ops.dispatch``; ``ops`` for a package's
+    """A module of atlas_lab.memory as MEMORY_RANKS names it: ``ops.limits``; ``ops`` for a package's
     ``__init__``; ``__init__`` for atlas_lab.memory itself."""
     return module.removeprefix("atlas_lab.memory").removeprefix(".") or "__init__"
 
@@ -223,3 +226,17 @@ def test_the_readme_layout_names_every_module():
         if path.name != "__init__.py" and path.name not in text:
             missing.append(str(relative))
     assert not missing, f"README.md's Layout does not name: {missing}"
+
+
+def test_the_kernels_import_nothing_of_the_engine():
+    """memory/ops/ holds kernels only: no module there imports from the memory package outside ops/ (the paths that
+    call the kernels, dispatch.py and fla.py, live beside the chunked path)."""
+    found = {name: item for name, item in package_modules().items() if name.startswith("atlas_lab.memory.ops")}
+    assert "atlas_lab.memory.ops.newton_schulz.reference" in found
+    known = set(package_modules())
+    problems = [f"{module}:{line}: `{written}` imports {target}"
+                for module, (path, is_package) in sorted(found.items())
+                for line, written, target in imported_modules(module, is_package, path.read_text(encoding="utf-8"),
+                                                              known)
+                if target.startswith("atlas_lab.") and not target.startswith("atlas_lab.memory.ops")]
+    assert not problems, "kernels importing the engine:\n" + "\n".join(problems)

@@ -63,8 +63,9 @@ def capacity_probe(n_pairs: list[int] = [4, 8, 16, 32, 64, 128, 256], d_k: int =
             return value * writing + frozen * (1 - writing)
 
         step = eta / (fmap(q) ** 2).sum(-1) if normalize_eta else eta  # [trials, 2N, 1]
-        o, state = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), config, eta=gate(step, 0.0),
-                            theta=gate(theta, 0.0), alpha=gate(alpha, 1.0), gamma=1.0)
+        o, state = memorize(q, q, torch.cat([v, torch.zeros_like(v)], 1), config,
+                            gamma=1.0,
+                            gates={"eta": gate(step, 0.0), "theta": gate(theta, 0.0), "alpha": gate(alpha, 1.0)})
         carried = [*state.weights.values(), *(state.optimizer_state or {}).values(), state.keys, state.values,
                    state.gamma]
         read, v = o[:, N:, 0], v[:, :, 0]  # [trials, N, d_v]

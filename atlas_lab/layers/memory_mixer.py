@@ -43,13 +43,13 @@ class MemoryMixer(nn.Module):
         self.head_dim = d = head_dim or d_model // n_heads
         inner = n_heads * d
         self.learning_rule = config.rule()
-        self.steps = n = self.learning_rule.steps_per_token
+        self.steps = n = self.learning_rule.steps()
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, width, bias=False) for width in (inner, n * inner,
                                                                                                     n * inner))
         self.q_conv, self.k_conv, self.v_conv = (ShortConv(width, conv_size) for width in (inner, n * inner, n * inner))
         self.mem, self.feature_map, self.bias, self.optimizer = config.components()
         # the config memorize reads: the same one, with its components built once
-        self.rule = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
+        self.memory = dataclasses.replace(config, architecture=self.mem, feature_map=self.feature_map,
                                         attentional_bias=self.bias, optimizer=self.optimizer,
                                         learning_rule=self.learning_rule)
         self.fla_routes: dict[tuple, bool] = {}  # takes_fla's answers by (dtype, device)
@@ -139,7 +139,7 @@ class MemoryMixer(nn.Module):
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(
-                *((q, k, v) if fla else map(exact, (q, k, v))), self.rule,
+                *((q, k, v) if fla else map(exact, (q, k, v))), self.memory,
                 initial_state={name: exact(w) for name, w in state.items()} if isinstance(state, dict) else state,
                 coefficients=exact(coefficients), impl="auto", gates={g: exact(value) for g, value in gates.items()})
         o = self.out_norm(o).reshape(B, T, self.n_heads * self.head_dim) * F.silu(self.g_proj(x))
@@ -152,7 +152,7 @@ class MemoryMixer(nn.Module):
         key = (dtype, str(device))
         if key not in self.fla_routes:
             shapes = Shapes(1, 1, self.n_heads, self.head_dim, self.head_dim)
-            self.fla_routes[key] = plan(self.rule, shapes, dtype, device).path == "fla"
+            self.fla_routes[key] = plan(self.memory, shapes, dtype, device).path == "fla"
         return self.fla_routes[key]
 
     def state_bytes(self, batch_size: int = 1, dtype_bytes: int = 4) -> int:
@@ -171,7 +171,7 @@ class MemoryMixer(nn.Module):
         gates = len(PENDING_GATES) * self.n_heads * len(levels(commits))
         mid_chunk = {"nothing": 0, "eval_weights": weights, "pending": weights + gates}[carried]
         conv = (1 + 2 * self.steps) * (self.q_conv.kernel_size - 1) * inner
-        reset = 0 if self.learning_rule.reset_every is None else weights  # the W_0 a reset returns to
+        reset = 0 if self.learning_rule.reset_period() is None else weights  # the W_0 a reset returns to
         return batch_size * dtype_bytes * (weights + momentum + mid_chunk + window + conv + reset)
 
     def _cached_floats_per_token(self) -> int:  # per step of the rule

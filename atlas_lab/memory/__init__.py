@@ -7,17 +7,19 @@ from .memories import (ACTIVATIONS, MEMORIES, GatedMLPMemory, LinearMemory, Memo
                        build_memory)
 from .attentional_biases import ATTENTIONAL_BIASES, L2, Dot, Huber, Lp, AttentionalBias, build_attentional_bias
 from .config import COMPONENTS, Gate, MemoryConfig
-from .learning_rules import (KDA, GDN2, LEARNING_RULES, ChunkCommit, DeltaProduct, GateSpec, LearningRule, Online,
-                             build_learning_rule)
+from .learning_rules import (KDA, GDN2, LEARNING_RULES, ChunkCommit, DeltaProduct, GateSpec, LearningRule, Longhorn,
+                             Online, Steps, Token, build_learning_rule)
 from .op import memorize
-from .optimizers import (GD, NS_COEFFICIENTS, OPTIMIZERS, Adam, KLRetention, LinearRule, LqRetention, MemoryOptimizer,
-                         Momentum, Muon, TransformedAccumulator, TransformedMomentum, build_optimizer, newton_schulz)
+from .ops.newton_schulz.reference import NS_COEFFICIENTS, newton_schulz
+from .optimizers import (GD, OPTIMIZERS, Adam, KLRetention, LinearRule, LqRetention, MemoryOptimizer, Momentum, Muon,
+                         TransformedAccumulator, TransformedMomentum, build_optimizer)
 from .state import MemoryState
 
 __all__ = [
     "memorize", "check_against_reference", "MemoryState", "newton_schulz", "polynomial", "taylor_coefficients",
     "MemoryConfig", "Gate", "COMPONENTS",
-    "LearningRule", "GateSpec", "Online", "KDA", "GDN2", "DeltaProduct", "ChunkCommit", "build_learning_rule",
+    "LearningRule", "GateSpec", "Steps", "Token", "Online", "KDA", "GDN2", "DeltaProduct", "ChunkCommit", "Longhorn",
+    "build_learning_rule",
     "Component", "Memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory", "build_memory",
     "FeatureMap", "Identity", "Polynomial", "Taylor", "build_feature_map",
     "AttentionalBias", "L2", "Dot", "Huber", "Lp", "build_attentional_bias",

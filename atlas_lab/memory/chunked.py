@@ -29,7 +29,8 @@ import torch
 import torch.utils.checkpoint
 from torch.func import grad, vmap
 
-from .causal import causal_matmul, causal_operands, tensor_cache
+from .call import Call, Carried, Result
+from .ops.causal import causal_matmul, causal_operands, tensor_cache
 from .delta_rule import delta_rule
 from .memories import fixed_apply
 from .optimizers import accumulate, commit, period, scaled
@@ -208,25 +209,27 @@ def chunks(q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_si
     return zip(sizes, [f - lo for f, (lo, _) in zip(firsts, spans)], pieces, windows)
 
 
-def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                     chunk_size, W, S, W_eval, offset, pending=None, scale=None, checkpoint=False, form, block,
-                     start=False):
-    """read="token" (start=True: read="start"): the same arguments and results as ``reference.memorize_reference``, in
-    the plan's ``form`` (its ``block``: the delta rule's WY block). checkpoint: keep only each chunk's inputs for the
-    backward and recompute the chunk there (activation checkpointing per chunk). With start, each chunk's tokens read
-    the weights it started from (``read_at``) and the form's per-token reads are not used."""
-    phi_q, phi_k = phi(q), phi(k_all)
-    grads = gradients(mem, bias)
-    if form == "delta_rule":  # chunk 1, window 1: no cache
-        y, W_last = delta_rule(phi_q, phi_k, v_all, alpha, eta * gamma_all, W["W"], scale, block)
-        return y, {"W": W_last}, None, None, 0, None
-    route = FORMS[form]
+def memorize_chunked(call: Call) -> Result:
+    """read="token" (and "start": each chunk's tokens read the weights it started from, ``read_at``, and the form's
+    per-token reads are not used): the same function as ``reference.memorize_reference``, in the plan's ``form`` (its
+    ``block``: the delta rule's WY block). memory.checkpoint: keep only each chunk's inputs for the backward and
+    recompute the chunk there (activation checkpointing per chunk)."""
+    x, st, m = call.inputs, call.state, call.memory
+    W, S, W_eval, offset = st.weights, st.optimizer_state, st.eval_weights, st.offset
+    start = m.read == "start"
+    phi_q, phi_k = m.phi(x.q), m.phi(x.k)
+    if call.plan.form == "delta_rule":  # chunk 1, window 1: no cache
+        y, W_last = delta_rule(phi_q, phi_k, x.v, x.alpha, x.eta * x.gamma, W["W"], x.scale, call.plan.block)
+        return Result(y, Carried({"W": W_last}, None, None, 0, None))
+    grads = gradients(m.mem, m.bias)
+    route = FORMS[call.plan.form]
+    mem, optimizer, window = m.mem, m.optimizer, m.window
     ys = []
     for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
-            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset, window)):
+            x.q, phi_q, phi_k, x.k, x.v, x.gamma, x.alpha, x.eta, x.theta, m.chunk_size, offset, window)):
         chunk_start = W if offset == 0 else W_eval  # mid-chunk (chunk > 1, no scale): the evaluation point
         if offset == 0:
-            W_eval = W if scale is None else scaled(W, scale[:, t])  # chunk 1: the chunk is token t
+            W_eval = W if x.scale is None else scaled(W, x.scale[:, t])  # chunk 1: the chunk is token t
 
         def body(W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c,
                  n=n, shift=shift, chunk_start=chunk_start):
@@ -236,36 +239,37 @@ def memorize_chunked(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi,
             return (read_at(mem, chunk_start, phi_q_c, q_c) if start else y), W, S
 
         args = (W_eval, W, S, q_c, phi_q_c, alpha_c, eta_c, theta_c, phi_k_c, k_c, v_c, gamma_c)
-        if checkpoint and torch.is_grad_enabled():  # keep only the chunk's inputs; recompute the rest in backward
+        if m.checkpoint and torch.is_grad_enabled():  # keep only the chunk's inputs; recompute the rest in backward
             y, W, S = torch.utils.checkpoint.checkpoint(body, *args, use_reentrant=False)
         else:
             y, W, S = body(*args)
         ys.append(y)
-        offset = (offset + n) % chunk_size
-    return torch.cat(ys, 1), W, S, (W_eval if offset else None), offset, None
+        offset = (offset + n) % m.chunk_size
+    return Result(torch.cat(ys, 1), Carried(W, S, W_eval if offset else None, offset, None))
 
 
-def memorize_chunked_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
-                                 optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                 checkpoint=False, form="chunk_start", block=None, commits):
-    """read="chunk": the same arguments and results as ``reference.memorize_reference_chunk_start``. Each chunk
-    reads W̃ = W (the weights committed so far) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk
-    that ends a level's chunk commits that level (optimizers.commit). (checkpoint: not used; the chunk-start path
-    keeps no per-token weights.)"""
+def memorize_chunked_chunk_start(call: Call) -> Result:
+    """read="chunk": the same function as ``reference.memorize_reference_chunk_start``. Each chunk reads W̃ = W (the
+    weights committed so far) and adds its tokens' Σ_t g_t, ∏ α, Σ η, ∏ θ to ``pending``; a chunk that ends a level's
+    chunk commits that level (optimizers.commit). The chunk-start path keeps no per-token weights."""
+    x, st, m = call.inputs, call.state, call.memory
+    W, S, offset, pending = st.weights, st.optimizer_state, st.offset, st.pending
+    commits = m.commits
     longest = period(commits)
-    phi_q, phi_k = phi(q), phi(k_all)
-    grads = gradients(mem, bias)
+    phi_q, phi_k = m.phi(x.q), m.phi(x.k)
+    grads = gradients(m.mem, m.bias)
     ys = []
     for t, (n, shift, (q_c, phi_q_c, alpha_c, eta_c, theta_c), (phi_k_c, k_c, v_c, gamma_c)) in enumerate(chunks(
-            q, phi_q, phi_k, k_all, v_all, gamma_all, alpha, eta, theta, chunk_size, offset % chunk_size, window)):
-        G = grads(W if scale is None else scaled(W, scale[:, t]), phi_k_c, k_c, v_c)  # chunk 1: the chunk is token t
-        ys.append(read_at(mem, W, phi_q_c, q_c))
+            x.q, phi_q, phi_k, x.k, x.v, x.gamma, x.alpha, x.eta, x.theta, m.chunk_size, offset % m.chunk_size,
+            m.window)):
+        G = grads(W if x.scale is None else scaled(W, x.scale[:, t]), phi_k_c, k_c, v_c)  # chunk 1: the chunk is t
+        ys.append(read_at(m.mem, W, phi_q_c, q_c))
         # [N, L]: Σ_t Γ[t, i], one for every matrix, or for each (γ per weight matrix: gamma_c [N, L, M])
-        weight = {name: window_band(gamma_c if gamma_c.dim() == 2 else gamma_c[..., m], n, shift, window).sum(1)
-                  for m, name in enumerate(W)}
+        weight = {name: window_band(gamma_c if gamma_c.dim() == 2 else gamma_c[..., j], n, shift, m.window).sum(1)
+                  for j, name in enumerate(W)}
         pending = accumulate(pending, commits, {name: combine_last(weight[name], G[name]) for name in W},
                              alpha_c.prod(1), eta_c.sum(1), theta_c.prod(1))
         offset = (offset + n) % longest
-        if offset % chunk_size == 0:
-            W, S, pending = commit(optimizer, W, S, pending, commits, offset)
-    return torch.cat(ys, 1), W, S, None, offset, pending
+        if offset % m.chunk_size == 0:
+            W, S, pending = commit(m.optimizer, W, S, pending, commits, offset)
+    return Result(torch.cat(ys, 1), Carried(W, S, None, offset, pending))

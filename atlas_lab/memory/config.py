@@ -1,17 +1,19 @@
-"""One memory configuration: the four components, the window, the gates and the chunking (docs/memory.md §0).
+"""One memory configuration: the five components, the window, the gates and the chunking (docs/memory.md §0).
 
     MemoryConfig(architecture={"name": "mlp", "depth": 3}, feature_map="polynomial", attentional_bias="l2",
                  optimizer={"name": "muon", "ns_steps": 3}, window=8, eta="learned", eta_max=0.1, chunk_size=16)
 
 A component is written as components.py says (a short-hand, a short-hand with its options, a class_path or an
-object) and carries its own options; the other fields belong to the rule. ``replace`` also takes a dotted key into
-a component (``optimizer.ns_steps=3``), the form the CLI and the sweeps write (``--model.memory.optimizer.ns_steps=3``).
+object) and carries its own options; the other fields set the window, the gates and the chunking. ``replace`` also
+takes a dotted key into a component (``optimizer.ns_steps=3``), the form the CLI and the sweeps write
+(``--model.memory.optimizer.ns_steps=3``).
 Every default is written here, once.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 from .feature_maps import build_feature_map
 from .components import declares
@@ -78,7 +80,7 @@ def moved_hint(key: str, value, where: str) -> str:
 class MemoryConfig:
     """The memory of a memory layer (docs/memory.md).
 
-    architecture, feature_map, attentional_bias, optimizer: the four components, each a short-hand of its kind's
+    architecture, feature_map, attentional_bias, optimizer: four of the five components, each a short-hand of its kind's
         registry (MEMORIES, FEATURE_MAPS, ATTENTIONAL_BIASES, OPTIMIZERS), a short-hand with the options its class
         takes ({name: muon, ns_steps: 3}), a class_path or an object (docs/components.md lists the built-ins)
     window: Omega window c ≥ 1 (1: online), or None (every past token: global)
@@ -114,7 +116,7 @@ class MemoryConfig:
     checkpoint: bool = False
 
     def components(self, where: str = "memory") -> tuple:
-        """(memory, feature map, attentional bias, optimizer) objects of this config (the rule: ``rule``)."""
+        """(memory, feature map, attentional bias, optimizer) objects of this config (the learning rule: ``rule``)."""
         return tuple(COMPONENTS[name](getattr(self, name), f"{where}.{name}")
                      for name in ("architecture", "feature_map", "attentional_bias", "optimizer"))
 
@@ -122,13 +124,17 @@ class MemoryConfig:
         """The LearningRule object of this config."""
         return build_learning_rule(self.learning_rule, f"{where}.learning_rule")
 
-    def validate(self, where: str = "memory") -> "MemoryConfig":
-        """Raise ValueError naming the key, the value and what is expected."""
+    def resolve(self, where: str = "memory") -> "Resolved":
+        """The config validated, its five components built once and its learning rule's gates: what ``memorize``
+        and the plan read. Raises ValueError naming the key, the value and what is expected."""
         if self.read not in READS:
             raise ValueError(f"{where}.read: unknown value {self.read!r}; valid choices: {', '.join(READS)}")
-        mem, _, bias, optimizer = self.components(where)
+        mem, fmap, bias, optimizer = self.components(where)
         rule = self.rule(where)
-        for g, gate in rule.gates(self, optimizer).items():
+        config = dataclasses.replace(self, architecture=mem, feature_map=fmap, attentional_bias=bias,
+                                     optimizer=optimizer, learning_rule=rule)
+        specs = rule.gates(config, optimizer)
+        for g, gate in specs.items():
             value = gate.value
             if value == "learned" or (g == "alpha" and value == "head_decay"):
                 continue
@@ -145,10 +151,15 @@ class MemoryConfig:
         for key in ("normalize", "checkpoint"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}.{key}: expected true or false, got {getattr(self, key)!r}")
-        rule.check(self, optimizer, linear_map(mem), where)
+        rule.check(config, optimizer, linear_map(mem), where)
         if self.normalize and not normalize_applies(mem, bias, optimizer):
             raise ValueError(f"{where}.normalize: needs architecture linear, attentional_bias dot and optimizer gd "
                              f"or momentum (got {mem!r}, {bias!r}, {optimizer!r}); set it to false")
+        return Resolved(config, mem, fmap, bias, optimizer, rule, specs)
+
+    def validate(self, where: str = "memory") -> "MemoryConfig":
+        """This config, after ``resolve``'s checks (ValueError naming the key, the value and what is expected)."""
+        self.resolve(where)
         return self
 
     def replace(self, where: str = "memory", **changes) -> "MemoryConfig":
@@ -174,6 +185,20 @@ class MemoryConfig:
                 raise ValueError(f"{where}.{key}: {field} has no options; the components that do are "
                                  f"{', '.join(COMPONENTS)}")
         return MemoryConfig(**values).validate(where)
+
+
+class Resolved(NamedTuple):
+    """A validated config with its components built once (``MemoryConfig.resolve``): config (its five components as
+    objects), mem, feature_map, bias, optimizer, rule (the learning rule) and specs (the rule's gates,
+    {name: GateSpec})."""
+
+    config: MemoryConfig
+    mem: Any
+    feature_map: Any
+    bias: Any
+    optimizer: Any
+    rule: Any
+    specs: dict
 
 
 def linear_map(mem) -> bool:

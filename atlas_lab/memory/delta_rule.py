@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .causal import causal_operands
+from .ops.causal import causal_operands
 from .components import declares
 
 BLOCK = 64

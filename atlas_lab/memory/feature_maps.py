@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from .causal import tensor_cache
+from .ops.causal import tensor_cache
 from .components import Component, build
 
 

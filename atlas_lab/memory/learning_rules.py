@@ -6,7 +6,7 @@ what it allows (chunk sizes, read modes, the memories it scales) and what it doe
 
     W_t = α_t ⊙ W_{t−1} − η_t Σ_{i∈window(t)} γ_i ∇ℓ(W_{t−1} Diag(f_t); φ(k_i), w_i ⊙ v_i)      (the optimizer's step)
 
-with f_t the point a token's gradient is taken at (``evaluation_scale``: 1, α_t, e_t or α_t ⊙ e_t), w_t the write
+with f_t the point a token's gradient is taken at (``point``: 1, α_t, e_t or α_t ⊙ e_t), w_t the write
 gate, n_h steps of it per token (``steps_per_token``) and a return to W_0 every R tokens (``reset_every``).
 
     online        the rule of the paper: α, η, θ, γ per head (MemoryConfig's gates; today's default)
@@ -16,16 +16,29 @@ gate, n_h steps of it per token (``steps_per_token``) and a return to W_0 every 
     chunk_commit  LaCT's and TNT's chunk-parallel memories: a chunk's tokens share W̃; TNT's local memories return
                   to W_0 every ``reset_every`` tokens; ``per_matrix``: γ one per weight matrix (LaCT's learning rates)
     levels        HOPE's continuum memory: each weight matrix commits at its own frequency, every C_m tokens
+    longhorn      Longhorn's implicit online step: η_t / (1 + η_t γ_t ‖φ(k_t)‖²), the closed form of
+                  argmin_W ‖W − W_{t−1}‖² + η_t γ_t ‖W φ(k_t) − v_t‖²
+
+A rule acts on a call's steps (``act``: it sees φ(k), φ(q), k, q, v and every gate, and may set each step's gates
+and values from them) and states its per-token equation (``equation``: one token's step on the weights, as its
+paper writes it). The engine asks the rule (``steps``, ``reset_period``, ``without_resets``, ``row``, ``point``,
+``retained``, ``commits``) and never reads its settings; ``check.check_against_reference`` compares the engine with
+the rule's equation, token by token, and checks that the rule is causal.
 
 A rule is given like the other components (components.py): "kda", {name: deltaproduct, householder_steps: 3}, a
 class_path, or an object; a user's own is one LearningRule subclass (docs/components.md).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import torch
+
 from .components import Component, build
+from .delta_rule import delta_rule_applies
+from .optimizers import scaled
 
 # a gate per head, per key channel (D = dim φ(k)), per value channel (d_v) or per weight matrix of the memory
 AXES = ("head", "key", "value", "matrix")
@@ -51,6 +64,39 @@ def _fraction_below_one(x):
 
 def _non_negative(x):
     return x >= 0
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One call's steps as its rule sees them: N = B·H sequences, S = T·n_h steps (token t's at rows t·n_h …
+    t·n_h + n_h − 1).
+
+    q [N, S, d_k] (each token's query on each of its steps), k [N, S, d_k], v [N, S, d_v]; gates {name: [N, S(, C)]}
+    (a gate of the token, α and θ, at its first step and 1 at its others); acts {gate: whether it acts} (``acting``);
+    phi: the feature map. ``phi_k``, ``phi_q``: φ(k), φ(q) [N, S, D], computed when read."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    gates: dict
+    acts: dict
+    phi: Callable
+
+    @property
+    def phi_k(self) -> torch.Tensor:
+        return self.phi(self.k)
+
+    @property
+    def phi_q(self) -> torch.Tensor:
+        return self.phi(self.q)
+
+
+class Token:
+    """One step of every sequence, as a rule's ``equation`` reads it: q, k, v, phi_q, phi_k [N, ·]; gates {name: [N]
+    or [N, C]} (every gate of the step: the token's α and θ on each of its steps); first: the token's first step."""
+
+    def __init__(self, q, k, v, phi_q, phi_k, gates, first):
+        self.q, self.k, self.v, self.phi_q, self.phi_k, self.gates, self.first = q, k, v, phi_q, phi_k, gates, first
 
 
 @dataclass(frozen=True)
@@ -83,10 +129,15 @@ class GateSpec:
 class LearningRule(Component):
     """The online rule (one step per token, gates per head, gradients at W̃, no resets); subclasses change one thing.
 
-    ``gates(config, optimizer)`` -> {name: GateSpec}; ``check(config, linear_map, where)`` raises for what the rule does
-    not allow (optimizer: the config's, linear_map: whether its memory is y = W φ(k)); ``inputs(gates, v, acts)``
-    -> the engine's (α, η, θ, γ, f, v): gates [N, T(, C)], f the evaluation scale (None: at W̃), v the values each
-    step writes."""
+    What a rule states (the engine asks, never reads its settings):
+      gates(config, optimizer) -> {name: GateSpec}
+      check(config, optimizer, linear_map, where): ValueError for what the rule does not allow
+      act(steps) -> Steps: each step's gates and values from the call's tokens (default: as given)
+      point(steps) -> f [N, S(, C)] or None: token t's gradient at W_{t−1} Diag(f_t) (None: at W̃)
+      equation(W, S, x, loop) -> (W, S): one token's step on the weights, as its paper writes it (``Token`` x; the
+        loop gives the window's gradient, the optimizer's step and the chunk's start: check.py)
+      steps(), reset_period(), without_resets(), row(read), retained(), commits(names, chunk_size)
+    """
 
     gradient_at = "state"  # state: g_t at W̃ (Titans) | retained: at α_t ⊙ W_{t−1} (chunk 1: KDA, GDN, fla)
     steps_per_token = 1  # n_h
@@ -131,17 +182,51 @@ class LearningRule(Component):
     def evaluation_point(self) -> str:
         return "α_t ⊙ W_{t−1}" if self.gradient_at == "retained" else "W̃"
 
-    def evaluation_scale(self, gates, acts):
-        """f_t [N, T(, C)]: token t's gradient at W_{t−1} Diag(f_t); None: at W̃."""
-        return gates["alpha"] if self.gradient_at == "retained" else None
+    def steps(self) -> int:
+        """n_h: the rule's steps per token."""
+        return self.steps_per_token
 
-    def scaled(self, acts) -> bool:
-        """Whether ``evaluation_scale`` is set (each token's gradient at its own point) with these gates acting."""
+    def reset_period(self) -> int | None:
+        """R: the state returns to W_0 before tokens R, 2R, … of the stream; None: never."""
+        return self.reset_every
+
+    def without_resets(self) -> "LearningRule":
+        """The same rule with no resets: what each segment of R tokens runs."""
+        rule = copy.copy(self)
+        rule.reset_every = None
+        return rule
+
+    def row(self, read: str) -> int:
+        """Of a token's n_h steps, the one whose output it reads: after its last (read token), before its first (read
+        start and chunk: the weights before the token)."""
+        return self.steps_per_token - 1 if read == "token" else 0
+
+    def retained(self) -> bool:
+        """Whether token t's gradient is taken at the retained weights α_t ⊙ W_{t−1} (fla's delta rules' point)."""
         return self.gradient_at == "retained"
 
-    def inputs(self, gates, v, acts):
-        """The engine's (α, η, θ, γ, f, v) from this rule's gates {name: [N, T(·n_h), (C)]} and values v [N, T, d]."""
-        return gates["alpha"], gates["eta"], gates["theta"], gates["gamma"], self.evaluation_scale(gates, acts), v
+    def point(self, steps: Steps):
+        """f [N, S(, C)]: token t's gradient at W_{t−1} Diag(f_t); None: at W̃."""
+        return steps.gates["alpha"] if self.gradient_at == "retained" else None
+
+    def scaled(self, acts) -> bool:
+        """Whether ``point`` is set (each token's gradient at its own point) with these gates acting."""
+        return self.gradient_at == "retained"
+
+    def act(self, steps: Steps) -> Steps:
+        """The steps the engine runs: each step's gates and values, from the call's tokens (here: as given)."""
+        return steps
+
+    def equation(self, W, S, x: Token, loop):
+        """One token's step on the weights {name: [N, *shape]}, literally (docs/memory.md §3):
+
+            g_t = Σ_{i ∈ window(t)} γ_i ∇ℓ(W̃; φ(k_i), v_i),   (W_t, S_t) = step(W_{t−1}, S_{t−1}, g_t; α_t, η_t, θ_t)
+
+        W̃ the chunk's start (``loop.start``), or α_t ⊙ W_{t−1} with gradient_at="retained". Returns (W_t, S_t)."""
+        alpha = x.gates["alpha"]
+        at = scaled(W, alpha) if self.gradient_at == "retained" else loop.start
+        g = loop.window(at, x, x.v, x.gates["gamma"])
+        return loop.step(W, S, g, alpha, x.gates["eta"], x.gates["theta"])
 
     def commits(self, names, chunk_size: int) -> dict[str, tuple[int, float]]:
         """read="chunk": {matrix: (C_m, r_m)}: matrix m commits every C_m tokens, one optimiser step with its mean
@@ -218,15 +303,26 @@ class GDN2(Online):
     def scaled(self, acts):
         return super().scaled(acts) or acts["erase"]
 
-    def evaluation_scale(self, gates, acts):
-        if not acts["erase"]:
-            return super().evaluation_scale(gates, acts)
-        return _times(gates["alpha"], gates["erase"]) if self.gradient_at == "retained" else gates["erase"]
+    def point(self, steps):
+        if not steps.acts["erase"]:
+            return super().point(steps)
+        return _times(steps.gates["alpha"], steps.gates["erase"]) if self.gradient_at == "retained" \
+            else steps.gates["erase"]
 
-    def inputs(self, gates, v, acts):
-        if acts["write"]:  # the value each token writes: w_t ⊙ v_t
-            v = v * (gates["write"] if gates["write"].dim() == 3 else gates["write"].unsqueeze(-1))
-        return super().inputs(gates, v, acts)
+    def act(self, steps):
+        if not steps.acts["write"]:
+            return steps
+        w = steps.gates["write"]  # the value each token writes: w_t ⊙ v_t
+        return replace(steps, v=steps.v * (w if w.dim() == 3 else w.unsqueeze(-1)))
+
+    def equation(self, W, S, x, loop):
+        """W_t = P_t − η_t Σ_i γ_i ∇ℓ(P̃ Diag(e_t); φ(k_i), w_i ⊙ v_i), P_t = W_{t−1} Diag(α_t) (the optimizer's step
+        with α_t), P̃ = P_t (retained) or the chunk's start W̃."""
+        alpha, erase, write = x.gates["alpha"], x.gates["erase"], x.gates["write"]
+        at = scaled(W, alpha) if self.gradient_at == "retained" else loop.start
+        g = loop.window(scaled(at, erase), x, (write if write.dim() == 2 else write.unsqueeze(-1)) * x.v,
+                        x.gates["gamma"])
+        return loop.step(W, S, g, alpha, x.gates["eta"], x.gates["theta"])
 
 
 class DeltaProduct(Online):
@@ -239,6 +335,14 @@ class DeltaProduct(Online):
         if not isinstance(householder_steps, int) or isinstance(householder_steps, bool) or householder_steps < 1:
             raise ValueError(f"householder_steps: expected an int >= 1, got {householder_steps!r}")
         self.steps_per_token = householder_steps
+
+    def equation(self, W, S, x, loop):
+        """Step j of token t: W_{t,j} = W_{t,j−1} − η_{t,j} ∇ℓ(·; k_{t,j}, v_{t,j}), α_t and θ_t at j = 0 only."""
+        ones = torch.ones_like(x.gates["alpha"])
+        alpha, theta = (x.gates[g] if x.first else ones for g in ("alpha", "theta"))
+        at = scaled(W, alpha) if self.gradient_at == "retained" else loop.start
+        g = loop.window(at, x, x.v, x.gates["gamma"])
+        return loop.step(W, S, g, alpha, x.gates["eta"], theta)
 
     def describe(self):
         return f"n_h={self.steps_per_token}"
@@ -327,6 +431,37 @@ class Levels(Online):
         return "C=" + "/".join(map(str, self.chunks))
 
 
+class Longhorn(Online):
+    """Longhorn (Liu et al., 2024, arXiv 2407.14207): each token's step is the implicit online-learning step
+
+        W_t = argmin_W ‖W − W_{t−1}‖²_F + β_t ‖W φ(k_t) − v_t‖²  =  W_{t−1} (I − ε_t φ(k_t) φ(k_t)ᵀ) + ε_t v_t φ(k_t)ᵀ,
+        ε_t = β_t / (1 + β_t ‖φ(k_t)‖²),   β_t = η_t γ_t
+
+    the delta rule with η_t rescaled by the key it writes (``act``). Needs a linear memory, the l2 bias, gd, window 1
+    and chunk 1 (the closed form is the exact step from W_{t−1})."""
+
+    def check(self, config, optimizer, linear_map, where):
+        super().check(config, optimizer, linear_map, where)
+        mem, _, bias, _ = config.components(where)
+        if not (delta_rule_applies(mem, bias, optimizer) and config.window == 1 and config.chunk_size == 1):
+            raise ValueError(f"{where}.learning_rule: longhorn's implicit step is the closed form of a linear memory "
+                             f"with the l2 bias and gd at window 1 and chunk_size 1 (got {config.architecture!r}, "
+                             f"{bias!r}, {optimizer!r}, window={config.window!r}, chunk_size={config.chunk_size})")
+
+    def act(self, steps):
+        eta, gamma = steps.gates["eta"], steps.gates["gamma"]
+        return replace(steps, gates={**steps.gates,
+                                     "eta": eta / (1 + eta * gamma * steps.phi_k.square().sum(-1))})
+
+    def equation(self, W, S, x, loop):
+        """W_t = W_{t−1} (I − ε_t φ(k_t) φ(k_t)ᵀ) + ε_t v_t φ(k_t)ᵀ, ε_t = η_t γ_t / (1 + η_t γ_t ‖φ(k_t)‖²)."""
+        beta = x.gates["eta"] * x.gates["gamma"]
+        k = x.phi_k.unsqueeze(1)  # [N, 1, D]
+        eps = (beta / (1 + beta * x.phi_k.square().sum(-1)))[:, None, None]
+        W = W["W"]  # [N, d_v, D]
+        return {"W": W - eps * (W @ k.mT) @ k + eps * x.v.unsqueeze(-1) @ k}, S
+
+
 def _times(a, b):
     """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""
     if a.dim() < b.dim():
@@ -337,7 +472,7 @@ def _times(a, b):
 
 
 LEARNING_RULES = {"online": Online, "kda": KDA, "gdn2": GDN2, "deltaproduct": DeltaProduct,
-                  "chunk_commit": ChunkCommit, "levels": Levels}
+                  "chunk_commit": ChunkCommit, "levels": Levels, "longhorn": Longhorn}
 NAMES = {cls: name for name, cls in LEARNING_RULES.items()}
 
 

@@ -1,39 +1,48 @@
 """``memorize``: the public entry point of the memory engine."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 
 import torch
 
+from .call import Call, Carried, Inputs, Memory
 from .chunked import memorize_chunked, memorize_chunked_chunk_start
 from .config import MemoryConfig
-from .learning_rules import axis_width
+from .learning_rules import Steps, axis_width
+from .ops.newton_schulz.reference import newton_schulz
 from .optimizers import levels, period, start as optimizer_start
 from .plan import Shapes, acting, check_impl, plan
 from .reference import memorize_reference, memorize_reference_chunk_start
 from .state import MemoryState, map_pending
 
 
-def memorize_triton(*args, **kwargs):
-    """The Triton kernels (atlas_lab.memory.ops), imported on first use."""
-    from .ops import memorize_triton
-    return memorize_triton(*args, **kwargs)
+def memorize_triton(call):
+    """The Triton path (memory/dispatch.py), imported on first use (it imports triton)."""
+    from .dispatch import memorize_triton
+    return memorize_triton(call)
 
 
-def memorize_fla(*args, **kwargs):
-    """fla-core's chunk kernels (atlas_lab.memory.ops.fla), imported on first use."""
-    from .ops.fla import memorize_fla
-    return memorize_fla(*args, **kwargs)
+def memorize_fla(call):
+    """fla-core's chunk kernels (memory/fla.py), imported on first use."""
+    from .fla import memorize_fla
+    return memorize_fla(call)
 
 
-# what computes each path of the plan (memory/plan.py), by read (docs/memory.md §4.1)
+def triton_newton_schulz(G, steps, coefficients):
+    """The batched Triton Newton–Schulz (ops/newton_schulz/triton.py), imported on first use."""
+    from .ops.newton_schulz import newton_schulz as kernel
+    return kernel(G, steps, coefficients)
+
+
+# what computes each path of the plan (memory/plan.py), by read (docs/memory.md §4.1): path(Call) -> Result
 PATHS = {"token": {"reference": memorize_reference, "chunked": memorize_chunked, "triton": memorize_triton,
                    "fla": memorize_fla},
-         "start": {"reference": functools.partial(memorize_reference, start=True),
-                   "chunked": functools.partial(memorize_chunked, start=True)},
+         "start": {"reference": memorize_reference, "chunked": memorize_chunked},
          "chunk": {"reference": memorize_reference_chunk_start, "chunked": memorize_chunked_chunk_start}}
+# muon's Newton–Schulz, by the plan's variant
+NEWTON_SCHULZ = {"triton": triton_newton_schulz, "cpu": functools.partial(newton_schulz, impl="cpu"),
+                 "bmm": functools.partial(newton_schulz, impl="bmm")}
 
 
 def _gate(name, gate, value, B, T, H, like, channels=None):
@@ -62,19 +71,14 @@ def _gate(name, gate, value, B, T, H, like, channels=None):
     return value.to(like.dtype).transpose(1, 2).reshape(B * H, T, *per)
 
 
-def _given_gates(rule_gates, gates, keywords):
-    """The gates of one call: the mapping ``gates`` and the online rule's keyword forms (alpha=, eta=, …), each gate
-    given once; a name the rule does not have is an error listing those it has."""
+def _given_gates(specs, gates):
+    """{gate: the call's value, or None (the config's constant)}; a name the rule does not have is an error listing
+    those it has."""
     gates = dict(gates or {})
-    for name, value in keywords.items():
-        if value is not None:
-            if gates.get(name) is not None:
-                raise ValueError(f"memorize: gate {name} given twice (gates={{{name!r}: ...}} and {name}=)")
-            gates[name] = value
-    unknown = sorted(set(gates) - set(rule_gates))
+    unknown = sorted(set(gates) - set(specs))
     if unknown:
-        raise ValueError(f"memorize: the learning rule has no gate(s) {unknown}; its gates: {', '.join(rule_gates)}")
-    return {name: gates.get(name) for name in rule_gates}
+        raise ValueError(f"memorize: the learning rule has no gate(s) {unknown}; its gates: {', '.join(specs)}")
+    return {name: gates.get(name) for name in specs}
 
 
 def _at_first_step(gate, steps):
@@ -140,8 +144,8 @@ def _broadcast_weights(weights, shapes, B, H, what, like):
     return out
 
 
-def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=None, eta=None, theta=None,
-             gamma=None, coefficients=None, initial_state=None, impl="chunked", **changes):
+def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coefficients=None, initial_state=None,
+             impl="auto", **changes):
     """Read a sequence with a memory that is trained while it reads (docs/memory.md).
 
     q, k: [B, T, H, d_k]; v: [B, T, H, d_v]. Returns (o [B, T, H, d_v], MemoryState). With a learning rule of n_h > 1
@@ -156,8 +160,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
                   and write); each a [B, T, H] tensor, a number, or None/absent: the rule's constant (a gate
                   "learned" must be given; θ only where the optimizer reads it). A gate the rule learns per channel
                   is a [B, T, H, D] tensor (D = dim φ(k): α, erase per key channel) or [B, T, H, d_v] (write).
-    alpha, eta, theta, gamma: the same four gates as keywords (the online rule's form: gates={"alpha": a} and
-                  alpha=a are one call).
+                  A constant gate may also be a change of the config: memorize(q, k, v, alpha=0.9).
     coefficients: the polynomial feature map's a_i ≥ 0, shape [p+1] (None: 1/i!).
     initial_state: None (zeros for linear memory; a fixed-seed N(0, 1/fan_in) draw for the MLPs — layers pass
                   their learnable W_0), a dict {name: [*shape] | [H, *shape] | [B, H, *shape]} of initial
@@ -166,10 +169,10 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
                   (normalised linear attention).
     checkpoint:   (config) chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
                   (less memory, one more forward of each chunk; worth it for muon's per-token weights).
-    impl:         "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
-                  atlas_lab.memory.ops) | "fla" (fla-core's chunk kernels, where they compute the same rule) |
-                  "auto": memory/plan.py's choice — on CUDA fla where it computes the rule in the inputs' dtype
-                  (bfloat16 / float16), else triton where it covers the call, else chunked; chunked on the CPU.
+    impl:         "auto" (default): memory/plan.py's choice — on CUDA fla where it computes the rule in the inputs'
+                  dtype (bfloat16 / float16), else triton where it covers the call, else chunked; chunked on the
+                  CPU | "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
+                  atlas_lab.memory.ops) | "fla" (fla-core's chunk kernels, where they compute the same rule).
                   An impl asked for a call it does not cover raises NotImplementedError naming why and what it
                   covers.
 
@@ -189,14 +192,15 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
         config = MemoryConfig()
     if not isinstance(config, MemoryConfig):
         raise TypeError(f"memorize: config must be a MemoryConfig or None; got {type(config).__name__}")
-    config = config.replace("memorize", **changes) if changes else config.validate("memorize")
-    mem, fmap, bias, optimizer = config.components("memorize")
-    rule = config.rule("memorize")
-    specs = rule.gates(config, optimizer)
-    given = _given_gates(specs, gates, dict(alpha=alpha, eta=eta, theta=theta, gamma=gamma))
-    if rule.reset_every is not None:
-        return _with_resets(q, k, v, config, rule, specs, given, coefficients, initial_state, impl)
-    steps = rule.steps_per_token
+    for key, value in changes.items():
+        if isinstance(value, torch.Tensor):
+            raise ValueError(f"memorize: {key} is a tensor; pass a gate's values as gates={{{key!r}: ...}}")
+    memory = (config.replace("memorize", **changes) if changes else config).resolve("memorize")
+    config, mem, fmap, bias, optimizer, rule, specs = memory
+    given = _given_gates(specs, gates)
+    if rule.reset_period() is not None:
+        return _with_resets(q, k, v, memory, given, coefficients, initial_state, impl)
+    steps = rule.steps()
     _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
     d_v = v.shape[-1]
@@ -210,7 +214,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
 
     # which gates that are 1 by default act (a tensor, or a number other than 1: gdn2's erase and write)
     acts = acting(specs, given)
-    how = plan(config, Shapes(B, T, H, d_k, d_v), q.dtype, q.device, impl, acts)
+    how = plan(memory, Shapes(B, T, H, d_k, d_v), q.dtype, q.device, impl, acts)
     q_, k_, v_ = _heads_first(q), _heads_first(k), _heads_first(v)
     channels = {g: axis_width(spec.axis, D, d_v, len(shapes)) for g, spec in specs.items() if spec.axis != "head"}
     # the gates in q's dtype; in float32 for fla (its kernels take low-precision q, k, v and float32 decays)
@@ -220,13 +224,15 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     if steps > 1:  # the rule runs on the T·n_h steps: q read after a token's last step, α and θ at its first
         q_ = q_.repeat_interleave(steps, 1)
         tensors = {g: x if specs[g].per_step else _at_first_step(x, steps) for g, x in tensors.items()}
-    alpha_, eta_, theta_, gamma_, scale, v_ = rule.inputs(tensors, v_, acts)
+    written = rule.act(Steps(q_, k_, v_, tensors, acts, phi))
+    scale, v_ = rule.point(written), written.v
     if scale is not None and chunk_size != 1:
         raise ValueError(f"memorize: {rule!r} takes each token's gradient at its own weights "
                          f"({rule.evaluation_point}): it needs chunk_size 1 (got {chunk_size})")
 
     if normalize:  # z_t is one more row of W, learnt on the constant value 1
         v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
+    gamma_ = written.gates["gamma"]
 
     offset, W_eval, S, pending = 0, None, None, None
     cache_k = q_.new_zeros(B * H, 0, d_k)
@@ -283,23 +289,17 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     k_all = torch.cat([cache_k, k_], 1)
     v_all = torch.cat([cache_v, v_], 1)
     g_all = torch.cat([cache_g.reshape(B * H, -1, *gamma_.shape[2:]), gamma_], 1)  # γ per matrix: window 1, none cached
+    state = Carried(W, S, W_eval, offset, pending)
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        implementation = PATHS[read][how.path]
-        options = {} if scale is None else {"scale": scale}  # the paths that read it (not the kernels)
-        if how.path != "reference":
-            options.update(form=how.form, block=how.block)
-        if how.path == "fla":
-            options["op"] = how.op
-        if how.path == "chunked":
-            options["checkpoint"] = config.checkpoint
-        if commits is not None:
-            options["commits"] = commits
-        y, W, S, W_eval, offset, pending = implementation(
-            q_, k_all, v_all, g_all, alpha_, eta_, theta_, mem=mem, phi=phi,
-            bias=bias, window=window, optimizer=optimizer, chunk_size=chunk_size, W=W, S=S, W_eval=W_eval,
-            offset=offset, pending=pending, **options)
+        if how.ns is not None:  # muon on the plan's Newton–Schulz
+            optimizer = optimizer.with_ns(NEWTON_SCHULZ[how.ns])
+        inputs = Inputs(q_, k_all, v_all, g_all, written.gates["alpha"], written.gates["eta"],
+                        written.gates["theta"], scale)
+        parts = Memory(mem, phi, bias, optimizer, window, chunk_size, read, commits, config.checkpoint)
+        y, state = PATHS[read][how.path](Call(inputs, state, how, parts))
+    W, S, W_eval, offset, pending = state
 
     y = y[:, how.row::steps]  # the output of the step each token reads at (of its n_h)
     if normalize:
@@ -319,18 +319,16 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, alpha=N
     return o, state
 
 
-def _with_resets(q, k, v, config, rule, specs, gates, coefficients, initial_state, impl):
+def _with_resets(q, k, v, memory, gates, coefficients, initial_state, impl):
     """``memorize`` with config.reset_every = R: the state returns to W_0 before tokens R, 2R, … of the stream, so
     each segment of R tokens is read from W_0 by the rule without resets. The state carries W_0 and the tokens read
     since the last reset. The segments between the first and the last of a call are independent of the rest and
     are read as one batch of B·n sequences."""
-    R, steps = rule.reset_every, rule.steps_per_token
-    no_resets = copy.copy(rule)
-    no_resets.reset_every = None
-    inner = dataclasses.replace(config, learning_rule=no_resets)
+    config, mem, fmap, _, _, rule, specs = memory
+    R, steps = rule.reset_period(), rule.steps()
+    inner = dataclasses.replace(config, learning_rule=rule.without_resets())
     _check_qkv(q, k, v, steps)
     B, T, H, d_k = q.shape
-    mem, fmap = config.components("memorize")[:2]
     D, d_out = fmap.dim(d_k), v.shape[-1] + int(config.normalize)
     if isinstance(initial_state, MemoryState):
         if initial_state.initial is None or not 0 <= initial_state.since_reset < R:

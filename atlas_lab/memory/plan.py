@@ -17,9 +17,11 @@ carried  what a state continued in the middle of a chunk carries besides the wei
          level longer)
 flops    forward FLOPs per token and head of the form (cost.py; None where no formula is known)
 reason   why this path, and why not a faster one
-op       for path fla, fla-core's op (ops/fla.py)
+op       for path fla, fla-core's op (fla.py)
 row      of a token's n_h steps (DeltaProduct), the one whose output it reads: the last (read token), the first
          (read start or chunk: the weights before the token)
+ns       muon's Newton–Schulz: triton (one batched launch per chunk: ops/newton_schulz/triton.py), cpu (the compiled
+         CPU kernel), bmm (batched matmuls); None for an optimizer without one
 
 A capability is what a component declares (components.declares), never its concrete class.
 """
@@ -35,7 +37,9 @@ import torch
 
 from . import cost
 from .components import declares
+from .config import Resolved
 from .delta_rule import delta_rule_applies, delta_rule_block
+from .ops.newton_schulz import cpu as newton_schulz_cpu
 from .optimizers import period
 
 IMPLS = ("reference", "chunked", "triton", "fla", "auto")
@@ -63,7 +67,8 @@ class Plan:
     flops: float | None
     reason: str
     row: int = 0  # of a token's n_h steps, the one whose output it reads (token: after the last; chunk: the first)
-    op: str | None = None  # path fla: fla-core's op (ops/fla.py: FLA_OPS)
+    op: str | None = None  # path fla: fla-core's op (fla.py: FLA_OPS)
+    ns: str | None = None  # muon's Newton–Schulz: triton | cpu | bmm
 
 
 def form_of(config, mem, bias, optimizer, specs: dict) -> tuple[str, int]:
@@ -101,7 +106,7 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
         return f"tensors on {torch.device(device).type} (on the CPU, set TRITON_INTERPRET=1 before triton is imported)"
     if kernel_bias(bias) is None:
         return f"bias {bias!r}"
-    if declares(optimizer, "with_ns", "direction"):  # muon: the chunked path with the batched NS kernel
+    if declares(optimizer, "one_triple", "direction"):  # muon: the chunked path with the batched NS kernel
         if not declares(mem, "gradient_factors", "forward"):
             return f"memory {mem!r} with muon"
         big = [n for n, shape in weights.items() if min(shape) > MAX_ROWS or max(shape) > MAX_COLS]
@@ -130,7 +135,7 @@ def fla_op(config, mem, bias, optimizer, rule, specs: dict, acts: dict, D: int) 
                         (config.window != 1, f"window={config.window} (fla's rules are online: window 1)")):
         if wrong:
             return None, what
-    if rule.steps_per_token != 1 or rule.reset_every is not None:
+    if rule.steps() != 1 or rule.reset_period() is not None:
         return None, f"{rule!r}'s steps per token or resets"
     if not declares(mem, "linear_map", "forward") or not declares(optimizer, "delta_rule", "update"):
         return None, f"memory {mem!r} with optimizer {optimizer!r} (fla's rules are gd on a linear memory)"
@@ -142,7 +147,7 @@ def fla_op(config, mem, bias, optimizer, rule, specs: dict, acts: dict, D: int) 
     if kernel_bias(bias) == "l2":
         if config.chunk_size != 1:
             return None, f"chunk_size={config.chunk_size} with the l2 bias (fla's delta rules are the exact rule)"
-        if rule.gradient_at != "retained" and acts["alpha"]:
+        if not rule.retained() and acts["alpha"]:
             return None, "gradients at W_{t−1} with a retention α (fla's: at α_t ⊙ W_{t−1}, gradient_at='retained')"
         return ("kda" if per_channel else "gated_delta_rule"), ""
     if kernel_bias(bias) == "dot" and not per_channel:
@@ -173,16 +178,29 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"memorize: unknown impl={impl!r}; valid choices: {', '.join(IMPLS)}")
 
 
+def newton_schulz_variant(optimizer, dtype, device, triton: bool) -> tuple[str | None, str]:
+    """(muon's Newton–Schulz variant, why) for a call in ``dtype`` on ``device``; triton: the Triton path covers it.
+    None for an optimizer without Newton–Schulz."""
+    if not declares(optimizer, "with_ns", "direction"):
+        return None, ""
+    if triton:
+        return "triton", "its Newton–Schulz one batched Triton launch per chunk"
+    if not declares(optimizer, "one_triple", "direction"):
+        return "bmm", "its Newton–Schulz in batched matmuls (a schedule of triples: no kernel takes it)"
+    if torch.device(device).type == "cpu" and dtype in newton_schulz_cpu.DTYPES and newton_schulz_cpu.available():
+        return "cpu", "its Newton–Schulz in the compiled CPU kernel"
+    return "bmm", f"its Newton–Schulz in batched matmuls ({dtype} on {torch.device(device).type})"
+
+
 def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = "auto", acts: dict | None = None
          ) -> Plan:
-    """How ``memorize`` computes a call of ``config`` (a validated MemoryConfig) at ``shapes``, in ``dtype`` on
-    ``device``, with ``impl`` asked (memorize's argument). acts: {gate: whether it acts} (``acting``; None: as the
-    config sets them). An impl that cannot compute the call raises
-    NotImplementedError with the reason and what it covers."""
+    """How ``memorize`` computes a call of ``config`` (a MemoryConfig, or its ``resolve``) at ``shapes``, in ``dtype``
+    on ``device``, with ``impl`` asked (memorize's argument). acts: {gate: whether it acts} (``acting``; None: as the
+    config sets them). An impl that cannot compute the call raises NotImplementedError with the reason and what it
+    covers."""
     check_impl(impl)
-    mem, fmap, bias, optimizer = config.components()
-    rule = config.rule()
-    specs = rule.gates(config, optimizer)
+    resolved = config if isinstance(config, Resolved) else config.resolve()
+    config, mem, fmap, bias, optimizer, rule, specs = resolved
     if acts is None:
         acts = acting(specs)
     channels = any(spec.axis != "head" for spec in specs.values())
@@ -193,16 +211,16 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     # tokens until every weight matrix has committed (read chunk: the longest level of the rule's commits)
     longest = period(rule.commits(weights, config.chunk_size)) if config.read == "chunk" else config.chunk_size
     carried = CARRIED[config.read] if longest > 1 else "nothing"
-    steps = shapes.T * rule.steps_per_token  # the rule runs n_h steps per token, each with its read
+    steps = shapes.T * rule.steps()  # the rule runs n_h steps per token, each with its read
     flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
                             steps, block, config.read == "start") if declares(mem, "gradient_factors", "forward") \
         else None
     flops = None if flops is None or shapes.T == 0 else flops / shapes.T
+    row = rule.row(config.read)
 
-    row = rule.steps_per_token - 1 if config.read == "token" else 0  # start, chunk: before the token's first step
-
-    def made(path, reason):
-        return Plan(path, form, block, carried, flops, reason, row)
+    def made(path, reason, triton=False):
+        ns, why = newton_schulz_variant(optimizer, dtype, device, triton)
+        return Plan(path, form, block, carried, flops, reason + (f"; {why}" if why else ""), row, ns=ns)
 
     if impl in ("reference", "chunked"):
         return made(impl, "asked")
@@ -222,12 +240,15 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
         fla_gap = f"; not fla: {gap}"
     else:
         fla_gap = ""
-    if impl == "triton" or (impl == "auto" and torch.device(device).type == "cuda"):
+    if impl == "triton" or (impl == "auto" and cuda):
         gap = triton_gap(config, mem, bias, optimizer, form, weights, dtype, device, per_token)
         if gap is None and impl == "auto" and form == "delta_rule":  # computed right, but T steps in sequence
             gap = "chunk_size=1 well: its walk over chunk states would be T steps (the chunked path: WY blocks)"
         if gap is None:
-            return made("triton", "asked" if impl == "triton" else f"the kernels cover it on CUDA{fla_gap}")
+            why = "asked" if impl == "triton" else f"the kernels cover it on CUDA{fla_gap}"
+            if declares(optimizer, "one_triple", "direction"):  # muon: the chunked path around the batched NS kernel
+                return made("chunked", f"{why}: muon on the chunked path", triton=True)
+            return made("triton", why)
         if impl == "triton":
             from .ops.limits import COVERAGE
             raise NotImplementedError(f"memorize: impl='triton' does not cover {gap}. {COVERAGE}")

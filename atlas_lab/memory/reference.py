@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
+from .call import Call, Carried, Result
 from .optimizers import accumulate, commit, period, scaled, step
 
 
@@ -46,45 +47,41 @@ def _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window):
     return g, read_out
 
 
-def memorize_reference(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer,
-                       chunk_size, W, S, W_eval, offset, pending=None, scale=None, start=False):
-    """read="token" (start=True: read="start", each token reads its chunk's start). Flattened inputs: q [N, T, d_k];
-    k_all, v_all, gamma_all: the window cache followed by the T new tokens ([N, m0+T, ·]); gates [N, T] (α per
-    channel: [N, T, C]); scale: f [N, T(, C)], gradients at W_{t−1} Diag(f_t) (chunk_size 1), None: at W̃. mem,
-    bias, optimizer: component objects (any Memory, AttentionalBias, MemoryOptimizer: only ``token_forward``,
-    ``loss`` and ``update`` are used); phi: the feature map as a function. Returns (y [N, T, d_v], W, S, W̃ or None,
-    offset, None)."""
-    g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
+def memorize_reference(call: Call) -> Result:
+    """read="token" and "start" (each token reads its chunk's start): the token loop above on a ``Call`` (call.py);
+    only the components' ``token_forward``, ``loss`` and ``update`` are used."""
+    x, st, m = call.inputs, call.state, call.memory
+    W, S, W_eval, offset = st.weights, st.optimizer_state, st.eval_weights, st.offset
+    g, read_out = _window_gradients(x.q, x.k, x.v, x.gamma, m.mem, m.phi, m.bias, m.window)
     ys = []
     chunk_start = W_eval  # mid-chunk (chunk > 1, no scale): the evaluation point is the chunk's start
-    for t in range(q.shape[1]):
+    for t in range(x.q.shape[1]):
         if offset == 0:
             chunk_start = W
-            W_eval = W if scale is None else scaled(W, scale[:, t])
-        if start:
+            W_eval = W if x.scale is None else scaled(W, x.scale[:, t])
+        if m.read == "start":
             ys.append(read_out(chunk_start, t))
-        W, S = step(optimizer, W, S, g(W_eval, t), alpha[:, t], eta[:, t], theta[:, t])
-        if not start:
+        W, S = step(m.optimizer, W, S, g(W_eval, t), x.alpha[:, t], x.eta[:, t], x.theta[:, t])
+        if m.read != "start":
             ys.append(read_out(W, t))
-        offset = (offset + 1) % chunk_size
-    return torch.stack(ys, 1), W, S, (W_eval if offset else None), offset, None
+        offset = (offset + 1) % m.chunk_size
+    return Result(torch.stack(ys, 1), Carried(W, S, W_eval if offset else None, offset, None))
 
 
-def memorize_reference_chunk_start(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window,
-                                   optimizer, chunk_size, W, S, W_eval, offset, pending=None, scale=None,
-                                   commits):
-    """read="chunk", arguments as ``memorize_reference``: every token reads W̃ = W; ``pending`` (the commits in
-    progress, optimizers.accumulate; None when none is) commits each level at the end of its chunk; commits: {name:
-    (C, r)} (LearningRule.commits); offset: tokens since the
-    start of the longest level's chunk. Returns (y, W, S, None, offset, pending)."""
-    longest = period(commits)
-    g, read_out = _window_gradients(q, k_all, v_all, gamma_all, mem, phi, bias, window)
+def memorize_reference_chunk_start(call: Call) -> Result:
+    """read="chunk": every token reads W̃ = W; the commits in progress (``pending``) commit each level at the end
+    of its chunk (call.memory.commits: {name: (C, r)}, LearningRule.commits); offset: tokens since the start of the
+    longest level's chunk."""
+    x, st, m = call.inputs, call.state, call.memory
+    W, S, offset, pending = st.weights, st.optimizer_state, st.offset, st.pending
+    longest = period(m.commits)
+    g, read_out = _window_gradients(x.q, x.k, x.v, x.gamma, m.mem, m.phi, m.bias, m.window)
     ys = []
-    for t in range(q.shape[1]):
+    for t in range(x.q.shape[1]):
         ys.append(read_out(W, t))
-        pending = accumulate(pending, commits, g(W if scale is None else scaled(W, scale[:, t]), t), alpha[:, t],
-                             eta[:, t], theta[:, t])
+        pending = accumulate(pending, m.commits, g(W if x.scale is None else scaled(W, x.scale[:, t]), t),
+                             x.alpha[:, t], x.eta[:, t], x.theta[:, t])
         offset = (offset + 1) % longest
-        if offset % chunk_size == 0:
-            W, S, pending = commit(optimizer, W, S, pending, commits, offset)
-    return torch.stack(ys, 1), W, S, None, offset, pending
+        if offset % m.chunk_size == 0:
+            W, S, pending = commit(m.optimizer, W, S, pending, m.commits, offset)
+    return Result(torch.stack(ys, 1), Carried(W, S, None, offset, pending))

@@ -17,7 +17,8 @@ import torch
 
 from atlas_lab.memory import memorize
 from atlas_lab.memory import newton_schulz as newton_schulz_reference
-from atlas_lab.memory.ops import INTERPRETED, chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
+from atlas_lab.memory.dispatch import INTERPRETED
+from atlas_lab.memory.ops import chunk_linear_memory, chunk_linear_memory_naive, newton_schulz
 from atlas_lab.memory.ops.chunk_linear_memory.triton import launches, launches_table
 from atlas_lab.memory.ops.dots import dot_precision
 from atlas_lab.memory.ops.newton_schulz.triton import ns_precision
@@ -392,7 +393,7 @@ def split_calls(p, impl, pieces, **options):
     state, outs = p["initial_state"], []
     for lo, hi in pieces:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
-                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+                            gates={g: x[:, lo:hi] for g, x in gates.items()}, **options)
         outs.append(o)
     return torch.cat(outs, 1), state
 

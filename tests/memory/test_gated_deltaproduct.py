@@ -45,8 +45,8 @@ def preset(n_h):
 
 def ours(impl, config):
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], eta=x["beta"],
-                            initial_state={"W": x["W0"]}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], config,
+                            initial_state={"W": x["W0"]}, impl=impl, gates={"alpha": x["alpha"], "eta": x["beta"]})
         return with_gradients(x, o, state.weights["W"])
     return f
 
@@ -82,8 +82,8 @@ def test_chunk_read_is_the_state_before_the_token():
     """read="chunk" reads before a token's first step: y_t = W_{t−1} q_t, which is fla's output at token t − 1
     for the query q_t (and W_0 q_0 at the first token)."""
     x = problem(torch.float64, 2)
-    o, _ = memorize(x["q"], x["k"], x["v"], preset(2).replace(read="chunk"), alpha=x["alpha"], eta=x["beta"],
-                    initial_state={"W": x["W0"]})
+    o, _ = memorize(x["q"], x["k"], x["v"], preset(2).replace(read="chunk"),
+                    initial_state={"W": x["W0"]}, gates={"alpha": x["alpha"], "eta": x["beta"]})
     shifted = fla(x, q=torch.cat([x["q"][:, 1:], x["q"][:, :1]], 1))["output"]
     first = torch.einsum("bhvk,bhk->bhv", x["W0"], x["q"][:, 0])
     assert rel_err(o[:, 1:], shifted[:, :-1]) < 1e-12 and rel_err(o[:, 0], first) < 1e-12
@@ -98,10 +98,10 @@ def test_a_broken_part_fails_the_identity(broken):
         model = ours("chunked", preset(2).replace(learning_rule={"name": "deltaproduct", "gradient_at": "state"}))
     else:
         def model(x):  # the plain rule (one step per token) on the 2T steps, every step read
+            alpha = x["alpha"].repeat_interleave(2, 1) if broken == "decay at every step" else \
+                torch.stack([x["alpha"], torch.ones_like(x["alpha"])], 2).flatten(1, 2)
             o, state = memorize(x["q"].repeat_interleave(2, 1), x["k"], x["v"], preset(1),
-                                alpha=x["alpha"].repeat_interleave(2, 1) if broken == "decay at every step" else
-                                torch.stack([x["alpha"], torch.ones_like(x["alpha"])], 2).flatten(1, 2),
-                                eta=x["beta"], initial_state={"W": x["W0"]})
+                                initial_state={"W": x["W0"]}, gates={"alpha": alpha, "eta": x["beta"]})
             return with_gradients(x, o[:, 1::2] if broken == "decay at every step" else o[:, 0::2],
                                   state.weights["W"])
     assert helpers.errors(model(x), fla(x), broken)["output"] > 1e-3
@@ -139,7 +139,8 @@ def test_steps_per_token_streams(config):
 
     def call(lo, hi, state):
         return memorize(x["q"][:, lo:hi], x["k"][:, 2 * lo:2 * hi], x["v"][:, 2 * lo:2 * hi], config,
-                        alpha=x["alpha"][:, lo:hi], eta=x["beta"][:, 2 * lo:2 * hi], theta=0.7, initial_state=state)
+                        theta=0.7, initial_state=state,
+                        gates={"alpha": x["alpha"][:, lo:hi], "eta": x["beta"][:, 2 * lo:2 * hi]})
 
     assert_pieces_equal_one_call(call, x, {"W": x["W0"]}, cuts=((0, 17), (17, 18), (18, T)))
 

@@ -86,8 +86,8 @@ def test_a_broken_gate_fails_the_identity(broken):
         else:
             beta = x["erase"].mean(-1, keepdim=True)
             gates = {"erase": beta.expand_as(x["erase"]), "write": beta.expand_as(x["write"])}
-        return memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], initial_state={"W": x["W0"]},
-                        gates=gates)[0]
+        return memorize(x["q"], x["k"], x["v"], config, initial_state={"W": x["W0"]},
+                        gates={**gates, "alpha": x["alpha"]})[0]
 
     assert helpers.rel_err(model(x), fla(x)["output"]) > 1e-3
 

@@ -56,8 +56,8 @@ def cms_direct(x, C, per_token_rate=True, read_start=True, mean=True):
 
 def ours(impl, C):
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], level(C), gamma=x["gamma"], initial_state={n: x[n] for n in NAMES},
-                            impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], level(C), initial_state={n: x[n] for n in NAMES},
+                            impl=impl, gates={"gamma": x["gamma"]})
         return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
     return f
 
@@ -93,8 +93,8 @@ def test_cms_level_streams_across_chunks():
     x = problem(torch.float64)
 
     def call(lo, hi, state):
-        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), level(5), gamma=x["gamma"][:, lo:hi],
-                        initial_state=state)
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), level(5),
+                        initial_state=state, gates={"gamma": x["gamma"][:, lo:hi]})
 
     assert_pieces_equal_one_call(call, x, {n: x[n] for n in NAMES}, cuts=((0, 17), (17, 18), (18, 23)))
 

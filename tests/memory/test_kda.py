@@ -40,8 +40,8 @@ def ours(impl, config=None):
     config = config or resolve_preset("kda")[1]
 
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"], eta=x["beta"],
-                            initial_state={"W": x["W0"]}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], config,
+                            initial_state={"W": x["W0"]}, impl=impl, gates={"alpha": x["alpha"], "eta": x["beta"]})
         return with_gradients(x, o, state.weights["W"])
     return f
 
@@ -78,8 +78,8 @@ def test_a_broken_gate_fails_the_identity(broken):
         config = resolve_preset("kda")[1].replace(learning_rule={"name": "kda", "per_channel": []})
 
         def model(x):
-            o, state = memorize(x["q"], x["k"], x["v"], config, alpha=x["alpha"].mean(-1), eta=x["beta"],
-                                initial_state={"W": x["W0"]})
+            o, state = memorize(x["q"], x["k"], x["v"], config,
+                                initial_state={"W": x["W0"]}, gates={"alpha": x["alpha"].mean(-1), "eta": x["beta"]})
             return with_gradients(x, o, state.weights["W"])
     else:
         model = ours("chunked", resolve_preset("kda")[1].replace(learning_rule={"name": "kda", "gradient_at": "state"}))
@@ -108,8 +108,9 @@ def test_retained_gradient_is_the_decayed_step(read):
     options = dict(architecture="linear", attentional_bias="l2", chunk_size=1, read=read,
                    learning_rule={"name": "online", "gradient_at": "retained"})
     for impl in IMPLS:
-        o, state = memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], gamma=1.0,
-                            initial_state=p["initial_state"], impl=impl, **options)
+        o, state = memorize(p["q"], p["k"], p["v"], gamma=1.0,
+                            initial_state=p["initial_state"], impl=impl, **options,
+                            gates={"alpha": p["alpha"], "eta": p["eta"]})
         W, out = p["initial_state"]["W"].expand(2, -1, -1, -1), []
         for t in range(9):
             a, e = p["alpha"][:, t, :, None, None], p["eta"][:, t, :, None, None]
@@ -128,8 +129,8 @@ def test_kda_streams_across_blocks():
     config = resolve_preset("kda")[1]
 
     def call(lo, hi, state):
-        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config, alpha=x["alpha"][:, lo:hi],
-                        eta=x["beta"][:, lo:hi], initial_state=state)
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config,
+                        initial_state=state, gates={"alpha": x["alpha"][:, lo:hi], "eta": x["beta"][:, lo:hi]})
 
     assert_pieces_equal_one_call(call, x, {"W": x["W0"]})
 
@@ -162,4 +163,4 @@ def test_bad_channel_gates_and_gradient_points_are_named(changes, message):
 def test_a_channel_gate_takes_its_channels():
     q = torch.zeros(1, 3, 1, 4)
     with pytest.raises(ValueError, match=r"gate alpha must be a \[B, T, H, C\] = \[1, 3, 1, 4\] tensor"):
-        memorize(q, q, q, resolve_preset("kda")[1], alpha=torch.ones(1, 3, 1), eta=0.5)
+        memorize(q, q, q, resolve_preset("kda")[1], eta=0.5, gates={"alpha": torch.ones(1, 3, 1)})

@@ -99,8 +99,9 @@ def ours(impl, cfg=None):
         cfg = config(cfg)
 
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], cfg or config(), alpha=x["alpha"], eta=x["eta"],
-                            theta=x["theta"], gamma=x["gamma"], initial_state={n: x[n] for n in NAMES}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], cfg or config(),
+                            initial_state={n: x[n] for n in NAMES}, impl=impl,
+                            gates={"alpha": x["alpha"], "eta": x["eta"], "theta": x["theta"], "gamma": x["gamma"]})
         return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
     return f
 
@@ -145,7 +146,7 @@ def test_lact_streams_across_chunks():
 
     def call(lo, hi, state):
         return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config(),
-                        **{g: x[g][:, lo:hi] for g in gates}, initial_state=state)
+                        gates={g: x[g][:, lo:hi] for g in gates}, initial_state=state)
 
     o_full, s_full = call(0, T, {n: x[n] for n in NAMES})
     state, pieces = {n: x[n] for n in NAMES}, []

@@ -65,8 +65,8 @@ def levels_direct(x, chunks, rates, at_commit=False):
 
 def ours(impl, chunks, rates):
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], config(chunks, rates), gamma=x["gamma"],
-                            initial_state={n: x[n] for n in NAMES}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], config(chunks, rates),
+                            initial_state={n: x[n] for n in NAMES}, impl=impl, gates={"gamma": x["gamma"]})
         return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
     return f
 
@@ -108,7 +108,7 @@ def test_levels_stream_across_chunks(chunks, rates):
 
     def call(lo, hi, state):
         return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config(chunks, rates),
-                        gamma=x["gamma"][:, lo:hi], initial_state=state)
+                        initial_state=state, gates={"gamma": x["gamma"][:, lo:hi]})
 
     assert_pieces_equal_one_call(call, x, {n: x[n] for n in NAMES}, cuts=((0, 7), (7, 8), (8, 23)))
     _, state = call(0, 8, {n: x[n] for n in NAMES})
@@ -120,10 +120,10 @@ def test_a_state_of_other_levels_is_refused_in_one_line():
     2) names both."""
     x = problem(torch.float64)
     _, state = memorize(x["q"][:, :8], x["k"][:, :8], x["v"][:, :8], config(*CASES["fast W1"]),
-                        gamma=x["gamma"][:, :8], initial_state={n: x[n] for n in NAMES})
+                        initial_state={n: x[n] for n in NAMES}, gates={"gamma": x["gamma"][:, :8]})
     with pytest.raises(ValueError, match=r"initial_state.pending has levels \[6\]; this rule's: \[2\]"):
-        memorize(x["q"][:, 8:], x["k"][:, 8:], x["v"][:, 8:], config((2, 2), (1.0, 1.0)), gamma=x["gamma"][:, 8:],
-                 initial_state=dataclasses.replace(state, offset=0))
+        memorize(x["q"][:, 8:], x["k"][:, 8:], x["v"][:, 8:], config((2, 2), (1.0, 1.0)),
+                 initial_state=dataclasses.replace(state, offset=0), gates={"gamma": x["gamma"][:, 8:]})
 
 
 @pytest.mark.parametrize("optimizer", ["gd", "momentum", "muon"])

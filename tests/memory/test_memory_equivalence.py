@@ -67,7 +67,7 @@ def test_split_into_calls_passes_the_state(impl, architecture, optimizer, window
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 4), (4, 5), (5, 11)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
-                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+                            gates={g: x[:, lo:hi] for g, x in gates.items()}, **options)
         pieces.append(o)
     o_split = torch.cat(pieces, 1)
     assert rel_err(o_split, o_full) <= 1e-10
@@ -172,8 +172,8 @@ def test_default_gates_and_state(device):
     options = dict(architecture="linear", optimizer="momentum", chunk_size=2)
     o1, s1 = memorize(q, k, v, theta=0.0, **options)
     ones = q.new_ones(1, 5, 2)
-    o2, s2 = memorize(q, k, v, alpha=ones, eta=1.0, theta=0 * ones, gamma=ones, initial_state={"W": q.new_zeros(3, 3)},
-                      **options)
+    o2, s2 = memorize(q, k, v, eta=1.0, initial_state={"W": q.new_zeros(3, 3)},
+                      **options, gates={"alpha": ones, "theta": 0 * ones, "gamma": ones})
     assert rel_err(o1, o2) < 1e-12
     o3, _ = memorize(q, k, v, MemoryConfig(architecture="linear", optimizer="momentum", chunk_size=2, theta=0.0))
     assert torch.equal(o1, o3)
@@ -207,12 +207,15 @@ def test_exact_delta_rule_blocks_equal_the_token_loop(dtype, feature_map, T, blo
 def test_exact_delta_rule_passes_its_state_between_calls():
     options = dict(architecture="linear", attentional_bias="l2", window=1, optimizer="gd", chunk_size=1)
     p = make_problem(T=23)
-    whole, state = memorize(p["q"], p["k"], p["v"], alpha=p["alpha"], eta=p["eta"], gamma=p["gamma"],
-                            initial_state=p["initial_state"], **options)
-    o1, s1 = memorize(*(p[n][:, :10] for n in "qkv"), alpha=p["alpha"][:, :10], eta=p["eta"][:, :10],
-                      gamma=p["gamma"][:, :10], initial_state=p["initial_state"], **options)
-    o2, s2 = memorize(*(p[n][:, 10:] for n in "qkv"), alpha=p["alpha"][:, 10:], eta=p["eta"][:, 10:],
-                      gamma=p["gamma"][:, 10:], initial_state=s1, **options)
+    whole, state = memorize(p["q"], p["k"], p["v"],
+                            initial_state=p["initial_state"], **options,
+                            gates={"alpha": p["alpha"], "eta": p["eta"], "gamma": p["gamma"]})
+    o1, s1 = memorize(*(p[n][:, :10] for n in "qkv"),
+                      initial_state=p["initial_state"], **options,
+                      gates={"alpha": p["alpha"][:, :10], "eta": p["eta"][:, :10], "gamma": p["gamma"][:, :10]})
+    o2, s2 = memorize(*(p[n][:, 10:] for n in "qkv"),
+                      initial_state=s1, **options,
+                      gates={"alpha": p["alpha"][:, 10:], "eta": p["eta"][:, 10:], "gamma": p["gamma"][:, 10:]})
     assert rel_err(torch.cat([o1, o2], 1), whole) < 1e-12
     assert rel_err(s2.weights["W"], state.weights["W"]) < 1e-12
 
@@ -232,7 +235,7 @@ def test_muon_state_does_not_keep_the_chunk_per_token_weights_alive():
     (with B = H = 1 a view would pass through memorize's reshapes unchanged)."""
     p = make_problem(architecture="mlp", T=6, B=1, H=1)  # the last chunk is a full one
     _, state = memorize(p["q"], p["k"], p["v"], architecture="mlp", optimizer="muon", window=3, chunk_size=3,
-                        alpha=p["alpha"], eta=p["eta"], theta=p["theta"], gamma=p["gamma"])
+                        gates={"alpha": p["alpha"], "eta": p["eta"], "theta": p["theta"], "gamma": p["gamma"]})
     for part in (state.weights, state.optimizer_state):
         for w in part.values():
             assert w.untyped_storage().nbytes() == w.numel() * w.element_size()
@@ -276,7 +279,7 @@ def test_chunk_start_reads_split_into_calls_pass_the_pending_chunk(impl, optimiz
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 4), (4, 5), (5, 11)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state,
-                            **{g: x[:, lo:hi] for g, x in gates.items()}, **options)
+                            gates={g: x[:, lo:hi] for g, x in gates.items()}, **options)
         pieces.append(o)
         assert (state.pending is None) == (hi % 3 == 0) and state.eval_weights is None
     assert rel_err(torch.cat(pieces, 1), o_full) <= 1e-12
@@ -296,7 +299,7 @@ def test_chunk_start_reads_of_chunk_one_read_before_the_exact_step(architecture,
     p = make_problem(architecture=architecture, feature_map="polynomial", T=9)
     opts = dict(architecture=architecture, feature_map="polynomial", window=2, optimizer=optimizer, chunk_size=1,
                 coefficients=p["coefficients"], initial_state=p["initial_state"],
-                **{g: p[g] for g in ("alpha", "eta", "theta", "gamma")})
+                gates={g: p[g] for g in ("alpha", "eta", "theta", "gamma")})
     o_chunk, s_chunk = memorize(p["q"], p["k"], p["v"], read="chunk", **opts)
     q_next = torch.cat([p["q"][:, 1:], p["q"][:, :1]], 1)
     o_token, s_token = memorize(q_next, p["k"], p["v"], read="token", **opts)
@@ -332,17 +335,17 @@ def test_start_reads_are_the_per_token_rule_read_at_each_chunk_start(impl, optim
     for n in s_token.weights:
         assert rel_err(s_start.weights[n], s_token.weights[n]) < 1e-12
     _, before = memorize(p["q"][:, :4], p["k"][:, :4], p["v"][:, :4], read="token", initial_state=p["initial_state"],
-                         **{g: x[:, :4] for g, x in gates.items()}, **opts)
+                         gates={g: x[:, :4] for g, x in gates.items()}, **opts)
     W4 = {n: w.unsqueeze(1).expand(-1, 4, *w.shape[1:]) for n, w in before.weights.items()}  # [B, 4 queries, H, ...]
     q4 = p["q"][:, 4:8].reshape(-1, 1, *p["q"].shape[2:])  # each query of chunk 2 alone, at W_4
     o_at_start, _ = memorize(q4, p["k"][:, 4:5].repeat_interleave(4, 0), p["v"][:, 4:5].repeat_interleave(4, 0),
                              read="start", initial_state={n: w.flatten(0, 1) for n, w in W4.items()},
-                             **{g: x[:, 4:5].repeat_interleave(4, 0) for g, x in gates.items()}, **opts)
+                             gates={g: x[:, 4:5].repeat_interleave(4, 0) for g, x in gates.items()}, **opts)
     assert rel_err(o_start[:, 4:8], o_at_start.reshape(o_start[:, 4:8].shape)) < 1e-12
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 2), (2, 7), (7, 10)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], read="start", initial_state=state,
-                            **{g: x[:, lo:hi] for g, x in gates.items()}, **opts)
+                            gates={g: x[:, lo:hi] for g, x in gates.items()}, **opts)
         pieces.append(o)
     assert rel_err(torch.cat(pieces, 1), o_start) < 1e-12
 

@@ -5,7 +5,7 @@ import torch
 
 from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.memory import plan as planning
-from atlas_lab.memory.ops import fla
+from atlas_lab.memory import fla
 from atlas_lab.memory.plan import Shapes, plan
 from atlas_lab.models import PRESETS, resolve_preset
 from helpers import compare, fla_float64, make_problem, run

@@ -60,8 +60,9 @@ def tnt_direct(x, C, R, reset_to="W0", read="token"):
 
 def ours(impl, C, R):
     def f(x):
-        o, state = memorize(x["q"], x["k"], x["v"], local(C, R), alpha=x["alpha"], eta=x["eta"],
-                            initial_state={n: x[n] for n in NAMES}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], local(C, R),
+                            initial_state={n: x[n] for n in NAMES}, impl=impl,
+                            gates={"alpha": x["alpha"], "eta": x["eta"]})
         return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
     return f
 
@@ -84,8 +85,9 @@ def test_tnt_global_memory_reads_the_chunk_start_float64(impl, C):
     x = problem(torch.float64)
 
     def ours_global(x):
-        o, state = memorize(x["q"], x["k"], x["v"], global_memory(C), alpha=x["alpha"], eta=x["eta"],
-                            initial_state={n: x[n] for n in NAMES}, impl=impl)
+        o, state = memorize(x["q"], x["k"], x["v"], global_memory(C),
+                            initial_state={n: x[n] for n in NAMES}, impl=impl,
+                            gates={"alpha": x["alpha"], "eta": x["eta"]})
         return with_gradients(x, o, torch.cat([state.weights[n].flatten(2) for n in NAMES], -1))
 
     direct = tnt_direct(x, C, T + 1, reset_to="none", read="start")
@@ -123,8 +125,8 @@ def test_streaming_across_resets_equals_one_call(config):
     weights = {n: x[n] for n in NAMES} if deep else {"W": x["W1"][:, :, :D]}
 
     def call(lo, hi, state):
-        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config, alpha=x["alpha"][:, lo:hi],
-                        eta=x["eta"][:, lo:hi], initial_state=state)
+        return memorize(*(x[n][:, lo:hi] for n in ("q", "k", "v")), config,
+                        initial_state=state, gates={"alpha": x["alpha"][:, lo:hi], "eta": x["eta"][:, lo:hi]})
 
     inputs = {n: x[n] for n in ("q", "k", "v", "alpha", "eta", *(NAMES if deep else ()))}
     assert_pieces_equal_one_call(call, inputs, weights, cuts=((0, 7), (7, 9), (9, 12), (12, 23)))
@@ -141,9 +143,9 @@ def test_reset_every_is_checked():
                        match=r"reset_every: owned by the learning rule now; write learning_rule: \{name: chunk"):
         MemoryConfig().replace(reset_every=64)
     x = problem(torch.float64)
-    _, plain = memorize(x["q"], x["k"], x["v"], local(2, None), alpha=x["alpha"], eta=x["eta"])
+    _, plain = memorize(x["q"], x["k"], x["v"], local(2, None), gates={"alpha": x["alpha"], "eta": x["eta"]})
     with pytest.raises(ValueError, match="initial_state must carry the initial weights"):
-        memorize(x["q"], x["k"], x["v"], local(2, 6), alpha=x["alpha"], eta=x["eta"], initial_state=plain)
+        memorize(x["q"], x["k"], x["v"], local(2, 6), initial_state=plain, gates={"alpha": x["alpha"], "eta": x["eta"]})
 
 
 def test_tnt_preset_alternates_global_and_local_memories():

@@ -389,7 +389,7 @@ def test_mac_is_memory_as_context():
         xs = x[:, lo:lo + 4]
         n = xs.shape[1]
         qh = torch.nn.functional.normalize(torch.nn.functional.silu(mac.retrieve_q(xs)).view(B, n, Hm, dm), dim=-1)
-        read, _ = memorize(qh, qh, torch.zeros_like(qh), mem.rule, alpha=1.0, eta=0.0, theta=0.0, gamma=1.0,
+        read, _ = memorize(qh, qh, torch.zeros_like(qh), mem.memory, alpha=1.0, eta=0.0, theta=0.0, gamma=1.0,
                            initial_state=weights)
         h = mac.retrieve_out(read.reshape(B, n, Hm * dm))
         pos = torch.arange(lo, lo + n)

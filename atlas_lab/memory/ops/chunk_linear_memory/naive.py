@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...causal import causal_operands
+from ..causal import causal_operands
 
 
 def chunk_linear_memory_naive(q, k, v, gamma, a, Cw, W0, We0, *, offset, chunk_size, window, bias,

@@ -46,7 +46,7 @@ several windows (keys, values, γ) accumulated atomically. The walks keep a [d_v
 the window's keys in blocks of BI, two products per block with l2 (W̃ Uᵀ, then (· ⊙ c) U); with a global window
 (c = None) a chunk's window is every key before it, so their work grows with the square of T (as before).
 
-**A token's non-finite key** reaches only the outputs at and after it (``atlas_lab.memory.causal``): the read-out
+**A token's non-finite key** reaches only the outputs at and after it (``atlas_lab.memory.ops.causal``): the read-out
 products zero that key's u, δ and give NaN to C[t, i] at i ≤ t only; the states after its chunk are non-finite, and
 so is every later output.
 
@@ -129,7 +129,7 @@ def _last_coefficients(C, t0, n, b, offs_t):
 @triton.jit
 def _causal_factors(C, u, delta, idx, pos):
     """The read-out's Σ_i C[t, i] (q_t·u_i) δ_i over the keys i ≤ t only, keeping a later key's NaN out of row t
-    (0 · NaN in the plain product; ``atlas_lab.memory.causal``). C [BT (chunk token t), BT (key i)], u [BT, BD],
+    (0 · NaN in the plain product; ``atlas_lab.memory.ops.causal``). C [BT (chunk token t), BT (key i)], u [BT, BD],
     δ [BT, BV]. Returns (C', u', δ', kept, bad): bad[i] = key i's u or δ (this block of d_v) is non-finite; those
     rows of u, δ zeroed; C' = C where kept (i ≤ t and not bad[i]), NaN at i ≤ t with bad[i], 0 above."""
     bad = (tl.max(((u - u) != 0).to(tl.int32), axis=1) + tl.max(((delta - delta) != 0).to(tl.int32), axis=1)) > 0

@@ -5,10 +5,11 @@
     cpu.py     newton_schulz_cpu  the compiled C++ kernel (``cpu.cpp``, built on first use) as a registered
                               operator: float32/float64 on the CPU
     cpu.cpp                   its source (shipped as package data)
+    reference.py newton_schulz  the PyTorch reference: batched matmuls (impl "bmm") or the CPU kernel (impl "cpu");
+                              the coefficient triples and schedules (``NS_COEFFICIENTS``, ``NS_SCHEDULES``)
 
-The PyTorch reference, which also picks between its batched-matmul path and the CPU kernel, is
-``atlas_lab.memory.optimizers.newton_schulz``. This package is imported with the memory package (the optimisers
-import ``cpu``), so ``newton_schulz`` here imports triton on its first call only.
+Which one a memory runs is the plan's choice (memory/plan.py). This package is imported with the memory package (the
+optimisers import ``reference``), so ``newton_schulz`` here imports triton on its first call only.
 """
 from __future__ import annotations
 

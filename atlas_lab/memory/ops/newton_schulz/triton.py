@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...optimizers import NS_COEFFICIENTS
+from .reference import NS_COEFFICIENTS
 from ..dots import dot_precision
 from ..limits import MAX_COLS, MAX_ROWS  # after the transpose to rows ≤ cols
 from ..operators import register_like_input

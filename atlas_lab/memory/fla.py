@@ -20,6 +20,8 @@ import importlib
 
 import torch
 
+from .call import Call, Carried, Result
+
 # op -> (fla-core module, function): imported on first use (fla needs triton and a GPU for its kernels)
 FLA_OPS = {"gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
            "kda": ("fla.ops.kda", "chunk_kda"),
@@ -38,26 +40,28 @@ def _log(alpha):
     return torch.log(alpha.clamp_min(torch.finfo(alpha.dtype).tiny))
 
 
-def memorize_fla(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bias, window, optimizer, chunk_size, W,
-                 S, W_eval, offset, pending=None, scale=None, form, block, op):
-    """Same arguments and results as ``atlas_lab.memory.reference.memorize_reference``, for a call the plan routed
-    to fla-core's ``op`` (window 1: k_all, v_all, gamma_all hold the call's tokens only). ``scale`` (the gradient's
-    per-token point α_t) is what fla's delta rules compute themselves. A call that ends inside a chunk (simple GLA at
-    chunk > 1) runs in two pieces, the state at the chunk's start being the evaluation point a stream carries."""
-    T = q.shape[1]
-    phi_q, phi_k = phi(q), phi(k_all)
+def memorize_fla(call: Call) -> Result:
+    """The same function as ``reference.memorize_reference`` (read token), for a call the plan routed to fla-core's
+    ``call.plan.op`` (window 1: the inputs hold the call's tokens only). ``inputs.scale`` (the gradient's per-token
+    point α_t) is what fla's delta rules compute themselves. A call that ends inside a chunk (simple GLA at chunk > 1)
+    runs in two pieces, the state at the chunk's start being the evaluation point a stream carries."""
+    x, st, m = call.inputs, call.state, call.memory
+    op, offset, chunk_size = call.plan.op, st.offset, m.chunk_size
+    W, W_eval = st.weights, st.eval_weights
+    T = x.q.shape[1]
+    phi_q, phi_k = m.phi(x.q), m.phi(x.k)
     function = fla_function(op)
 
     def run(lo, hi, state):  # tokens lo..hi from fla's state [N, 1, D, d_v] (float32)
         inputs = dict(q=phi_q[:, lo:hi, None], k=phi_k[:, lo:hi, None], scale=1.0, initial_state=state,
                       output_final_state=True)
-        strength = eta[:, lo:hi] * gamma_all[:, lo:hi]  # β_t = η_t γ_t
-        log_alpha = _log(alpha[:, lo:hi])
+        strength = x.eta[:, lo:hi] * x.gamma[:, lo:hi]  # β_t = η_t γ_t
+        log_alpha = _log(x.alpha[:, lo:hi])
         g = log_alpha.unsqueeze(2) if log_alpha.dim() == 3 else log_alpha.unsqueeze(-1)  # [N, n, 1(, D)]
         if op == "simple_gla":
-            inputs.update(v=(v_all[:, lo:hi] * strength.unsqueeze(-1))[:, :, None], g=g)
+            inputs.update(v=(x.v[:, lo:hi] * strength.unsqueeze(-1))[:, :, None], g=g)
         else:
-            inputs.update(v=v_all[:, lo:hi, None], g=g, beta=strength.unsqueeze(-1))
+            inputs.update(v=x.v[:, lo:hi, None], g=g, beta=strength.unsqueeze(-1))
         o, final = function(**inputs)
         return o.squeeze(2), final
 
@@ -71,4 +75,4 @@ def memorize_fla(q, k_all, v_all, gamma_all, alpha, eta, theta, *, mem, phi, bia
         W_eval = {"W": state.squeeze(1).mT}
         y_tail, state = run(T - ends, T, state)
         y = torch.cat([y_head, y_tail], 1)
-    return y.to(q.dtype), {"W": state.squeeze(1).mT}, S, W_eval, ends, None
+    return Result(y.to(x.q.dtype), Carried({"W": state.squeeze(1).mT}, st.optimizer_state, W_eval, ends, None))

@@ -1,0 +1,50 @@
+"""The Triton path of ``memorize`` (docs/memory.md §5.3): a linear memory with an optimiser linear in the gradients
+(gd, momentum), bias l2 or dot, any window and feature map (φ is applied in PyTorch), normalize=True, on the chunk
+kernels (``ops.chunk_linear_memory``: each chunk's products in parallel around one walk over chunk states), forward
+and backward. The plan (memory/plan.py: ``triton_gap``, ops/limits.py: ``COVERAGE``) decides which calls come here
+(muon runs on the chunked path with the plan's Newton–Schulz variant, the batched Triton launch on CUDA).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
+
+from .call import Call, Carried, Result
+from .ops.chunk_linear_memory.triton import chunk_linear_memory, chunk_linear_memory_fwd_kernel
+from .plan import kernel_bias
+
+INTERPRETED = isinstance(chunk_linear_memory_fwd_kernel, InterpretedFunction)  # TRITON_INTERPRET=1 when imported
+
+
+def chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset):
+    """Each chunk's closed form (``chunk_coefficients``) as per-token rows: a (m, s) [N, T], Cw (Cs) [N, T, b].
+
+    Row t holds token t's coefficients over the tokens of its chunk (column j = the chunk's j-th token).
+    Chunks of equal length are solved in one batched call (the head, the full chunks, the tail).
+    """
+    N, T = alpha.shape
+    head = min(T, (chunk_size - offset) % chunk_size)
+    full = (T - head) // chunk_size * chunk_size
+    parts = []
+    for lo, hi, n in ((0, head, head), (head, head + full, chunk_size), (head + full, T, T - head - full)):
+        if hi > lo:
+            co = optimizer.chunk_coefficients(*(x[:, lo:hi].reshape(-1, n) for x in (alpha, eta, theta)))
+            parts.append({name: (x.reshape(N, hi - lo) if x.dim() == 2 else
+                                 F.pad(x.reshape(N, hi - lo, n), (0, chunk_size - n))) for name, x in co.items()})
+    return {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
+
+
+def memorize_triton(call: Call) -> Result:
+    """The same function as ``reference.memorize_reference`` (read token), on the chunk kernels."""
+    x, st, m = call.inputs, call.state, call.memory
+    W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
+    momentum = S is not None  # a linear rule with state: momentum's closed form (m, s, Cs)
+    co = chunk_rows(m.optimizer, x.alpha, x.eta, x.theta, m.chunk_size, st.offset)
+    y, W_T, S_T, W_e = chunk_linear_memory(
+        m.phi(x.q), m.phi(x.k), x.v, x.gamma, co["a"], co["Cw"], W["W"], (W if W_eval is None else W_eval)["W"],
+        offset=st.offset, chunk_size=m.chunk_size, window=m.window, bias=kernel_bias(m.bias),
+        m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"), S0=S["W"] if momentum else None)
+    offset = (st.offset + x.q.shape[1]) % m.chunk_size
+    return Result(y, Carried({"W": W_T}, {"W": S_T} if momentum else None, {"W": W_e} if offset else None, offset,
+                             None))
