@@ -9,17 +9,17 @@ The model:  step ≈ C0 + C_launch · launches + FLOPs / R
 Counted (``count_step``): one training step as a fit runs it on CUDA — ``SequenceModel.training_step`` (forward,
 loss, its finiteness check), backward, gradient clipping at norm 1 (lightning_config.yaml) and AdamW with
 ``foreach`` (torch's choice on CUDA), the second step (the first also creates AdamW's state). The model's tensors are
-on the ``meta`` device (shapes only: the whole table takes seconds, atlas at L 256 included) and the memory's plan is
-asked as on CUDA (``on_cuda``), so each call takes the path it takes there (``--route P=path``: another path, e.g. the
-Triton route a measurement was taken on). Each aten operator on a meta tensor is one launch, except views,
-allocations and metadata (``NO_KERNEL``); a ``_foreach_`` operator is its multi-tensor-apply launches (``foreach_
-launches``: chunks of 65,536 elements, at most 320 blocks and 110/64/48/36/30 tensors a launch by depth); each
-Triton kernel (``kernel[grid](...)``, ours and fla's) one launch; an ``atlas_lab::`` operator (the Newton–Schulz
-kernel) one launch. Operators on CPU tensors (AdamW's step counters) launch nothing on a GPU and are left out;
-``.item()`` is a host synchronisation, counted apart. FLOPs: torch's formulas for the matrix products and attention
-(``torch.utils.flop_counter``), the Newton–Schulz kernel's products (``ns_flops``), and for a call the plan routes to
-the chunk kernel or fla, its forward and backward dots (``launches()`` of the chunk kernel; fla: three times the
-plan's forward FLOPs). Bytes: every launch's tensors, read or written once (an upper bound on traffic).
+on the ``meta`` device (shapes only, no arithmetic: about 0.5 ms of one core an operator, so the cost grows with the
+launches, not the FLOPs), and the memory's plan is asked as on CUDA (``on_cuda``): each call takes the path it takes
+there (``MEASURED_ROUTES``: the path a measurement was taken on instead). Each aten operator on a meta tensor is one
+launch, except views, allocations and metadata (``NO_KERNEL``); a ``_foreach_`` operator is its multi-tensor-apply
+launches (``foreach_launches``: chunks of 65,536 elements, at most 320 blocks and 110/64/48/36/30 tensors a launch by
+depth); each Triton kernel (``kernel[grid](...)``, ours and fla's) one launch; an ``atlas_lab::`` operator (the
+Newton–Schulz kernel) one launch. Operators on CPU tensors (AdamW's step counters) launch nothing on a GPU and are
+left out; ``.item()`` is a host synchronisation, counted apart. FLOPs: torch's formulas for the matrix products and
+attention (``torch.utils.flop_counter``), the Newton–Schulz kernel's products (``ns_flops``), and for a call the plan
+routes to the chunk kernel or fla, its forward and backward dots (the chunk kernel's ``launches()``; fla: three times
+the plan's forward FLOPs). Bytes: every launch's tensors, read or written once (an upper bound on traffic).
 Left out: Lightning's logging of train/loss and the batch's copy to the GPU (a few launches, in C0).
 
 The measurement (``MEASURED``): the only GPU table we have — one H200, the Lightning fit of
@@ -27,17 +27,21 @@ sweeps/mqar_gpu.yaml at its fixed sizes (d_model 128, 2 layers, memory heads 8, 
 s/step at L 64 / 128 / 256, an earlier tree (before the compile and routing changes since); gated_deltanet then took
 the Triton chunk kernel (no fla), and atlas did not finish 60 steps and a validation in 85 s (> 1 s a step).
 
-The fit (``fit``: non-negative least squares on the ratio predicted / measured, the 12 points; counts of today's
-tree, gated_deltanet on the Triton route), printed by this script:
+The fit (``fit``: non-negative least squares on the ratio predicted / measured, the 12 points; counts of this tree,
+gated_deltanet on the Triton route it was measured on), as this script prints it:
 
-    C0 = 1.62 ms, C_launch = 28.8 µs, R = 73 TFLOP/s
-    predicted / measured: 0.92–1.08 on the 12 points; each preset left out of the fit: 0.82–1.24
-    atlas at L 64: predicted 0.43 s (measured > 1 s: the model misses atlas's cost, see docs/performance.md §o)
+    C0 = 0.30 ms, C_launch = 29.9 µs, R = 208 TFLOP/s
+    predicted / measured 0.89–1.05 on the 12 points (max ratio 1.12); each preset left out of the fit and predicted
+    by the other three: transformer 1.09–1.35, gated_deltanet 0.87–0.97, omeganet 1.07–1.08, titans 0.94–1.01
+    atlas: predicted 0.108 / 0.187 / 0.346 s at L 64 / 128 / 256, against its bound of > 1 s (which also holds the
+    pilot's compiles and a validation up to L 1024); for the bound at L 64 its 4.25 TFLOP would run at ≤ 4.7 TFLOP/s
 
-R is what fp32 matrix products reached in that fit (the table's FLOPs are small: R is the least certain constant);
-``--tf32-rate`` (default 250 TFLOP/s, about half of an H200's dense tf32 peak) is the rate stated for tensor cores,
-which the targets of atlas are judged at. ``make gpu-check`` prints the same table measured beside predicted, and
-refits the constants on its own pilot where a GPU runs it.
+C_launch is the host's cost of one launch (Python, the dispatcher, autograd). R is not determined by the table: its
+FLOPs are small (the transformer's 37–158 GFLOP a step move its step by < 1 ms), and 208 TFLOP/s is more than an
+H200 computes in IEEE fp32 (67); take the FLOP term as unmeasured. ``--tf32-rate`` (default 250 TFLOP/s, about half
+of an H200's dense tf32 peak) is the rate stated for tensor cores, which atlas's target is judged at.
+``make gpu-check`` prints the same table measured beside predicted, and refits the constants on its own pilot where a
+GPU runs it (benchmarks/gpu_check.py, part e).
 """
 from __future__ import annotations
 
@@ -385,16 +389,39 @@ def count_point(overrides: dict, base: list[str], lengths=None, routes: dict | N
     return result
 
 
-def count_training(label: str, size: dict) -> dict:
+def count_training(label: str, size: dict, per_layer: bool = False) -> dict:
     """gpu_check's training step (its part c: ``train_model``, ``train_step``; bf16 autocast, AdamW, no clipping)
-    of ``label`` at ``size``."""
+    of ``label`` at ``size``. ``per_layer`` (a stack of one layer kind): the step counted at 1 and 2 layers, less
+    their optimizer steps, extended to ``size``'s layers (every layer adds the same launches, FLOPs and bytes), plus
+    the optimizer step of the whole model (its foreach launches depend on every tensor at once)."""
     import torch
 
     import gpu_check
 
-    model, opt = gpu_check.train_model(label, size, "meta")
-    ids = torch.zeros(size["batch"], size["T"] + 1, dtype=torch.long, device="meta")
-    return count_step(lambda count: gpu_check.train_step(model, opt, ids, "meta")).total()
+    def total(n_layers: int, optimizer_only: bool = False) -> dict:
+        model, opt = gpu_check.train_model(label, dict(size, n_layers=n_layers), "meta")
+        ids = torch.zeros(size["batch"], size["T"] + 1, dtype=torch.long, device="meta")
+
+        def step(count):
+            if not optimizer_only:
+                return gpu_check.train_step(model, opt, ids, "meta")
+            for p in model.parameters():  # a gradient to step on, allocated (no launch)
+                p.grad = torch.empty_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return count_step(step).total()
+
+    n = size["n_layers"]
+    if per_layer and n > 2:
+        model, _ = gpu_check.train_model(label, size, "meta")
+        per_layer = len(set(model.layer_labels)) == 1
+    if not per_layer or n <= 2:
+        return total(n)
+    one, two = total(1), total(2)
+    steps = {k: total(k, optimizer_only=True) for k in (1, 2, n)}
+    keys = ("launches", "flops", "bytes", "syncs")
+    fb = {k: {key: c[key] - steps[k][key] for key in keys} for k, c in ((1, one), (2, two))}
+    return {key: fb[1][key] + (n - 1) * (fb[2][key] - fb[1][key]) + steps[n][key] for key in keys}
 
 
 # ---------------------------------------------------------------- the fit
@@ -606,7 +633,7 @@ def record(path: Path | None = None, sweep: str = SWEEP, sets: tuple[str, ...] =
         done("counts", name, by_L, t)
         t = time.perf_counter()
     for label in train_models:
-        done("train", label, count_training(label, train_size), t)
+        done("train", label, count_training(label, train_size, per_layer=True), t)
         t = time.perf_counter()
     return rec
 

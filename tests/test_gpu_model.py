@@ -131,3 +131,13 @@ def test_targets_are_judged_per_configuration():
     verdicts = {t["name"]: t for t in gpu_model.targets(rows)}
     assert verdicts["fast"]["met"] and verdicts["fast"]["launch_ratio"] == pytest.approx(1.1)
     assert not verdicts["growing"]["met"] and verdicts["growing"]["launches_vs_base"] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("label", ["transformer", "gated_deltanet"])
+def test_a_stack_counted_per_layer_is_the_stack_counted_whole(label):
+    """gpu_check's training step at 3 layers: counted whole, and from 1 and 2 layers plus the whole optimizer step."""
+    import gpu_check
+
+    size = dict(gpu_check.TRAIN_TINY, n_layers=3)
+    assert gpu_model.count_training(label, size, per_layer=True) == \
+        {k: v for k, v in gpu_model.count_training(label, size).items() if k != "by_phase"}
