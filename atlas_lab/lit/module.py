@@ -220,6 +220,17 @@ def peak_memory_mib(device: torch.device) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
+def batch_samples(batch) -> int:
+    """A batch's sequences: the rows of its ``input_ids`` [B, L] (a module-level function: ddp_spawn pickles the
+    callbacks)."""
+    return batch["input_ids"].shape[0]
+
+
+def batch_tokens(batch) -> int:
+    """A batch's tokens: the elements of its ``input_ids`` [B, L]."""
+    return batch["input_ids"].numel()
+
+
 class RunCost(ThroughputMonitor):
     """What a fit costs, in every fit (the CLI adds it): Lightning's ``ThroughputMonitor`` over the training batches
     (a batch's samples: ``input_ids`` rows; its tokens: ``input_ids`` elements; its FLOPs: ``flops_per_batch``, set
@@ -237,8 +248,7 @@ class RunCost(ThroughputMonitor):
     one printed line. Rank 0 measures and logs (its device's rates)."""
 
     def __init__(self):
-        super().__init__(batch_size_fn=lambda batch: batch["input_ids"].shape[0],
-                         length_fn=lambda batch: batch["input_ids"].numel())
+        super().__init__(batch_size_fn=batch_samples, length_fn=batch_tokens)
         self.flops, self.lengths = 0.0, set()
         self.record: list[tuple[float, int, int, int, float]] = []  # per training batch: (s, batches, samples,
         #                                                             tokens, FLOPs), cumulative since the fit began

@@ -32,33 +32,37 @@ class ValueNormDelta(Online):
 '''
 
 
-def fit_args(root: str, steps: int, *extra: str) -> list[str]:
+def fit_args(root: str, steps: int, *extra: str, accelerator: str = "cpu") -> list[str]:
     return ["fit", "-c", "lightning_config.yaml", "-c", "experiments/mqar.yaml", "--model.preset=deltanet",
             "--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--model.memory_heads=2",
             f"--data.init_args.train_slices=[[{L}, 2, 256]]", f"--data.init_args.test_slices=[[{L}, 2, 16]]",
             f"--data.init_args.batch_size={B}", f"--trainer.max_steps={steps}",
             f"--trainer.log_every_n_steps={EVERY}", f"--trainer.default_root_dir={root}",
+            f"--trainer.accelerator={accelerator}",
             "--trainer.enable_progress_bar=false", "--trainer.callbacks=[{class_path: "
             "lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}]", *extra]
 
 
-def training_flops_per_token(ckpt: str) -> float:
+def training_flops_per_token(ckpt: str, device: torch.device) -> float:
     """One training step's FLOPs per token of [1, L] tokens (forward, the loss, backward), counted here."""
-    model = SequenceModel.load_from_checkpoint(ckpt)
-    ids = torch.zeros(1, L, dtype=torch.long)
+    model = SequenceModel.load_from_checkpoint(ckpt, map_location=device)
+    ids = torch.zeros(1, L, dtype=torch.long, device=device)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
     return counter.get_total_flops() / L
 
 
 def test_a_fit_logs_its_cost_and_a_users_component_and_its_artifacts_lie_where_the_readme_says(
-        workdir, monkeypatch, capfd):
+        workdir, monkeypatch, capfd, device):
+    """On the tests' device (``--device``): a CPU fit has no MFU and its peak memory is the process's; a CUDA fit
+    (make gpu-check's device) has MFU against the device's peak and the allocator's peak memory."""
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
     (workdir / "myrules.py").write_text(RULE)
     monkeypatch.syspath_prepend(str(workdir))
     rule = "--model.memory={learning_rule: {class_path: myrules.ValueNormDelta, init_args: {p: 2.0}}}"
-    assert main(fit_args("runs/a", STEPS, rule)) == 0
+    assert main(fit_args("runs/a", STEPS, rule, accelerator=accelerator)) == 0
     printed = capfd.readouterr().out
-    assert main(fit_args("runs/b", 2)) == 0  # another root, the preset's own components
+    assert main(fit_args("runs/b", 2, accelerator=accelerator)) == 0  # another root, the preset's own components
     client = MlflowClient("sqlite:///" + str(Path("runs/mlflow.db").resolve()))
     experiment = client.get_experiment_by_name("atlas-lab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
@@ -78,15 +82,24 @@ def test_a_fit_logs_its_cost_and_a_users_component_and_its_artifacts_lie_where_t
     steps = list(range(2 * EVERY - 1, STEPS, EVERY))
     assert all([m.step for m in history[name]] == steps for name in RATES), history
     flops_per_token = metrics["cost/flops_per_token"]
-    assert flops_per_token == pytest.approx(training_flops_per_token(str(Path("runs/a/checkpoints/last.ckpt"))),
+    assert flops_per_token == pytest.approx(training_flops_per_token("runs/a/checkpoints/last.ckpt", device),
                                             rel=1e-9)
     for tokens, samples, step_s, flops in zip(*(history[name] for name in RATES)):
         assert tokens.value > 0 and tokens.value == pytest.approx(samples.value * L, rel=1e-9)
         assert flops.value == pytest.approx(tokens.value * flops_per_token, rel=1e-9)
         assert step_s.value * samples.value == pytest.approx(B, rel=1e-9)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's peak so far, MiB
+    if device.type == "cuda":  # the allocator's peak (reset as the fit starts), MFU against the device's peak
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        peak = torch.cuda.get_device_properties(device).total_memory / 2**20
+        available = get_available_flops(device, torch.float32)
+        assert metrics["cost/steady/mfu"] == pytest.approx(metrics["cost/steady/flops_per_s"] / available, rel=1e-9)
+        mfu = client.get_metric_history(run.info.run_id, "cost/mfu")
+        assert [m.step for m in mfu] == steps and all(0 < m.value < 1 for m in mfu)
+    else:  # the process's peak resident memory; no MFU without a device peak
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's peak so far, MiB
+        assert "cost/mfu" not in metrics and "cost/steady/mfu" not in metrics
     assert all(0 < m.value <= peak for m in history["peak_memory_mib"])
-    assert "cost/mfu" not in metrics  # MFU needs a device peak: a GPU's
 
     # the summary: over the steady steps, after the first logging interval
     steady = {name: metrics[f"cost/steady/{name}"] for name in RATES}
@@ -94,7 +107,8 @@ def test_a_fit_logs_its_cost_and_a_users_component_and_its_artifacts_lie_where_t
     assert steady["flops_per_s"] == pytest.approx(steady["tokens_per_s"] * flops_per_token, rel=1e-9)
     assert steady["s_per_step"] * steady["samples_per_s"] == pytest.approx(B, rel=1e-9)
     assert tags["cost.steady_steps"] == f"batches {EVERY + 1}-{STEPS}"
-    assert tags["cost.device"] == f"cpu, {torch.get_num_threads()} thread" + "s" * (torch.get_num_threads() != 1)
+    assert tags["cost.device"] == (torch.cuda.get_device_name(device) if device.type == "cuda" else
+                                   f"cpu, {torch.get_num_threads()} thread" + "s" * (torch.get_num_threads() != 1))
     assert f"{steady['tokens_per_s']:,.0f} tokens/s" in printed and f"over batches {EVERY + 1}-{STEPS}" in printed
 
     # artifacts: <artifact_root>/<run id>/artifacts for every run, whatever its default_root_dir; checkpoints there
