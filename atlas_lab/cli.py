@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimate", type=POSITIVE, nargs="?", const=20, default=None, metavar="STEPS",
                    help="run nothing of the study: time a short fit of each distinct configuration on this machine "
                         "(STEPS training batches of each sequence length, default 20, and one short validation) and "
-                        "print the projected hours per configuration and in all; writes nothing to runs/ or MLflow")
+                        "print the projected hours per configuration and in all; keeps them in "
+                        "runs/sweeps/<study>/estimate.json, for the study's report to check against what it took")
     p = sub.add_parser("report", help="a study's results table and plots, in the terminal and as files")
     p.add_argument("study")
     p.add_argument("--storage", default=None)

@@ -24,7 +24,9 @@ capped at ``trainer.max_time`` per trial. ``fits``: the runs of a configuration 
 its first tune candidate. Pruning is not foreseen (the figure is an upper bound for a pruned study). One worker: with
 ``--workers N`` on a machine that has the cores for N, the wall time is at best the figure over N.
 
-Nothing is written to runs/ or the MLflow store (no logger, no checkpoint; Lightning's root is a temporary folder).
+Nothing of the pilots is written to runs/ or the MLflow store (no logger, no checkpoint; Lightning's root is a
+temporary folder); the command keeps its figures in ``runs/sweeps/<study>/estimate.json`` (``save_estimate``), which
+``atlas-lab report`` compares with what the study then took and logs to its parent run (``costs``).
 This module imports yaml, torch and Lightning only — never Optuna, MLflow or jsonargparse: the pilot runs on a bare
 CUDA image. The config is read as the CLI reads it (files in order, then the overrides as dotted keys; a mapping
 merges into a mapping, a ``model.memory.<component>.<option>`` key becomes the memory's dotted option), and the data
@@ -111,10 +113,12 @@ def run_config(base: list[Path], overrides: dict[str, Any]) -> dict:
 
 @dataclass
 class Point:
-    """One configuration to pilot: its name, its overrides and how many fits of the study run it."""
+    """One configuration to pilot: its name, its overrides, how many fits of the study run it and the grid labels of
+    every point that runs it (configurations that differ only in ``COST_NEUTRAL`` keys share one pilot)."""
     label: str
     overrides: dict[str, Any]
     fits: int
+    labels: list[dict] = field(default_factory=list)
 
 
 def cost_key(overrides: dict[str, Any]) -> str:
@@ -134,24 +138,23 @@ def _middle(search: dict) -> Any:
 
 def study_points(spec: SweepSpec) -> list[Point]:
     """The study's distinct configurations in the file's order, each with the fits that run it."""
-    runs: list[tuple[str, dict, int]] = []  # (label, overrides, fits)
+    runs: list[tuple[str, dict, int, dict]] = []  # (label, overrides, fits, grid labels)
     if spec.sampler == "grid":
         for labels in spec.grid_points():
             name = " ".join(f"{k}={v}" for k, v in zip(short_names(list(labels)), labels.values()))
             fixed = spec.overrides(labels, {})
             candidates = spec.tune_candidates()
-            runs.append((name, fixed | (candidates[0] if candidates else {}), spec.repeats))
-            runs += [(name, fixed | c, spec.tune_seeds) for c in candidates]
+            runs.append((name, fixed | (candidates[0] if candidates else {}), spec.repeats, labels))
+            runs += [(name, fixed | c, spec.tune_seeds, labels) for c in candidates]
     else:
         sampled = {k: _middle(s) for k, s in spec.search.items()}
-        runs.append(("search (middle of each range)", spec.overrides({}, sampled), spec.trials * spec.repeats))
+        runs.append(("search (middle of each range)", spec.overrides({}, sampled), spec.trials * spec.repeats, {}))
     points: dict[str, Point] = {}
-    for label, overrides, fits in runs:
-        key = cost_key(overrides)
-        if key in points:
-            points[key].fits += fits
-        else:
-            points[key] = Point(label, overrides, fits)
+    for label, overrides, fits, labels in runs:
+        point = points.setdefault(cost_key(overrides), Point(label, overrides, 0))
+        point.fits += fits
+        if labels not in point.labels:
+            point.labels.append(labels)
     return list(points.values())
 
 
@@ -533,7 +536,8 @@ def from_record(record: dict) -> tuple[Timing, Schedule]:
 def estimate_row(point: Point, record: dict) -> dict:
     """One table row: the point, its fits, its pilot's s/step by length and the projection of one fit."""
     timing, schedule = from_record(record)
-    return dict(point=point.label, fits=point.fits, step_s=timing.step_s, device=record.get("device"),
+    return dict(point=point.label, labels=point.labels, fits=point.fits, step_s=timing.step_s,
+                device=record.get("device"),
                 threads=record.get("threads"), cpu_share=timing.cpu_share, timed=record.get("timed"),
                 projection=project(timing, schedule))
 
@@ -571,7 +575,8 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
         try:
             row = estimate_row(point, run(point))
         except Exception as e:  # the other configurations are still estimated
-            row = dict(point=point.label, fits=point.fits, error=f"{type(e).__name__}: {e}"[:300])
+            row = dict(point=point.label, labels=point.labels, fits=point.fits,
+                       error=f"{type(e).__name__}: {e}"[:300])
         row["pilot_s"] = time.monotonic() - started
         rows.append(row)
         console.print(f"  {point.label}: " + (f"{step_text(row['step_s'])} s/step" if "step_s" in row
@@ -601,7 +606,35 @@ def print_estimate(spec: SweepSpec, steps: int = STEPS, run: Callable[[Point], d
     console.print(f"study {spec.study}: {hours:.2f} hours projected in all (one worker; no pruning foreseen"
                   + (f"; {failed} configuration(s) without a pilot are not counted" if failed else "") + ")",
                   markup=False)
+    path = save_estimate(spec, rows, steps, hours)
+    console.print(f"figures kept in {path}: atlas-lab report {spec.study} sets the study's measured hours beside them "
+                  "and logs them to its MLflow parent run", markup=False)
     return rows
+
+
+ESTIMATE = "estimate.json"  # runs/sweeps/<study>/estimate.json: the figures of the last --estimate
+
+
+def estimate_path(study: str) -> Path:
+    return Path("runs") / "sweeps" / study / ESTIMATE
+
+
+def save_estimate(spec: SweepSpec, rows: list[dict], steps: int, hours: float) -> Path:
+    """The figures of ``print_estimate`` as ``runs/sweeps/<study>/estimate.json``: when, how (pilot steps, device,
+    threads), the hours projected in all and per configuration its grid labels, fits and projected hours a fit."""
+    from datetime import datetime, timezone
+
+    device = next((f"{r['device']}, {r['threads']} thread{'s' * (r['threads'] != 1)}" for r in rows
+                   if "device" in r), None)
+    record = {"study": spec.study, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "steps": steps, "device": device, "hours": hours, "pilot_seconds": sum(r["pilot_s"] for r in rows),
+              "points": [{"label": r["point"], "labels": r.get("labels", []), "fits": r["fits"],
+                          "hours_a_fit": r["projection"]["total"] / 3600 if "projection" in r else None,
+                          "error": r.get("error")} for r in rows]}
+    path = estimate_path(spec.study)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def main(argv=None) -> int:

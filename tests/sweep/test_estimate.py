@@ -168,7 +168,7 @@ def test_a_failing_pilot_is_its_rows_error(sweep_dir, capsys):
     assert estimate.busy_free_hours([dict(capped, cpu_share=0.1)]) == 2 * (1.0 + 40.0) / 3600
 
 
-def test_estimate_end_to_end_writes_nothing(sweep_dir, capsys):
+def test_estimate_end_to_end_writes_only_its_figures(sweep_dir, capsys):
     config = yaml.safe_load((sweep_dir / "experiments" / "tiny.yaml").read_text())
     config["data"]["init_args"]["train_slices"] = [[16, 2, 64], [32, 4, 64]]
     Path("experiments/tiny.yaml").write_text(yaml.safe_dump(config))
@@ -179,4 +179,7 @@ def test_estimate_end_to_end_writes_nothing(sweep_dir, capsys):
     out = capsys.readouterr().out
     assert "2 configuration(s) to pilot" in out and "hours projected in all" in out
     assert "preset=gla" in out and "preset=transformer" in out and "16: " in out and "32: " in out
-    assert sorted(p.name for p in Path(".").iterdir()) == before  # no runs/, no store, no journal
+    # its figures only (the report compares them with the study): no store, no journal, nothing else in runs/
+    assert sorted(str(p) for p in Path(".").rglob("*") if p.is_file() and p.parts[0] == "runs") == \
+        ["runs/sweeps/s/estimate.json"]
+    assert sorted(p.name for p in Path(".").iterdir()) == sorted(before + ["runs"])

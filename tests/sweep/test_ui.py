@@ -1,6 +1,6 @@
 """`atlas-lab ui` as a user meets it: a real MLflow server and a real headless Chromium on a finished study.
 
-Chromium is Debian's ``chromium``, installed by the set-up step ``make system-deps`` (``.ci/run`` runs it), driven by
+Chromium is Debian's ``chromium``, installed by the set-up step ``make system-deps`` (``make test`` runs it first), driven by
 Playwright. Without it the test fails with a line naming that step.
 """
 import os
@@ -11,12 +11,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import PIL.Image
 import pytest
 from mlflow.tracking import MlflowClient
 
 from atlas_lab.cli import main
 from atlas_lab.sweep.tracking import free_port, init_store
-from sweep_helpers import ROOT, write_sweep
+from sweep_helpers import ROOT, runs_of, write_sweep
 
 SCREENSHOT = ROOT / "docs" / "ui-runs.png"  # kept up to date by ATLAS_LAB_UPDATE_SCREENSHOT=1
 
@@ -58,6 +59,15 @@ def test_the_ui_shows_the_study_its_children_and_the_metric_in_model_training_mo
             for name in children:
                 page.get_by_text(name, exact=True).wait_for(timeout=30_000)
             page.screenshot(path=str(tmp_path / "ui-runs.png"))
+            # the parent run's quality-against-cost plot (atlas_lab/sweep/costs.py), shown whole in its artifacts
+            _, (parent,), _ = runs_of()
+            width = PIL.Image.open("runs/sweeps/s/quality_cost.png").size[0]
+            page.goto(f"{url.split('/#/')[0]}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
+                      "/artifacts")
+            page.get_by_text("summary", exact=True).first.click(timeout=60_000)
+            page.get_by_text("quality_cost.png", exact=True).first.click(timeout=30_000)
+            page.wait_for_function(f"[...document.images].some(i => i.complete && i.naturalWidth === {width})",
+                                   timeout=30_000)
         if os.environ.get("ATLAS_LAB_UPDATE_SCREENSHOT"):
             shutil.copy(tmp_path / "ui-runs.png", SCREENSHOT)
         os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the command's process group
