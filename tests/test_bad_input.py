@@ -95,12 +95,16 @@ MEMORIZE_CASES = {  # id: (call, exception, words the message must contain)
                         ["memorize.learning_rule.per_matrix: expected true or false; got yes"]),
     "user-option-type": (call_memorize(learning_rule={"class_path": USER_RULE, "init_args": {"p": "abc"}}),
                          ValueError, ["memorize.learning_rule.init_args.p: expected float; got abc"]),
-    "alpha-negative": (call_memorize(alpha=-0.5), ValueError, ["memorize", "alpha", ">= 0", "-0.5"]),
+    "alpha-negative": (call_memorize(alpha=-0.5), ValueError, ["memorize.alpha", "a constant in [0, 1]", "-0.5"]),
     "theta-negative": (call_memorize(optimizer="momentum", theta=-0.1), ValueError,
-                       ["memorize", "theta", ">= 0", "-0.1"]),
-    "eta-shape": (call_memorize(eta=torch.ones(B, T)), ValueError,
+                       ["memorize.theta", "a constant in [0, 1)", "-0.1"]),
+    "alpha-negative-gate": (call_memorize(gates={"alpha": -0.5}), ValueError, ["memorize", "alpha", ">= 0", "-0.5"]),
+    "eta-tensor-keyword": (call_memorize(eta=torch.ones(B, T, H)), ValueError,
+                           ["memorize: eta is a tensor", "gates={'eta': ...}"]),
+    "eta-shape": (call_memorize(gates={"eta": torch.ones(B, T)}), ValueError,
                   ["memorize", "gate eta", "[B, T, H] = [2, 5, 2]", "(2, 5)"]),
-    "gamma-list": (call_memorize(gamma=[1.0] * T), ValueError, ["memorize", "gate gamma", "a number or None", "list"]),
+    "gamma-list": (call_memorize(gates={"gamma": [1.0] * T}), ValueError,
+                   ["memorize", "gate gamma", "a number or None", "list"]),
     "initial_state-heads": (call_memorize(initial_state={"W": torch.zeros(3, D, D, dtype=torch.float64)}),
                             ValueError, ["memorize", "initial_state['W']", "H = 2", "(3, 4, 4)"]),
     "initial_state-batch": (call_memorize(initial_state={"W": torch.zeros(5, H, D, D, dtype=torch.float64)}),
@@ -263,7 +267,7 @@ def test_a_nan_key_never_reaches_earlier_gradients_of_a_linear_memory(optimizer,
 @pytest.mark.parametrize("optimizer,window", list(itertools.product(["gd", "momentum"], [1, 3, None])))
 def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer, window):
     pytest.importorskip("triton")
-    from atlas_lab.memory.ops import INTERPRETED
+    from atlas_lab.memory.dispatch import INTERPRETED
     if not (INTERPRETED or torch.cuda.is_available()):
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)")
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -271,17 +271,17 @@ class LaCT(nn.Module):
             fq, fk = self._rotate(fq, positions), self._rotate(fk, positions)
         fq, fk, fv = (t.view(B, T, H, d) for t in (fq, fk, F.silu(v)))
         state = cache.get("memory")
-        rule_dtype = torch.promote_types(fq.dtype, torch.float32)  # the gates too (LaCT's: float32 under bf16)
-        gamma = F.softplus(self.lr_proj(x).to(rule_dtype) + self.base_lr)
+        memory_dtype = torch.promote_types(fq.dtype, torch.float32)  # the gates too (LaCT's: float32 under bf16)
+        gamma = F.softplus(self.lr_proj(x).to(memory_dtype) + self.base_lr)
         gates = {"gamma": gamma.view(B, T, H, self.rates) if self.rates > 1 else gamma}
         if self.momentum_proj is not None:
             level = {} if state is None else (state.pending or {}).get(self.config.chunk_size, {})
             offset, pending = (0 if state is None else state.offset), level.get("theta")
-            gates["theta"] = chunk_mean_factors(torch.sigmoid(self.momentum_proj(x).to(rule_dtype)),
+            gates["theta"] = chunk_mean_factors(torch.sigmoid(self.momentum_proj(x).to(memory_dtype)),
                                                 self.config.chunk_size, offset, pending)
 
         def exact(t):
-            return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
+            return t.to(memory_dtype) if isinstance(t, torch.Tensor) else t
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(*map(exact, (fq, fk, fv)), self.config,

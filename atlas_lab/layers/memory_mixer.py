@@ -126,16 +126,16 @@ class MemoryMixer(nn.Module):
         if state is None:
             state = dict(self.initial_weights.items())
         gates = self.gates(x)
-        # The rule runs in float32 (float64 stays float64) whatever the autocast: under bf16/16-mixed the
+        # The memory runs in float32 (float64 stays float64) whatever the autocast: under bf16/16-mixed the
         # projections above are low precision, but the inner state, its updates and Newton–Schulz are not, since
         # their rounding accumulates over the sequence (docs/memory.md §11). A streamed MemoryState is the rule's
         # own output, already in its precision. Where the plan routes the call to fla (CUDA, a rule fla computes),
         # q, k and v stay as the projections give them: fla's kernels take them so and compute in float32.
-        rule_dtype = torch.promote_types(q.dtype, torch.float32)
+        memory_dtype = torch.promote_types(q.dtype, torch.float32)
         fla = self.takes_fla(q.dtype, q.device)
 
         def exact(t):
-            return t.to(rule_dtype) if isinstance(t, torch.Tensor) else t
+            return t.to(memory_dtype) if isinstance(t, torch.Tensor) else t
 
         with torch.autocast(x.device.type, enabled=False):
             o, state = memorize(

@@ -11,8 +11,8 @@ from .learning_rules import (KDA, GDN2, LEARNING_RULES, ChunkCommit, DeltaProduc
                              Online, Steps, Token, build_learning_rule)
 from .op import memorize
 from .ops.newton_schulz.reference import NS_COEFFICIENTS, newton_schulz
-from .optimizers import (GD, OPTIMIZERS, Adam, KLRetention, LinearRule, LqRetention, MemoryOptimizer, Momentum, Muon,
-                         TransformedAccumulator, TransformedMomentum, build_optimizer)
+from .optimizers import (GD, OPTIMIZERS, Adam, KLRetention, LinearOptimizer, LqRetention, MemoryOptimizer, Momentum,
+                         Muon, TransformedAccumulator, TransformedMomentum, build_optimizer)
 from .state import MemoryState
 
 __all__ = [
@@ -23,7 +23,8 @@ __all__ = [
     "Component", "Memory", "LinearMemory", "MLPMemory", "GatedMLPMemory", "ModuleMemory", "build_memory",
     "FeatureMap", "Identity", "Polynomial", "Taylor", "build_feature_map",
     "AttentionalBias", "L2", "Dot", "Huber", "Lp", "build_attentional_bias",
-    "MemoryOptimizer", "LinearRule", "TransformedMomentum", "TransformedAccumulator", "GD", "Momentum", "Muon", "Adam",
+    "MemoryOptimizer", "LinearOptimizer", "TransformedMomentum", "TransformedAccumulator", "GD", "Momentum", "Muon",
+    "Adam",
     "LqRetention", "KLRetention", "build_optimizer",
     "FEATURE_MAPS", "MEMORIES", "LEARNING_RULES", "ATTENTIONAL_BIASES", "OPTIMIZERS", "NS_COEFFICIENTS", "ACTIVATIONS",
 ]

@@ -155,6 +155,18 @@ def check_against_reference(config: MemoryConfig | None = None, *, T=8, B=2, H=2
                         gates={name: inputs[name] for name in gates},
                         initial_state={n: inputs[f"W0.{n}"] for n in W0})
 
+    with torch.no_grad():  # causality: the tokens after t change, the outputs up to t do not
+        o = engine(impl, leaves)[0]
+        for t in sorted({0, T // 2, T - 2}):
+            later = {name: x.detach().clone() for name, x in leaves.items()}
+            for name, x in later.items():
+                if not name.startswith("W0."):
+                    rows = (t + 1) * (x.shape[1] // T)  # a tensor of T·n_h steps: token t's last step
+                    x[:, rows:] = x[:, rows:] * 0.5 + 0.25
+            changed = engine(impl, later)[0]
+            if not torch.equal(changed[:, :t + 1], o[:, :t + 1].detach()):
+                raise AssertionError(f"{impl}: the output of {what} at a token t <= {t} changed when the tokens after "
+                                     f"{t} did: not causal")
     results = {}
     for which in (impl, "reference", "equation"):
         if which == "equation":
@@ -174,16 +186,4 @@ def check_against_reference(config: MemoryConfig | None = None, *, T=8, B=2, H=2
         assert not bad, f"{which} differs from the equation of {what}: {bad} (tol {tol})"
         errors = {key: max(errors.get(key, 0.0), e) for key, e in found.items()}
 
-    with torch.no_grad():  # causality: the tokens after t change, the outputs up to t do not
-        o = results[impl][0]
-        for t in sorted({0, T // 2, T - 2}):
-            later = {name: x.detach().clone() for name, x in leaves.items()}
-            for name, x in later.items():
-                if not name.startswith("W0."):
-                    rows = (t + 1) * (x.shape[1] // T)  # a tensor of T·n_h steps: token t's last step
-                    x[:, rows:] = x[:, rows:] * 0.5 + 0.25
-            changed = engine(impl, later)[0]
-            if not torch.equal(changed[:, :t + 1], o[:, :t + 1].detach()):
-                raise AssertionError(f"{impl}: the output of {what} at a token t <= {t} changed when the tokens after "
-                                     f"{t} did: not causal")
     return errors

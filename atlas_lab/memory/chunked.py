@@ -143,7 +143,7 @@ def _chunk_stepwise(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
 
 
 def _chunk_linear(mem, opt, G, band, alpha, eta, theta, W, S, phi_q, q):
-    """LinearRule: the chunk's state in closed form and the read-out in dual form (no W_t built)."""
+    """LinearOptimizer: the chunk's state in closed form and the read-out in dual form (no W_t built)."""
     co = opt.chunk_coefficients(alpha, eta, theta)
     C = causal_matmul(co["Cw"], band)
     Cs = causal_matmul(co["Cs"], band) if "Cs" in co else None

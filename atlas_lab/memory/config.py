@@ -20,7 +20,7 @@ from .components import declares
 from .memories import build_memory
 from .attentional_biases import build_attentional_bias
 from .learning_rules import READS, build_learning_rule
-from .optimizers import LinearRule, build_optimizer
+from .optimizers import LinearOptimizer, build_optimizer
 
 Gate = Union[float, Literal["learned", "head_decay"]]
 # the five components: field -> its builder (registry, short-hands and options live with each kind)
@@ -207,7 +207,7 @@ def linear_map(mem) -> bool:
 
 
 def normalize_applies(mem, bias, optimizer) -> bool:
-    """normalize=True: a linear memory, a bias whose gradient does not depend on the weights (dot) and a rule linear
-    in the gradients with its closed form (gd, momentum)."""
-    return (linear_map(mem) and declares(bias, "weight_free_gradient", "loss") and isinstance(optimizer, LinearRule)
-            and declares(optimizer, "chunk_coefficients", "update"))
+    """normalize=True: a linear memory, a bias whose gradient does not depend on the weights (dot) and an optimiser
+    linear in the gradients with its closed form (gd, momentum)."""
+    return (linear_map(mem) and declares(bias, "weight_free_gradient", "loss")
+            and isinstance(optimizer, LinearOptimizer) and declares(optimizer, "chunk_coefficients", "update"))

@@ -39,7 +39,7 @@ def memorize_triton(call: Call) -> Result:
     """The same function as ``reference.memorize_reference`` (read token), on the chunk kernels."""
     x, st, m = call.inputs, call.state, call.memory
     W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
-    momentum = S is not None  # a linear rule with state: momentum's closed form (m, s, Cs)
+    momentum = S is not None  # a linear optimiser with state: momentum's closed form (m, s, Cs)
     co = chunk_rows(m.optimizer, x.alpha, x.eta, x.theta, m.chunk_size, st.offset)
     y, W_T, S_T, W_e = chunk_linear_memory(
         m.phi(x.q), m.phi(x.k), x.v, x.gamma, co["a"], co["Cw"], W["W"], (W if W_eval is None else W_eval)["W"],

@@ -454,12 +454,13 @@ class Longhorn(Online):
                                      "eta": eta / (1 + eta * gamma * steps.phi_k.square().sum(-1))})
 
     def equation(self, W, S, x, loop):
-        """W_t = W_{t−1} (I − ε_t φ(k_t) φ(k_t)ᵀ) + ε_t v_t φ(k_t)ᵀ, ε_t = η_t γ_t / (1 + η_t γ_t ‖φ(k_t)‖²)."""
+        """W_t = W_{t−1} (I − ε_t φ(k_t) φ(k_t)ᵀ) + ε_t v_t φ(k_t)ᵀ, ε_t = η_t γ_t / (1 + η_t γ_t ‖φ(k_t)‖²) (a
+        retention α_t < 1, which Longhorn does not have, scales W_{t−1} as gd's does: α_t W_{t−1} − ε_t (…))."""
         beta = x.gates["eta"] * x.gates["gamma"]
         k = x.phi_k.unsqueeze(1)  # [N, 1, D]
         eps = (beta / (1 + beta * x.phi_k.square().sum(-1)))[:, None, None]
         W = W["W"]  # [N, d_v, D]
-        return {"W": W - eps * (W @ k.mT) @ k + eps * x.v.unsqueeze(-1) @ k}, S
+        return {"W": x.gates["alpha"][:, None, None] * W - eps * (W @ k.mT) @ k + eps * x.v.unsqueeze(-1) @ k}, S
 
 
 def _times(a, b):

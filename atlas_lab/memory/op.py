@@ -234,13 +234,53 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coeffic
         v_ = torch.cat([v_, v_.new_ones(*v_.shape[:-1], 1)], -1)
     gamma_ = written.gates["gamma"]
 
-    offset, W_eval, S, pending = 0, None, None, None
-    cache_k = q_.new_zeros(B * H, 0, d_k)
-    cache_v = q_.new_zeros(B * H, 0, d_out)
-    cache_g = q_.new_zeros(B * H, 0)
-    # read chunk: {name: (C, r)}, each matrix's commit every C tokens (the offset counts to the longest C)
     commits = rule.commits(shapes, chunk_size) if read == "chunk" else None
+    state, (cache_k, cache_v, cache_g) = _initial(initial_state, memory, shapes, commits, how, q, v.shape[-1])
+    k_all = torch.cat([cache_k, k_], 1)
+    v_all = torch.cat([cache_v, v_], 1)
+    g_all = torch.cat([cache_g.reshape(B * H, -1, *gamma_.shape[2:]), gamma_], 1)  # γ per matrix: window 1, none cached
+    if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
+        y = q_.new_zeros(B * H, 0, d_out)
+    else:
+        if how.ns is not None:  # muon on the plan's Newton–Schulz
+            optimizer = optimizer.with_ns(NEWTON_SCHULZ[how.ns])
+        inputs = Inputs(q_, k_all, v_all, g_all, written.gates["alpha"], written.gates["eta"],
+                        written.gates["theta"], scale)
+        parts = Memory(mem, phi, bias, optimizer, window, chunk_size, read, commits, config.checkpoint)
+        y, state = PATHS[read][how.path](Call(inputs, state, how, parts))
+    W, S, W_eval, offset, pending = state
+
+    y = y[:, how.row::steps]  # the output of the step each token reads at (of its n_h)
+    if normalize:
+        y = y[..., :d_v] / y[..., d_v:]
+    o = y.reshape(B, H, T, d_v).permute(0, 2, 1, 3)
+    keep = k_all.shape[1] if window is None else min(window - 1, k_all.shape[1])
+    start = k_all.shape[1] - keep
+
+    def unflat(x):
+        return None if x is None else {n: w.reshape(B, H, *w.shape[1:]) for n, w in x.items()}
+
+    state = MemoryState(
+        weights=unflat(W), optimizer_state=unflat(S), eval_weights=unflat(W_eval),
+        keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
+        gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
+        pending=map_pending(pending, unflat, lambda x: x.reshape(B, H)))
+    return o, state
+
+
+def _initial(initial_state, memory, shapes, commits, how, q, d_v):
+    """(Carried, (cached keys, values, γ of the window) [B·H, m, ·]) a call starts from: ``initial_state`` (None: the
+    memory's own draw of W_0; a dict of weights; a MemoryState to continue) checked against the call. shapes: the
+    memory's {name: shape}; commits: read chunk's {name: (C, r)} (the offset counts to the longest C), else None."""
+    config, mem, fmap, _, optimizer, _, _ = memory
+    B, _, H, d_k = q.shape
+    D, normalize, chunk_size, read = fmap.dim(d_k), config.normalize, config.chunk_size, config.read
+    d_out = d_v + int(normalize)
     longest = chunk_size if commits is None else period(commits)
+    offset, W_eval, S, pending = 0, None, None, None
+    cache_k = q.new_zeros(B * H, 0, d_k)
+    cache_v = q.new_zeros(B * H, 0, d_out)
+    cache_g = q.new_zeros(B * H, 0)
     if isinstance(initial_state, MemoryState):
         st = initial_state
         if not 0 <= st.offset < longest:
@@ -286,37 +326,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coeffic
         raise ValueError(f"memorize: initial_state has offset > 0 but no {how.carried} state (read={read!r} "
                          f"continues a state of read={read!r})")
 
-    k_all = torch.cat([cache_k, k_], 1)
-    v_all = torch.cat([cache_v, v_], 1)
-    g_all = torch.cat([cache_g.reshape(B * H, -1, *gamma_.shape[2:]), gamma_], 1)  # γ per matrix: window 1, none cached
-    state = Carried(W, S, W_eval, offset, pending)
-    if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
-        y = q_.new_zeros(B * H, 0, d_out)
-    else:
-        if how.ns is not None:  # muon on the plan's Newton–Schulz
-            optimizer = optimizer.with_ns(NEWTON_SCHULZ[how.ns])
-        inputs = Inputs(q_, k_all, v_all, g_all, written.gates["alpha"], written.gates["eta"],
-                        written.gates["theta"], scale)
-        parts = Memory(mem, phi, bias, optimizer, window, chunk_size, read, commits, config.checkpoint)
-        y, state = PATHS[read][how.path](Call(inputs, state, how, parts))
-    W, S, W_eval, offset, pending = state
-
-    y = y[:, how.row::steps]  # the output of the step each token reads at (of its n_h)
-    if normalize:
-        y = y[..., :d_v] / y[..., d_v:]
-    o = y.reshape(B, H, T, d_v).permute(0, 2, 1, 3)
-    keep = k_all.shape[1] if window is None else min(window - 1, k_all.shape[1])
-    start = k_all.shape[1] - keep
-
-    def unflat(x):
-        return None if x is None else {n: w.reshape(B, H, *w.shape[1:]) for n, w in x.items()}
-
-    state = MemoryState(
-        weights=unflat(W), optimizer_state=unflat(S), eval_weights=unflat(W_eval),
-        keys=k_all[:, start:].reshape(B, H, keep, d_k), values=v_all[:, start:].reshape(B, H, keep, d_out),
-        gamma=g_all[:, start:].reshape(B, H, keep), offset=offset,
-        pending=map_pending(pending, unflat, lambda x: x.reshape(B, H)))
-    return o, state
+    return Carried(W, S, W_eval, offset, pending), (cache_k, cache_v, cache_g)
 
 
 def _with_resets(q, k, v, memory, gates, coefficients, initial_state, impl):

@@ -1,4 +1,4 @@
-"""Memory optimisers: the rule that turns the window gradient g_t into new memory weights (docs/memory.md §3).
+"""Memory optimisers: the step that turns the window gradient g_t into new memory weights (docs/memory.md §3).
 
     gd:        W_t = α_t W_{t-1} − η_t g_t
     momentum:  S_t = θ_t S_{t-1} − η_t g_t,   W_t = α_t W_{t-1} + S_t          (Titans form, S_0 = 0)
@@ -7,16 +7,16 @@
     adam:      m_t = β₁ m_{t−1} + (1 − β₁) g_t,  v_t = β₂ v_{t−1} + (1 − β₂) g_t²,
                W_t = α_t W_{t−1} − η_t m_t / √(v_t + ε²)                      (no bias correction)
 
-Every optimiser is a ``MemoryOptimizer`` with ``update``, the literal one-token rule of one weight matrix (the
+Every optimiser is a ``MemoryOptimizer`` with ``update``, the literal one-token step of one weight matrix (the
 reference loop runs it). What else it provides decides the chunked path (docs/components.md):
-  * ``LinearRule`` (gd, momentum): W_t and S_t are linear in the gradients; ``chunk_coefficients`` solves the
+  * ``LinearOptimizer`` (gd, momentum): W_t and S_t are linear in the gradients; ``chunk_coefficients`` solves the
     recurrences inside a chunk in closed form (cumulative products as [n, n] decay matrices), and the read-out is
     taken in dual form without building any W_t.
   * ``TransformedMomentum`` (muon): S_t = θ_t S_{t−1} + g_t, W_t = α_t W_{t−1} − η_t D(S_t) for a map D
     (``direction``): every S_t of a chunk in closed form, D on all of them in one call, W_t by one product.
   * anything else: the chunk's per-token gradients are formed and ``update`` runs token by token.
 
-With chunk-start reads (``read="chunk"``, docs/memory.md §4.1) a chunk of b tokens is one step of the same rule:
+With chunk-start reads (``read="chunk"``, docs/memory.md §4.1) a chunk of b tokens is one step of the same optimiser:
 ``accumulate`` gathers its tokens' gradients and gates, ``commit`` takes the step at the chunk's end with
 
     ḡ = (1/b) Σ_t g_t,   α_c = ∏_t α_t,   η_c = Σ_t η_t,   θ_c = ∏_t θ_t
@@ -50,10 +50,10 @@ def scaled(W, f):
 
 
 class MemoryOptimizer(Component):
-    """The memory's learning rule. ``update(w, s, g, alpha, eta, theta) -> (w, s)``: one token for one weight
-    matrix, w and g [N, *shape], s its state [N, *state_shape(shape)] (None for a stateless rule), gates [N].
+    """The memory's optimiser. ``update(w, s, g, alpha, eta, theta) -> (w, s)``: one token for one weight
+    matrix, w and g [N, *shape], s its state [N, *state_shape(shape)] (None for a stateless optimiser), gates [N].
 
-    uses_theta: whether the rule reads the θ gate (a layer learns θ only then)."""
+    uses_theta: whether the optimiser reads the θ gate (a layer learns θ only then)."""
 
     uses_theta = False
 
@@ -70,13 +70,13 @@ class MemoryOptimizer(Component):
         return w, (None if shape is None else w.new_zeros(w.shape[0], *shape))
 
 
-class LinearRule(MemoryOptimizer):
-    """A rule linear in the gradients, solved over a chunk by ``chunk_coefficients``."""
+class LinearOptimizer(MemoryOptimizer):
+    """An optimiser linear in the gradients, solved over a chunk by ``chunk_coefficients``."""
 
     def chunk_coefficients(self, alpha, eta, theta) -> dict:
         """Closed forms over one chunk of n tokens, from (W_0, S_0). Gates: [N, n]. Returns
           W_t = a[t] W_0 + m[t] S_0 + Σ_j Cw[t, j] g_j,   S_t = s[t] S_0 + Σ_j Cs[t, j] g_j
-        a (m, s): [N, n]; Cw (Cs): [N, n, n] lower triangular; m, s, Cs only for a rule with state."""
+        a (m, s): [N, n]; Cw (Cs): [N, n, n] lower triangular; m, s, Cs only for an optimiser with state."""
         raise NotImplementedError
 
 
@@ -108,7 +108,7 @@ class TransformedMomentum(MemoryOptimizer):
         return {"a": a, "s": Th[..., 0] * theta[..., :1], "Cs": Th, "Cw": _times_eta(A, eta)}
 
 
-class GD(LinearRule):
+class GD(LinearOptimizer):
     """W_t = α_t W_{t−1} − η_t g_t."""
 
     delta_rule = True  # with a linear map and the l2 bias at chunk 1: the gated delta rule (delta_rule.py)
@@ -123,7 +123,7 @@ class GD(LinearRule):
         return "gd"
 
 
-class Momentum(LinearRule):
+class Momentum(LinearOptimizer):
     """S_t = θ_t S_{t−1} − η_t g_t,  W_t = α_t W_{t−1} + S_t (Titans' form, S_0 = 0)."""
 
     uses_theta = True
@@ -180,7 +180,7 @@ class Muon(TransformedMomentum):
         return self.ns_coefficients not in NS_SCHEDULES
 
     def with_ns(self, ns) -> "Muon":
-        """The same rule on another Newton–Schulz implementation (the plan's variant: memory/plan.py)."""
+        """The same optimiser on another Newton–Schulz implementation (the plan's variant: memory/plan.py)."""
         other = Muon(self.ns_steps, self.ns_coefficients, self.keep_row_norms)
         other.ns = ns
         return other
@@ -218,9 +218,9 @@ def kept_row_norms(new, old):
 
 
 class Adam(MemoryOptimizer):
-    """Adam (Kingma & Ba, 2015) as the memory's rule, with the retention gate α and the learning rate η of the
+    """Adam (Kingma & Ba, 2015) as the memory's optimiser, with the retention gate α and the learning rate η of the
     token; β₁, β₂ are constants (θ is not used) and there is no bias correction (the state keeps no step count).
-    ε sits inside the root, √(v + ε²), so that the rule's derivative stays finite where v = 0: the layer's backward
+    ε sits inside the root, √(v + ε²), so that the step's derivative stays finite where v = 0: the layer's backward
     differentiates through m / √(v + ε²), whose derivative in g reaches 1/ε at g = 0. ε = 1e-3 bounds it (at the
     outer optimisers' 1e-8, float32 gradients of the keys came out non-finite). v is not linear in g, so a chunk
     runs token by token."""
@@ -297,7 +297,7 @@ class LqRetention(TransformedAccumulator):
 class KLRetention(TransformedAccumulator):
     """Miras' KL retention (Memora): W_t = c · softmax(α_t log W_{t−1} − η_t g_t) over each row of a weight matrix
     (rows positive, summing to c; c = √in by default, the scale of a N(0, 1/in) row). Kept as logits z with W = c ·
-    softmax(z): z_t = α_t z_{t−1} − η_t g_t is the same rule (a row's constant drops out of the softmax). A sequence
+    softmax(z): z_t = α_t z_{t−1} − η_t g_t is the same step (a row's constant drops out of the softmax). A sequence
     starts from W_0 = c · softmax(w), the layer's initial weights read as logits."""
 
     def __init__(self, scale: float | None = None):
@@ -329,7 +329,7 @@ def build_optimizer(spec, where: str = "optimizer") -> MemoryOptimizer:
 def step(optimizer, W, S, g, alpha, eta, theta):
     """One token of the optimiser, literally. W, S, g: dicts name -> [N, *shape]; gates: [N].
 
-    Returns (W_t, S_t); S is None for a rule without state."""
+    Returns (W_t, S_t); S is None for an optimiser without state."""
     W_new, S_new = {}, {}
     for n, w in W.items():
         W_new[n], S_new[n] = optimizer.update(w, None if S is None else S[n], g[n], alpha, eta, theta)
@@ -338,14 +338,15 @@ def step(optimizer, W, S, g, alpha, eta, theta):
 
 def start(optimizer, W):
     """(W_0, S_0) of a sequence from initial weights W {name: [N, *shape]} (``MemoryOptimizer.start``); S_0 is None
-    for a rule without state."""
+    for an optimiser without state."""
     pairs = {n: optimizer.start(w) for n, w in W.items()}
     S = {n: s for n, (_, s) in pairs.items()}
     return {n: w for n, (w, _) in pairs.items()}, (None if any(s is None for s in S.values()) else S)
 
 
 def levels(commits) -> dict[int, list[str]]:
-    """{C: the matrices that commit every C tokens} of a rule's ``commits`` {name: (C, r)} (LearningRule.commits)."""
+    """{C: the matrices that commit every C tokens} of a learning rule's ``commits`` {name: (C, r)}
+    (LearningRule.commits)."""
     out: dict[int, list[str]] = {}
     for n, (C, _) in commits.items():
         out.setdefault(C, []).append(n)
@@ -353,7 +354,7 @@ def levels(commits) -> dict[int, list[str]]:
 
 
 def period(commits) -> int:
-    """Tokens after which every matrix of a rule's ``commits`` {name: (C, r)} has committed: the longest C."""
+    """Tokens after which every matrix of a learning rule's ``commits`` {name: (C, r)} has committed: the longest C."""
     return max(C for C, _ in commits.values())
 
 

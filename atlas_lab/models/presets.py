@@ -1,4 +1,4 @@
-"""Named models (docs/memory.md §6): each is a layer pattern plus a memory (its four components and gates).
+"""Named models (docs/memory.md §6): each is a layer pattern plus a memory (its five components and gates).
 
 A preset is a plain dict: ``layers`` (cycled over the model's depth; kinds: memory, attention, swa, mag, mac, or the
 name of a one-memory-layer preset: a memory layer with that preset's memory) and ``memory`` (fields of MemoryConfig
@@ -76,6 +76,13 @@ PRESETS: dict[str, dict] = {
     # eigenvalues far below −1); `--model.memory.chunk_size=16` still asks for it.
     "deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=1.0, eta=_L, chunk_size=1)),
     "gated_deltanet": dict(layers=["memory"], memory=_memory("linear", "l2", alpha=_L, eta=_L, chunk_size=1)),
+    # Longhorn (Liu et al., arXiv 2407.14207): the implicit online step S_t = S_{t−1} (I − ε_t k_t k_tᵀ) + ε_t x_t k_tᵀ,
+    # ε_t = β_t / (1 + β_t ‖k_t‖²): the delta rule with η_t rescaled by the key (``learning_rule: longhorn``), chunk
+    # 1, no retention. Departs from Longhorn's layer: β = σ(w·x + b) (its β comes through a softplus), and the
+    # exact state update, not its kernel's diagonal approximation; conv, L2-normalised q, k and the output gate and
+    # norm are the mixer's.
+    "longhorn": dict(layers=["memory"], memory=_memory("linear", "l2", learning_rule="longhorn", alpha=1.0, eta=_L,
+                                                       chunk_size=1)),
     # Kimi Delta Attention (KDA: Kimi Team, "Kimi Linear", arXiv 2510.26692): the gated delta rule with a retention
     # per key channel, S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t−1} + β_t k_t v_tᵀ, i.e. W_t = W_{t−1} Diag(α_t) −
     # β_t ∇ℓ(W_{t−1} Diag(α_t)) for ℓ = ½‖W k − v‖²: gd with α per key channel and the gradient at the retained

@@ -20,6 +20,7 @@ ROUTES = {
     "mamba2": ("fla simple_gla", "triton", "linear"),
     "samba": ("fla simple_gla", "triton", "linear"),
     "deltanet": ("fla gated_delta_rule", "chunked", "delta_rule"),
+    "longhorn": ("fla gated_delta_rule", "chunked", "delta_rule"),  # η_t rescaled by the key before fla sees it
     "kda": ("fla kda", "chunked", "delta_rule"),
     "kimi_linear": ("fla kda", "chunked", "delta_rule"),
     # gradients at W_{t−1} (Titans' form): not fla's gated delta rule, which takes them at α_t W_{t−1}; chunk 1 stays
