@@ -279,8 +279,8 @@ class RunCost(ThroughputMonitor):
                                 self._lengths[stage], self.flops))
 
     def _compute(self, trainer, iter_num=None):
-        """The training rates since the last log, under the run's names (``COST_NAMES``); validation's are not
-        logged."""
+        """The training rates since the last log, under the run's names (``COST_NAMES``), logged with the step's
+        other metrics (one write to the store per logging step); validation's are not logged."""
         if trainer.state.stage != RunningStage.TRAINING or not trainer._logger_connector.should_update_logs:
             return
         computed = self._throughputs[RunningStage.TRAINING].compute()
@@ -288,7 +288,7 @@ class RunCost(ThroughputMonitor):
         if "device/batches_per_sec" in computed:
             metrics["cost/s_per_step"] = trainer.accumulate_grad_batches / computed["device/batches_per_sec"]
         metrics["cost/peak_memory_mib"] = peak_memory_mib(trainer.strategy.root_device)
-        trainer._logger_connector.log_metrics(metrics, step=iter_num)
+        trainer.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     def steady(self, trainer) -> tuple[dict[str, float], tuple[int, int]] | None:
         """The rates over the steady steps (see the class) and the first and last batch they cover (1-based), or

@@ -42,17 +42,28 @@ def load_estimate(study: str, client=None, parent: str | None = None) -> dict | 
     path = estimate_path(study)
     if path.is_file():
         return json.loads(path.read_text())
-    if client is not None and parent is not None:
-        import tempfile
+    if client is None or parent is None:
+        return None
+    import tempfile
 
-        from mlflow.exceptions import MlflowException
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+    from mlflow.exceptions import MlflowException
 
-        with tempfile.TemporaryDirectory() as folder:
-            try:
+    try:
+        if f"estimate/{ESTIMATE}" not in {a.path for a in client.list_artifacts(parent, "estimate")}:
+            return None
+        shown = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get_raw()
+        MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.set("false")  # no progress bar on the report's output
+        try:
+            with tempfile.TemporaryDirectory() as folder:
                 return json.loads(Path(client.download_artifacts(parent, f"estimate/{ESTIMATE}", folder)).read_text())
-            except (MlflowException, OSError):
-                return None
-    return None
+        finally:
+            if shown is None:
+                MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.unset()
+            else:
+                MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.set(shown)
+    except (MlflowException, OSError):  # the run is gone from the store, or its artifacts
+        return None
 
 
 def trial_rates(client, study: optuna.Study) -> dict[tuple[int, int], dict[str, float]]:

@@ -4,7 +4,9 @@ params; each run's artifacts where the README says (``store.artifact_root``), wh
 
 Error model of the exact checks: every rate of one logging window shares its window's elapsed seconds, so the
 identities between them (tokens = samples × L; FLOPs = tokens × FLOPs per token; s/step × samples/s = B at one batch
-per step) hold to a few float64 roundings: relative 1e-9.
+per step) hold to the roundings of the stored values: the rates at the logging interval go through Lightning's
+``self.log``, which keeps a number as float32 (relative rounding at most 2^-24 each), so an identity of two of them
+holds to 2 · 2^-24 and a few float64 roundings (``F32``); the summary is logged as float64: relative 1e-9.
 """
 import resource
 from pathlib import Path
@@ -19,6 +21,7 @@ from atlas_lab.lit.module import SequenceModel
 from atlas_lab.store import artifact_root
 
 B, L, STEPS, EVERY = 8, 16, 20, 5
+F32 = 2 * 2**-24 + 1e-12  # two float32 roundings (see above)
 RATES = ("tokens_per_s", "samples_per_s", "s_per_step", "flops_per_s")
 RULE = '''from atlas_lab.memory.learning_rules import Online
 
@@ -85,9 +88,9 @@ def test_a_fit_logs_its_cost_and_a_users_component_and_its_artifacts_lie_where_t
     assert flops_per_token == pytest.approx(training_flops_per_token("runs/a/checkpoints/last.ckpt", device),
                                             rel=1e-9)
     for tokens, samples, step_s, flops in zip(*(history[name] for name in RATES)):
-        assert tokens.value > 0 and tokens.value == pytest.approx(samples.value * L, rel=1e-9)
-        assert flops.value == pytest.approx(tokens.value * flops_per_token, rel=1e-9)
-        assert step_s.value * samples.value == pytest.approx(B, rel=1e-9)
+        assert tokens.value > 0 and tokens.value == pytest.approx(samples.value * L, rel=F32)
+        assert flops.value == pytest.approx(tokens.value * flops_per_token, rel=F32)
+        assert step_s.value * samples.value == pytest.approx(B, rel=F32)
     if device.type == "cuda":  # the allocator's peak (reset as the fit starts), MFU against the device's peak
         from lightning.fabric.utilities.throughput import get_available_flops
 
