@@ -233,7 +233,7 @@ def memorize_fwd_bwd(x, impl, options):
     """Output and the gradients of every input for a fixed linear loss."""
     from atlas_lab.memory import memorize
 
-    o, _ = memorize(x["q"], x["k"], x["v"], **{n: x[n] for n in ("alpha", "eta", "theta", "gamma") if n in x},
+    o, _ = memorize(x["q"], x["k"], x["v"], gates={n: x[n] for n in ("alpha", "eta", "theta", "gamma") if n in x},
                     impl=impl, **options)
     w = torch.linspace(-1, 1, o.shape[-1], device=o.device)
     return (o.detach(), *torch.autograd.grad((o * w).sum(), list(x.values())))

@@ -272,7 +272,7 @@ def on_cuda(count: Count, routes: dict | None = None):
 
     def plan(config, shapes, dtype=torch.float32, device="cpu", asked="auto", acts=None):
         how = real(config, shapes, dtype, "cuda", impl or asked, acts)
-        if how.path in ("triton", "fla") and how.form != "transformed" and shapes.T > 0:
+        if how.path in ("triton", "fla") and shapes.T > 0:  # muon's Triton route is the chunked path (how.ns)
             count.flops[count.phase] += plan_kernel_flops(config, shapes, how)
         return how
 
@@ -304,13 +304,15 @@ def on_cuda(count: Count, routes: dict | None = None):
 
 def plan_kernel_flops(config, shapes, how) -> int:
     """Forward and backward dot FLOPs of a memory call on the chunk kernel (its ``launches()``) or on fla (three
-    times the plan's forward FLOPs: forward, and a backward of twice the forward's products)."""
+    times the plan's forward FLOPs: forward, and a backward of twice the forward's products); ``config``: a
+    MemoryConfig or its ``resolve``, as the plan takes it."""
+    from atlas_lab.memory.config import Resolved
     from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
     from atlas_lab.memory.plan import kernel_bias
 
     if how.path == "fla" or how.flops is None:
         return int(3 * (how.flops or 0) * shapes.B * shapes.T * shapes.H)
-    mem, fmap, bias, optimizer = config.components()
+    config, mem, fmap, bias, optimizer, *_ = config if isinstance(config, Resolved) else config.resolve()
     momentum = optimizer.state_shape((1, 1)) is not None
     each = launches(shapes.B * shapes.H, shapes.T, fmap.dim(shapes.d_k), shapes.d_v + int(config.normalize),
                     chunk_size=config.chunk_size, window=config.window, bias=kernel_bias(bias), momentum=momentum)
