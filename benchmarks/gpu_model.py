@@ -2,7 +2,7 @@
 fitted to the one GPU table we have.
 
     python benchmarks/gpu_model.py [--sweep sweeps/mqar_gpu.yaml] [--presets ...] [--lengths 64 128 256]
-                                   [--no-125m] [--tf32-rate 250] [--json PATH]
+                                   [--no-125m] [--tf32-rate 250] [--record PATH] [--from-record PATH]
 
 The model:  step ≈ C0 + C_launch · launches + FLOPs / R
 
@@ -631,6 +631,8 @@ def record(path: Path | None = None, sweep: str = SWEEP, sets: tuple[str, ...] =
         done("fit_counts", name, by_L, t)
         t = time.perf_counter()
     rec["fit"] = fit_report(measured_points(rec["fit_counts"]))
+    if path:
+        common.write_json(path, rec, quiet=True)
     for name, by_L in sweep_counts(sweep, sets, presets, lengths):
         done("counts", name, by_L, t)
         t = time.perf_counter()
@@ -656,7 +658,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train-size", default=None, help=argparse.SUPPRESS)  # JSON: gpu_check's size of part c
     ap.add_argument("--tf32-rate", type=float, default=TF32_RATE / 1e12,
                     help=f"TFLOP/s stated for float32 products on tensor cores (default {TF32_RATE / 1e12:.0f})")
-    ap.add_argument("--record", default=None, help="only count, writing the record here (gpu_check's child)")
+    ap.add_argument("--record", default=None, help="write the counts here as they come (gpu_check reads them)")
+    ap.add_argument("--from-record", default=None, help="print the tables of a record written before; count nothing")
     ap.add_argument("--json", default=None, help="the JSON (default runs/bench/gpu_model.json)")
     args = ap.parse_args(argv)
     common.set_threads(1)
@@ -665,10 +668,14 @@ def main(argv=None) -> int:
     size = json.loads(args.train_size) if args.train_size else gpu_check.TRAIN_SIZE
     models = [m for m in gpu_check.TRAIN_MODELS if not args.presets or m in args.presets
               or (gpu_check.TRAIN_MODELS[m] or (m,))[0] in args.presets] if args.train else []
-    rec = record(Path(args.record) if args.record else None, args.sweep, tuple(args.sets), args.presets,
-                 args.lengths, size, models, log)
-    if args.record:
-        return 0
+    if args.from_record:
+        rec = json.loads(Path(args.from_record).read_text())
+        for part in ("fit_counts", "counts"):
+            rec[part] = {name: int_keys(by_L) for name, by_L in rec[part].items()}
+        size = rec["train_size"] or size
+    else:
+        rec = record(Path(args.record) if args.record else None, args.sweep, tuple(args.sets), args.presets,
+                     args.lengths, size, models, log)
     rate = args.tf32_rate * 1e12
     print_fit(rec["fit"], "fit to the H200 table (gated_deltanet on the Triton route)")
     constants = Constants(**rec["fit"]["constants"])
