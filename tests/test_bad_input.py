@@ -279,7 +279,7 @@ def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer,
             k[:, NAN_T] = float("nan")
         gates = {n: p[n].detach().to(device) for n in ("alpha", "eta", "theta", "gamma")}
         o, _ = memorize(q, k, v, architecture="linear", optimizer=optimizer, window=window, chunk_size=4,
-                        impl="triton", **gates,
+                        impl="triton", gates=gates,
                         initial_state={n: w.detach().to(device) for n, w in p["initial_state"].items()})
         outputs.append(o)
     assert torch.isfinite(outputs[1][:, :NAN_T]).all(), "a NaN key at t = 3 reached outputs at t < 3"

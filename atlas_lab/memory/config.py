@@ -163,8 +163,13 @@ class MemoryConfig:
         return self
 
     def replace(self, where: str = "memory", **changes) -> "MemoryConfig":
-        """A validated copy with fields changed, in order; ``component.option`` keys, and a component given as a
-        mapping of options without ``name`` (``optimizer: {ns_steps: 3}``), set options of the component it has.
+        """A validated copy with fields changed (``changed``, then ``validate``)."""
+        return self.changed(where, **changes).validate(where)
+
+    def changed(self, where: str = "memory", **changes) -> "MemoryConfig":
+        """A copy with fields changed, in order, not yet validated (``resolve`` validates it); ``component.option``
+        keys, and a component given as a mapping of options without ``name`` (``optimizer: {ns_steps: 3}``), set
+        options of the component it has.
         An unknown field is an error listing the valid ones; a key of the old flat form says how to write it now."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         for key, value in changes.items():
@@ -184,7 +189,7 @@ class MemoryConfig:
             else:
                 raise ValueError(f"{where}.{key}: {field} has no options; the components that do are "
                                  f"{', '.join(COMPONENTS)}")
-        return MemoryConfig(**values).validate(where)
+        return MemoryConfig(**values)
 
 
 class Resolved(NamedTuple):

@@ -462,6 +462,9 @@ class Longhorn(Online):
         W = W["W"]  # [N, d_v, D]
         return {"W": x.gates["alpha"][:, None, None] * W - eps * (W @ k.mT) @ k + eps * x.v.unsqueeze(-1) @ k}, S
 
+    def describe(self):
+        return "η/(1+ηγ‖k‖²)"
+
 
 def _times(a, b):
     """a ⊙ b for two gates [N, T] or [N, T, C] (a per-head one broadcast over the other's channels)."""

@@ -195,7 +195,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coeffic
     for key, value in changes.items():
         if isinstance(value, torch.Tensor):
             raise ValueError(f"memorize: {key} is a tensor; pass a gate's values as gates={{{key!r}: ...}}")
-    memory = (config.replace("memorize", **changes) if changes else config).resolve("memorize")
+    memory = (config.changed("memorize", **changes) if changes else config).resolve("memorize")
     config, mem, fmap, bias, optimizer, rule, specs = memory
     given = _given_gates(specs, gates)
     if rule.reset_period() is not None:
@@ -330,10 +330,10 @@ def _initial(initial_state, memory, shapes, commits, how, q, d_v):
 
 
 def _with_resets(q, k, v, memory, gates, coefficients, initial_state, impl):
-    """``memorize`` with config.reset_every = R: the state returns to W_0 before tokens R, 2R, … of the stream, so
-    each segment of R tokens is read from W_0 by the rule without resets. The state carries W_0 and the tokens read
-    since the last reset. The segments between the first and the last of a call are independent of the rest and
-    are read as one batch of B·n sequences."""
+    """``memorize`` with a learning rule of reset period R: the state returns to W_0 before tokens R, 2R, … of the
+    stream, so each segment of R tokens is read from W_0 by the rule without resets. The state carries W_0 and the
+    tokens read since the last reset. The segments between the first and the last of a call are independent of the
+    rest and are read as one batch of B·n sequences."""
     config, mem, fmap, _, _, rule, specs = memory
     R, steps = rule.reset_period(), rule.steps()
     inner = dataclasses.replace(config, learning_rule=rule.without_resets())

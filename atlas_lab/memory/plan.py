@@ -129,7 +129,7 @@ FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read tok
 
 
 def fla_op(config, mem, bias, optimizer, rule, specs: dict, acts: dict, D: int) -> tuple[str | None, str]:
-    """(fla-core's op, "") for a call whose rule, gates, normalisation and read fla computes exactly (ops/fla.py);
+    """(fla-core's op, "") for a call whose rule, gates, normalisation and read fla computes exactly (fla.py);
     (None, why not) otherwise. The dtype and device are checked by the caller."""
     for wrong, what in ((config.read != "token", f"read={config.read!r}"), (config.normalize, "normalize=True"),
                         (config.window != 1, f"window={config.window} (fla's rules are online: window 1)")):

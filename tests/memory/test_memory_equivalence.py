@@ -63,7 +63,7 @@ def test_split_into_calls_passes_the_state(impl, architecture, optimizer, window
                    chunk_size=3)
     p = make_problem(architecture=architecture, feature_map="taylor", T=11)
     gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
-    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], impl=impl, **gates, **options)
+    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], impl=impl, gates=gates, **options)
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 4), (4, 5), (5, 11)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
@@ -275,7 +275,7 @@ def test_chunk_start_reads_split_into_calls_pass_the_pending_chunk(impl, optimiz
                    chunk_size=3, read="chunk", impl=impl)
     p = make_problem(architecture="mlp", feature_map="polynomial", T=11)
     gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
-    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], **gates, **options)
+    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], gates=gates, **options)
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 4), (4, 5), (5, 11)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state,
@@ -328,9 +328,9 @@ def test_start_reads_are_the_per_token_rule_read_at_each_chunk_start(impl, optim
     gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
     opts = dict(architecture="mlp", feature_map="polynomial", window=2, optimizer=optimizer, chunk_size=4, impl=impl,
                 coefficients=p["coefficients"])
-    o_start, s_start = memorize(p["q"], p["k"], p["v"], read="start", initial_state=p["initial_state"], **gates,
+    o_start, s_start = memorize(p["q"], p["k"], p["v"], read="start", initial_state=p["initial_state"], gates=gates,
                                 **opts)
-    o_token, s_token = memorize(p["q"], p["k"], p["v"], read="token", initial_state=p["initial_state"], **gates,
+    o_token, s_token = memorize(p["q"], p["k"], p["v"], read="token", initial_state=p["initial_state"], gates=gates,
                                 **opts)
     for n in s_token.weights:
         assert rel_err(s_start.weights[n], s_token.weights[n]) < 1e-12

@@ -238,12 +238,12 @@ def test_no_logit_sees_a_later_token_or_another_sequence(preset):
     assert not torch.equal(a[1, 60:], b[1, 60:])
 
 
-def _preset_memory(preset, q, k, v, **gates_and_state):
+def _preset_memory(preset, q, k, v, initial_state=None, **gates):
     """memorize with the components of ``preset``'s memory layer (a one-memory-layer preset)."""
     from atlas_lab.memory import memorize
 
     _, config = resolve_preset(preset)
-    return memorize(q, k, v, config, **gates_and_state)[0]
+    return memorize(q, k, v, config, gates=gates, initial_state=initial_state)[0]
 
 
 def test_retnet_preset_is_fla_retention():

@@ -2,8 +2,8 @@
 
 Each matrix of a batch runs all k iterations, and their recomputing backward, in a per-thread buffer of fused
 vector products, instead of the 3k batched matmul calls of ``newton_schulz(impl="bmm")``. It takes float32 and
-float64 CPU tensors; ``atlas_lab.memory.optimizers.newton_schulz`` uses it for those when it builds, and the
-batched-matmul path otherwise.
+float64 CPU tensors; ``reference.newton_schulz(impl="cpu")`` runs it (the plan picks it where it builds; the
+batched-matmul path otherwise).
 
 The build (torch.utils.cpp_extension: a C++ compiler and ninja, about a minute) happens once per machine and
 torch version; the library is cached under $TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). A machine

@@ -18,7 +18,7 @@ Backward (recomputation): the backward kernel recomputes the iterates X_0..X_{k�
 
 then through the normalisation: dG = s dX_0 − s² ⟨dX_0, G⟩ / ‖G‖ · G with s = 1/(‖G‖ + ε).
 
-The PyTorch reference is ``atlas_lab.memory.optimizers.newton_schulz``.
+The PyTorch reference is ``reference.newton_schulz`` (this folder).
 """
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ register_like_input(newton_schulz_op, newton_schulz_backward_op)
 def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic", eps: float = 1e-7) -> torch.Tensor:
     """NS_k(G) for G [..., m, n] (each matrix separately), min(m, n) ≤ 128 and max(m, n) ≤ 512.
 
-    Same function and arguments as ``atlas_lab.memory.optimizers.newton_schulz``; differentiable.
+    Same function and arguments as ``reference.newton_schulz``; differentiable.
     """
     if coefficients not in NS_COEFFICIENTS:
         raise ValueError(f"unknown ns_coefficients {coefficients!r}; valid choices: {', '.join(NS_COEFFICIENTS)}")
