@@ -60,18 +60,18 @@ test-numerics: $(VENV)/.installed
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q
 
-# The demo (README.md): the capacity probe's table; 20 trained models (sweeps/demo.yaml: 4 points x 5 seeds, 2
-# workers), their log in runs/demo/sweep.log; the report with power (runs/demo/report.txt, every table whole in
-# runs/sweeps/demo-state/results.md); then one table of 80 columns, the verdicts and runs/sweeps/demo-state/demo.png
+# The demo (README.md): the capacity probe's table; 10 trained models (sweeps/demo.yaml: 2 points x 5 seeds, 2
+# workers), their log in runs/demo/sweep.log; the report with power and cost (runs/demo/report.txt, every table whole
+# in runs/sweeps/demo-recall/results.md); then one table of 80 columns, the verdict and runs/sweeps/demo-recall/demo.png
 # (trained accuracy and the probe's curve against state size).
 demo: $(VENV)/.installed
 	@mkdir -p runs/demo
 	$(VENV)/bin/atlas-lab capacity sweeps/capacity/demo.yaml
-	@echo "training 20 models (delta rule at head dims 8, 16, 32 and linear attention at 16; 5 seeds each) on" \
-	      "2 workers, 1,000 steps each: progress in runs/demo/sweep.log"
+	@echo "training 10 models (the delta rule with memory heads of 16 and of 32 dims; 5 seeds each) on 2 workers," \
+	      "1,500 steps each: progress in runs/demo/sweep.log"
 	$(VENV)/bin/atlas-lab sweep sweeps/demo.yaml --workers 2 > runs/demo/sweep.log 2>&1 \
 	    || { tail -n 40 runs/demo/sweep.log; exit 1; }
-	$(VENV)/bin/atlas-lab report demo-state --power 0.1 > runs/demo/report.txt
+	$(VENV)/bin/atlas-lab report demo-recall --power 0.05 --cost > runs/demo/report.txt
 	$(PY) docs/results/demo_summary.py
 
 ui: $(VENV)/.installed

@@ -118,11 +118,16 @@ def block(spec: str, where: str = "block") -> list[str]:
         cost = rp.study_cost(study, columns, rows, diffs)
         return [f"measured (atlas-lab report {name} --cost, from its journal): {cost['trials']} trials, "
                 f"{cost['trial_hours']:.2f} trial-hours, {cost['busy_hours']:.2f} h with a trial running"]
-    if kind == "answers":
-        return rp._markdown(["comparison", "pairs", "difference [95% CI]", "Holm p", f"power for ±{power:g}",
-                             f"seeds for ±{power:g}", "verdict"],
-                            [[d["changes"], d["pairs"], f"{rp._fmt(d['diff'])} {rp._ci(d)}", rp._fmt(d["p_holm"]),
-                              rp._fmt(d["power"]), d["seeds"] or "—", rp.verdict(d, attrs)] for d in diffs])
+    if kind == "answers":  # with a margin, the equivalence test's Holm p and the seeds it needs beside the t test's
+        equiv = margin is not None
+        header = ["comparison", "pairs", "difference [95% CI]", "Holm p"] + ([f"Holm p (TOST ±{margin:g})"]
+                                                                            if equiv else [])
+        header += [f"power for ±{power:g}", f"seeds for ±{power:g}"] + ([f"seeds for equivalence ±{margin:g}"]
+                                                                        if equiv else [])
+        return rp._markdown(header + ["verdict"],
+                            [[d["changes"], d["pairs"], f"{rp._fmt(d['diff'])} {rp._ci(d)}", rp._fmt(d["p_holm"])]
+                             + [rp._fmt(d["p_equiv_holm"])] * equiv + [rp._fmt(d["power"]), d["seeds"] or "—"]
+                             + [d["seeds_equiv"] or "—"] * equiv + [rp.verdict(d, attrs)] for d in diffs])
     if kind == "curves":  # the validations themselves, not their summary
         return _curves(study, columns, options.get("trials"), re.sub(r"\.(best|final|mean|steps_to_.+)$", "", metric))
     raise SweepError(f"{where}: unknown block kind {kind!r}; valid choices: points, seeds, differences, verdicts, "

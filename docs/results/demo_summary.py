@@ -1,15 +1,16 @@
 """`make demo`'s last step: one 80-column table and one plot from the files the demo's commands wrote.
 
 Reads the capacity probe's rows (runs/capacity/capacity-demo/capacity.csv) and the trained study's report
-files (runs/sweeps/demo-state/results.csv, differences.csv: `atlas-lab report demo-state --power DELTA` fills
+files (runs/sweeps/demo-recall/results.csv, differences.csv: `atlas-lab report demo-recall --power DELTA` fills
 their power columns),
 prints per memory rule and head dim the probe's accuracy at the task's N beside the trained mean and interval, then
-each comparison's difference, Holm p, power and verdict, and draws both on one plot against the state size
+each comparison's difference, Holm p, verdict and the power of both tests (a difference of DELTA; equivalence within
+the study's margin where the points are equal), and draws both on one plot against the state size
 (floats per head): the probe's curve per rule, the trained means with their 95 % intervals, chance and 1/N
-dotted. The report's own tables, with every column, are in runs/sweeps/demo-state/results.md.
+dotted. The report's own tables, with every column, are in runs/sweeps/demo-recall/results.md.
 
-    python docs/results/demo_summary.py [--study demo-state] [--capacity FILE] [--n-pairs 4] [--chance 0.03125]
-                                        [--delta 0.1]
+    python docs/results/demo_summary.py [--study demo-recall] [--capacity FILE] [--n-pairs 4] [--chance 0.03125]
+                                        [--delta 0.05]
 """
 from __future__ import annotations
 
@@ -42,11 +43,11 @@ def fmt(value: str | None, digits: int = 3) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--study", default="demo-state")
+    p.add_argument("--study", default="demo-recall")
     p.add_argument("--capacity", default="runs/capacity/capacity-demo/capacity.csv")
     p.add_argument("--n-pairs", type=int, default=4, help="the task's N: the probe's row drawn and shown")
     p.add_argument("--chance", type=float, default=1 / 32, help="the trained model's chance (1 / values)")
-    p.add_argument("--delta", type=float, default=0.1, help="the difference `report --power` was given")
+    p.add_argument("--delta", type=float, default=0.05, help="the difference `report --power` was given")
     args = p.parse_args(argv)
     folder = Path("runs/sweeps") / args.study
     points = list(csv.DictReader((folder / "results.csv").open()))
@@ -67,10 +68,14 @@ def main(argv: list[str] | None = None) -> None:
         base = next(r[AXIS] for r in points if r[AXIS] not in {d["changes"].split("=", 1)[1] for d in diffs})
         setting = diffs[0]["verdict"].split(" at ", 1)[1] if " at " in diffs[0]["verdict"] else ""
         console.print(Text(f"each point − {base}, paired by seed: mean and 95 % t interval, Holm p over "
-                           f"{len(diffs)} comparisons, power of the paired t test against ±{args.delta:g} at its "
-                           f"Holm level (and the seeds that give 0.8), the verdict at {setting}:"))
+                           f"{len(diffs)} comparison(s), power of the paired t test against ±{args.delta:g} at its "
+                           f"Holm level and, where the study has a margin, of the equivalence test for equal points "
+                           f"(with the seeds that give 0.8), the verdict at {setting}:"))
     for d in diffs:
         power = f", power {fmt(d['power'], 2)} (0.8 at {d['seeds'] or '—'} seeds)" if d.get("power") else ""
+        if d.get("power_equiv"):
+            power += (f"; equivalence within ±{float(d['margin']):g}: power {fmt(d['power_equiv'], 2)} "
+                      f"(0.8 at {d['seeds_equiv'] or '—'} seeds)")
         console.print(Text(f"  {d['changes'].split('=', 1)[1]}: {d['verdict'].split(' at ', 1)[0]}\n"
                            f"    {float(d['diff']):+.3f} [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}], "
                            f"Holm p {fmt(d['p_holm'], 2)}{power}"))
