@@ -526,8 +526,7 @@ def print_rows(title: str, rows: list[dict]) -> None:
                          fmt(r.get("vs_base_tf32"), ".1f", "×"), fmt(r.get("measured"), ".4f"),
                          fmt(r.get("measured") and r["step_s"] / r["measured"], ".2f")] for r in rows], left=2)
     syncs = sorted({r["syncs"] for r in rows})
-    common.console().print(f"host synchronisations a step: {', '.join(map(str, syncs))} (training_step's "
-                           "finiteness check is one)", markup=False)
+    common.console().print(f"host synchronisations a step: {', '.join(map(str, syncs))}", markup=False)
 
 
 def targets(rows: list[dict], base: str = "transformer", slow: tuple[str, ...] = ("atlas",)) -> list[dict]:

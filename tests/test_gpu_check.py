@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.py (``make gpu-check``) on the CPU: its control flow with fake rows and a fake clock (a row's
 exception is its error, a row that cannot finish in its share is not started, every test file is reached, the pilot's
-projection), the kernels part at tiny shapes under Triton's interpreter with a stand-in for fla in bfloat16, the pilot
-part on a machine without MLflow, Optuna or jsonargparse, and ``atlas-lab fit --trainer.logger=false`` without
+projection), the kernels part at tiny shapes under Triton's interpreter with a stand-in for fla in bfloat16, the model
+part's measured-beside-predicted rows and its refit, the pilot part on a machine without MLflow, Optuna or
+jsonargparse, and ``atlas-lab fit --trainer.logger=false`` without
 MLflow. The whole dry run, which runs a pytest subset of its own, is ``slow``."""
 import json
 import os
