@@ -6,7 +6,6 @@ jsonargparse, and ``atlas-lab fit --trainer.logger=false`` without
 MLflow. The whole dry run, which runs a pytest subset of its own, is ``slow``."""
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -196,10 +195,8 @@ def test_pilot_part_runs_without_mlflow_optuna_or_jsonargparse(tmp_path):
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), OMP_NUM_THREADS="1")
     out = tmp_path / "gpu_check.json"
-    # the demo's grid cut to two points: each configuration is a child process that imports Lightning (~4 s)
-    demo = (ROOT / "sweeps" / "demo.yaml").read_text()
-    two = re.sub(r"\n    delta rule, head dim 32: .*\n    linear attention, head dim 16: .*\n", "\n", demo)
-    assert two != demo
+    # the demo's grid: two points, each configuration a child process that imports Lightning (~4 s)
+    two = (ROOT / "sweeps" / "demo.yaml").read_text()
     (tmp_path / "two.yaml").write_text(two.replace("base: [experiments/", f"base: [{ROOT}/experiments/"))
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--parts", "pilot", "--out",
                         str(out), "--pilot-steps", "2", "--budget", "300", "--sweep", str(tmp_path / "two.yaml")],
