@@ -371,7 +371,8 @@ def _diff_header(steps_to: bool = False, margin: float | None = None) -> list[st
 
 
 def _power_header(power: float, margin: float | None = None) -> list[str]:
-    equiv = ["Holm level (TOST)", "power (equal points)", f"seeds for ±{margin:g}"] if margin is not None else []
+    equiv = ["Holm level (TOST)", "power (equal points)", f"seeds for equivalence ±{margin:g}"] if margin is not None \
+        else []
     return POWER_HEADER[:5] + [f"seeds for ±{power:g}"] + equiv + POWER_HEADER[5:]
 
 

@@ -112,7 +112,7 @@ def test_a_margin_turns_a_well_powered_null_into_equivalence(tmp_path):
     assert gd["seeds_equiv"] == st.seeds_for_equivalence(0.05, gd["std"], 0.05 / 3)
     md = (summarize(study, console=Console(width=300, record=True), out_dir=tmp_path, power=0.1)
           / "results.md").read_text()
-    assert "* equivalent ±0.05" in md and "power (equal points)" in md and "seeds for ±0.05" in md
+    assert "* equivalent ±0.05" in md and "power (equal points)" in md and "seeds for equivalence ±0.05" in md
     assert f"| memory=gd | val/acc | equivalent within ±0.05 at {SETTING} |" in md
 
 
