@@ -12,7 +12,8 @@ loss, its finiteness check), backward, gradient clipping at norm 1 (lightning_co
 on the ``meta`` device (shapes only, no arithmetic: about 0.5 ms of one core an operator, so the cost grows with the
 launches, not the FLOPs), and the memory's plan is asked as on CUDA (``on_cuda``): each call takes the path it takes
 there (``MEASURED_ROUTES``: the path a measurement was taken on instead). Each aten operator on a meta tensor is one
-launch, except views, allocations and metadata (``NO_KERNEL``); a ``_foreach_`` operator is its multi-tensor-apply
+launch, except views, allocations and metadata (``NO_KERNEL``) and those that launch more (``KERNELS``: a select's or
+a slice's backward, zeros and a copy); a ``_foreach_`` operator is its multi-tensor-apply
 launches (``foreach_launches``: chunks of 65,536 elements, at most 320 blocks and 110/64/48/36/30 tensors a launch by
 depth); each Triton kernel (``kernel[grid](...)``, ours and fla's) one launch; an ``atlas_lab::`` operator (the
 Newton–Schulz kernel) one launch. Operators on CPU tensors (AdamW's step counters) launch nothing on a GPU and are
@@ -90,6 +91,9 @@ NO_KERNEL = {
     "scalar_tensor", "split_with_sizes", "unsafe_split", "_unsafe_view", "view_as_real", "view_as_complex",
     "expand_copy", "_neg_view", "_conj", "sym_size", "sym_stride", "sym_numel", "is_same_size",
     "_has_compatible_shallow_copy_type", "prim"}
+# operators whose CUDA kernel is more than one launch: the backward of a select, slice or diagonal is zeros, then a
+# copy into the view (ATen's TensorShape.cpp)
+KERNELS = {"select_backward": 2, "slice_backward": 2, "diagonal_backward": 2}
 SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"}  # a host synchronisation
 
 # multi_tensor_apply (ATen's foreach kernels): elements a chunk, and per launch at most so many blocks and, by the
@@ -204,7 +208,7 @@ def counting_mode(count: Count, device: str = "meta"):
                 depth = len(lists) + (not name.endswith("_"))
                 launches = foreach_launches([t.numel() for t in lists[0]], depth) + (name == "_foreach_norm")
             else:
-                launches = 1
+                launches = KERNELS.get(name, 1) if namespace == "aten" else 1
             flops = 0
             if namespace == "atlas_lab" and name.startswith("newton_schulz_triton"):
                 flops = ns_call_flops(name, args)

@@ -1,14 +1,15 @@
-"""Kernel launches per chunk of the chunked memory path: the torch profiler's leaf operator count (an operator that
-calls no other operator is what launches a kernel on a GPU), forward and backward, per added chunk.
+"""Kernel launches per chunk of the chunked memory path, counted by gpu_model.py's counter (every dispatched operator
+but views, allocations and metadata: each is a kernel launch on a GPU; a select's or slice's backward two),
+forward and backward, per added chunk.
 
     python benchmarks/launches.py [--presets atlas titans] [--chunks 4] [--tiny]
     python benchmarks/launches.py --newton-schulz    (the atlas preset's Newton–Schulz launches on a GPU)
 
 For each preset's memory layer (the model's memory mixer, its own projections included) the count is taken at T = n
 and at T = (n + k) chunks; (difference) / k is what each further chunk costs, the rest is the call's fixed part.
-Counted on the CPU; on a GPU each of these operators is one launch (a few launch more than one). Views,
-allocations and no-ops are left out, and so is the CPU Newton–Schulz kernel (one call per chunk, not an aten
-operator; on a GPU the Triton kernel of ``memory/ops/newton_schulz/triton.py``, one launch per chunk).
+Counted on the CPU, the CPU's path (the chunked path; the CPU Newton–Schulz kernel, one operator per chunk, counts as
+one launch; on a GPU the Triton kernel of ``memory/ops/newton_schulz/triton.py``, one launch per chunk). A whole
+training step as on CUDA: benchmarks/gpu_model.py.
 """
 from __future__ import annotations
 
@@ -16,34 +17,19 @@ import argparse
 from collections import Counter
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import common
+import gpu_model
 from atlas_lab.layers import MemoryMixer
 from atlas_lab.lit import SequenceModel
 
 
-# leaf operators that only make a view, allocate, or do nothing: no kernel on a GPU
-NO_KERNEL = {"aten::" + name for name in (
-    "as_strided", "view", "_reshape_alias", "_unsafe_view", "reshape", "alias", "detach", "detach_", "t",
-    "transpose", "permute", "expand", "squeeze", "unsqueeze", "select", "slice", "unbind", "split", "chunk",
-    "narrow", "diagonal", "unfold", "view_as", "expand_as", "empty", "empty_like", "empty_strided", "resize_",
-    "resolve_conj", "resolve_neg", "to", "lift_fresh", "is_nonzero", "item", "_local_scalar_dense", "size",
-    "stride", "numel", "dim", "contiguous", "result_type", "broadcast_tensors", "set_", "conj",
-    "scalar_tensor")}  # scalar_tensor: a Python number wrapped as a CPU scalar, a kernel argument on a GPU
-
-
-def leaf_ops(fn) -> Counter:
-    """{operator name: count} of the aten operators ``fn()`` runs that call no other aten operator and launch a
-    kernel (views, allocations and no-ops left out: NO_KERNEL)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+def op_launches(fn) -> Counter:
+    """{operator: launches} of what ``fn()`` dispatches on CPU tensors (gpu_model's counter)."""
+    count = gpu_model.Count()
+    with gpu_model.counting_mode(count, "cpu"):
         fn()
-    counts = Counter()
-    for event in prof.events():
-        if event.name.startswith("aten::") and event.name not in NO_KERNEL and \
-                not any(c.name.startswith("aten::") for c in event.cpu_children):
-            counts[event.name] += 1
-    return counts
+    return count.ops
 
 
 def memory_layer(preset: str, d_model: int, heads: int) -> MemoryMixer:
@@ -53,11 +39,11 @@ def memory_layer(preset: str, d_model: int, heads: int) -> MemoryMixer:
 
 
 def count(layer: MemoryMixer, T: int, batch: int) -> tuple[Counter, Counter]:
-    """(forward, backward) leaf-operator counts of one call of ``layer`` on [batch, T, d_model]."""
+    """(forward, backward) launches of one call of ``layer`` on [batch, T, d_model], by operator."""
     x = torch.randn(batch, T, layer.q_proj.in_features, requires_grad=True)
-    forward = leaf_ops(lambda: layer(x))
+    forward = op_launches(lambda: layer(x))
     out, _ = layer(x)
-    backward = leaf_ops(lambda: out.square().mean().backward())
+    backward = op_launches(lambda: out.square().mean().backward())
     return forward, backward
 
 
@@ -124,7 +110,7 @@ def main(argv=None):
         results.append({"preset": preset, "chunk_size": chunk, "forward_per_chunk": per_f,
                         "backward_per_chunk": per_b, "one_chunk_total": sum(f1.values()) + sum(b1.values()),
                         "top_per_chunk": {name: n / args.chunks for name, n in top}})
-    common.print_table(f"leaf operators (kernel launches on a GPU) per chunk, batch {args.batch}, d_model "
+    common.print_table(f"kernel launches per chunk (gpu_model's counter), batch {args.batch}, d_model "
                        f"{args.d_model}, {args.heads} heads" + (" (--tiny)" if args.tiny else ""),
                        ["preset", "chunk", "forward", "backward", "total", "one-chunk call", "most per chunk"],
                        rows)
