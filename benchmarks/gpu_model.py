@@ -31,14 +31,14 @@ the Triton chunk kernel (no fla), and atlas did not finish 60 steps and a valida
 The fit (``fit``: non-negative least squares on the ratio predicted / measured, the 12 points; counts of this tree,
 gated_deltanet on the Triton route it was measured on), as this script prints it:
 
-    C0 = 0.30 ms, C_launch = 29.9 µs, R = 208 TFLOP/s
-    predicted / measured 0.89–1.05 on the 12 points (max ratio 1.12); each preset left out of the fit and predicted
-    by the other three: transformer 1.09–1.35, gated_deltanet 0.87–0.97, omeganet 1.07–1.08, titans 0.94–1.01
-    atlas: predicted 0.108 / 0.187 / 0.346 s at L 64 / 128 / 256, against its bound of > 1 s (which also holds the
-    pilot's compiles and a validation up to L 1024); for the bound at L 64 its 4.25 TFLOP would run at ≤ 4.7 TFLOP/s
+    C0 = 0.37 ms, C_launch = 28.5 µs, R = 196 TFLOP/s
+    predicted / measured 0.92–1.04 on the 12 points (max ratio 1.09); each preset left out of the fit and predicted
+    by the other three: transformer 1.00–1.26, gated_deltanet 0.91–1.01, omeganet 1.05–1.06, titans 0.93–1.00
+    atlas: predicted 0.108 / 0.188 / 0.348 s at L 64 / 128 / 256, against its bound of > 1 s (which also holds the
+    pilot's compiles and a validation up to L 1024); for the bound at L 64 its 4.25 TFLOP would run at ≤ 4.6 TFLOP/s
 
 C_launch is the host's cost of one launch (Python, the dispatcher, autograd). R is not determined by the table: its
-FLOPs are small (the transformer's 37–158 GFLOP a step move its step by < 1 ms), and 208 TFLOP/s is more than an
+FLOPs are small (the transformer's 37–158 GFLOP a step move its step by < 1 ms), and 196 TFLOP/s is more than an
 H200 computes in IEEE fp32 (67); take the FLOP term as unmeasured. ``--tf32-rate`` (default 250 TFLOP/s, about half
 of an H200's dense tf32 peak) is the rate stated for tensor cores, which atlas's target is judged at.
 ``make gpu-check`` prints the same table measured beside predicted, and refits the constants on its own pilot where a
