@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -326,10 +327,15 @@ class RunCost(ThroughputMonitor):
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
             f"cpu, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}"
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-            if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
-                logger.experiment.set_tag(logger.run_id, "cost.device", where)
-                logger.experiment.set_tag(logger.run_id, "cost.steady_steps", f"batches {first}-{last}")
+            if isinstance(logger, MLFlowLogger) and logger.run_id is not None:  # one write: metrics and tags
+                from mlflow.entities import Metric, RunTag
+
+                now = int(time.time() * 1000)
+                logger.experiment.log_batch(logger.run_id, metrics=[
+                    Metric(k, v, now, trainer.global_step) for k, v in metrics.items()], tags=[
+                    RunTag("cost.device", where), RunTag("cost.steady_steps", f"batches {first}-{last}")])
+            else:
+                logger.log_metrics(metrics, step=trainer.global_step)
         flops = f", {rates['flops_per_s'] / 1e9:.3g} GFLOP/s" if "flops_per_s" in rates else ""
         mfu = f", MFU {rates['mfu']:.1%}" if "mfu" in rates else ""
         print(f"cost: {rates['tokens_per_s']:,.0f} tokens/s, {rates['samples_per_s']:,.1f} samples/s, "
