@@ -96,7 +96,8 @@ bench: $(VENV)/.bench-peers
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
 # The GPU path in one run of at most 8 minutes (tests on cuda, kernel timings, 125M-class training steps, the pilot of
-# sweeps/mqar_gpu.yaml and its projected hours): runs/bench/gpu_check.json. Without CUDA: the same code at tiny shapes
+# sweeps/mqar_gpu.yaml and its projected hours, and each measured step beside the GPU model's prediction, its constants
+# refitted to the pilot: benchmarks/gpu_model.py): runs/bench/gpu_check.json. Without CUDA: the same code at tiny shapes
 # on the CPU (gpu_check.cpu.json). Installs nothing: it runs with the venv's python where there is one, else
 # $(PYTHON) as it is (a bare CUDA image with torch, lightning, triton, numpy, pyyaml, rich and pytest is enough).
 GPU_CHECK_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
