@@ -354,7 +354,8 @@ def fit_step(model, batch: dict, optimizer, clip: float | None = GRAD_CLIP):
 def sequence_model(overrides: dict, base: list[str], device: str = "meta"):
     """(SequenceModel, vocab size, batch size, training lengths) of a sweep configuration (a trial's config: the
     files of ``base``, then ``overrides``; the data's vocab_size and batch_size as the CLI links them), on
-    ``device``; the model's warnings (Lightning's self.log without a trainer) silenced."""
+    ``device``; the model's warnings (Lightning's self.log without a trainer) silenced. ``model.compile`` is left
+    out: compiled blocks are counted as eager ones (what inductor fuses is not modelled)."""
     import warnings
 
     from atlas_lab.lit.module import SequenceModel
