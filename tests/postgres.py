@@ -1,9 +1,9 @@
 """A PostgreSQL server of the test run's own: initdb into a temporary folder, started on a free loopback port.
 
 The server binaries come from the Debian ``postgresql`` package (the set-up step ``make system-deps`` installs it;
-``.ci/run`` runs it) or any ``initdb`` on PATH. PostgreSQL refuses to run as root, so under root the server runs as
-the ``postgres`` user. Without binaries (or psycopg) the tests that need it fail with a line naming the set-up step,
-so no run can pass without exercising PostgreSQL.
+``make test`` runs it first) or any ``initdb`` on PATH. PostgreSQL refuses to run as root, so under root the server
+runs as the ``postgres`` user. Without binaries (or psycopg) the tests that need it fail with a line naming the
+set-up step, so no run can pass without exercising PostgreSQL.
 """
 import glob
 import os
