@@ -1,7 +1,7 @@
 """`atlas-lab ui` as a user meets it: a real MLflow server and a real headless Chromium on a finished study.
 
-Chromium is Debian's ``chromium``, installed by the set-up step ``make system-deps`` (``make test`` runs it first), driven by
-Playwright. Without it the test fails with a line naming that step.
+Chromium is Debian's ``chromium``, installed by the set-up step ``make system-deps`` (``make test`` runs it first),
+driven by Playwright. Without it the test fails with a line naming that step.
 """
 import os
 import shutil
