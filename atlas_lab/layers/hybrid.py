@@ -112,18 +112,19 @@ class MAC(nn.Module):
             position, t = position + n, t + n
             if position % self.segment == 0:  # a segment ends: the next one reads the memory as it is now
                 weights, keys, values, key_pos = memory_cache["state"].weights, None, None, None
-        keys, values, key_pos = self._slots(x, keys, values, key_pos)
+        keys, values, key_pos = self._slots(x, keys, values, key_pos, 2 * (position % self.segment))
         return torch.cat(outputs, 1), {"position": position, "memory": memory_cache, "weights": weights,
                                        "k": keys, "v": values, "key_pos": key_pos}
 
-    def _slots(self, x, keys, values, key_pos):
+    def _slots(self, x, keys, values, key_pos, count: int):
         """The segment's keys and values so far in 2·(segment − 1) slots (a cache of constant size); empty slots have
-        the position NEVER, which no query sees."""
+        the position NEVER, which no query sees. ``count`` = 2 · (tokens of the segment so far), the real slots: known
+        on the host, so they are taken in order by a stable sort (no data-dependent shape, no host synchronisation)."""
         B, H, d = x.shape[0], self.n_heads, self.head_dim
         if keys is None:
             keys = values = x.new_zeros(B, 0, H, d)
             key_pos = torch.zeros(0, dtype=torch.long, device=x.device)
-        real = key_pos != NEVER
+        real = torch.argsort((key_pos == NEVER).to(torch.int8), stable=True)[:count]  # the real slots, in order
         keys, values, key_pos = keys[:, real], values[:, real], key_pos[real]
         pad = 2 * (self.segment - 1) - keys.shape[1]
         return (F.pad(keys, (0, 0, 0, 0, 0, pad)), F.pad(values, (0, 0, 0, 0, 0, pad)),
