@@ -10,10 +10,10 @@ beats on both: at least as fast and at least as good, better on one) joined and 
 ``atlas-lab sweep FILE --estimate`` keeps its figures in ``runs/sweeps/<study>/estimate.json`` (``save_estimate``);
 the report logs them to the study's parent run (artifact ``estimate/estimate.json``, metrics ``estimate/*``) and
 compares each point's measured hours a fit with the hours its pilot projected (measured ÷ projected), and the
-study's measured trial-hours (every finished trial's run time summed, tune pilots included, as the projection counts
-them) with the hours projected in all, so a user learns how far to trust the next estimate. The projection leaves out
-what a sweep does around a fit (its config check, the MLflow run, the learning-curve plot): a measured hour is a
-trial's whole run time.
+study's measured trial-hours (``report.trial_hours``: every trial's run time summed, the one figure ``--cost`` and the
+results' cost lines give) with the hours projected in all, so a user learns how far to trust the next estimate. The
+projection leaves out what a sweep does around a fit (its config check, the MLflow run, the learning-curve plot): a
+measured hour is a trial's whole run time.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from rich.text import Text
 
 from ..tables import print_table
 from .estimate import ESTIMATE, estimate_path
-from .report import _markdown, interval, point_name, trial_seconds
+from .report import _markdown, interval, point_name, trial_hours, trial_seconds
 from .spec import short_names
 from .study import is_superseded, is_tune
 
@@ -200,13 +200,6 @@ def _cells(r: dict) -> list:
             _num(r["hours"], ".3f"), _num(r["projected"], ".3f"), _num(r["ratio"], ".2f")]
 
 
-def study_hours(study: optuna.Study) -> float:
-    """The study's measured trial-hours: every finished, not superseded trial's run time (tune pilots included)."""
-    finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(trial_seconds(t) or 0.0 for t in study.get_trials(deepcopy=False)
-               if t.state in finished and not is_superseded(study, t)) / 3600
-
-
 def estimate_line(measured: float, estimate: dict | None) -> str:
     """One sentence: the study's measured trial-hours against what ``--estimate`` projected, or that none ran."""
     if estimate is None:
@@ -241,7 +234,7 @@ def quality_cost(study: optuna.Study, columns: list[str], rows: list[dict], metr
     client_of_runs = client if client is not None or not tracked else reader(tracking_uri)
     estimate = load_estimate(study.study_name, client_of_runs, study.user_attrs.get("mlflow_parent_run_id"))
     table = cost_rows(study, columns, rows, trial_rates(client_of_runs, study), estimate)
-    measured = study_hours(study)
+    measured = trial_hours(study)
     line = estimate_line(measured, estimate)
     keys = short_names(columns)
     print_table(console, f"study {study.study_name}: {metric} against its cost, best first (tokens/s and s/step: "

@@ -519,6 +519,12 @@ def trial_seconds(t) -> float | None:
     return max(0.0, (end - t.datetime_start).total_seconds())
 
 
+def trial_hours(study: optuna.Study) -> float:
+    """A study's measured trial-hours: every trial's run time summed (``trial_seconds``: reported trials, tune pilots,
+    superseded, failed, lost and stopped ones): what the study took."""
+    return sum(trial_seconds(t) or 0.0 for t in study.get_trials(deepcopy=False)) / 3600
+
+
 def _busy_seconds(spans: list[tuple]) -> float:
     """The length of the union of (start, end) spans: the time at least one trial ran."""
     total, end = 0.0, None
@@ -562,7 +568,7 @@ def study_cost(study: optuna.Study, columns: list[str], rows: list[dict], diffs:
     sized = [x for x in designs if x["seeds"] is not None and x["minutes"] is not None]
     every = None if not sized or base_minutes is None or len(sized) < len(designs) else \
         (max(x["seeds"] for x in sized) * base_minutes + sum(x["seeds"] * x["minutes"] for x in sized)) / 60
-    return {"trials": len(trials), "trial_hours": sum(trial_seconds(t) for t in trials) / 3600,
+    return {"trials": len(trials), "trial_hours": trial_hours(study),
             "reported_trials": len(reported), "reported_hours": sum(trial_seconds(t) for t in reported) / 3600,
             "wall_hours": (max(b for _, b in spans) - min(a for a, _ in spans)).total_seconds() / 3600 if spans
             else 0.0, "busy_hours": _busy_seconds(spans) / 3600,

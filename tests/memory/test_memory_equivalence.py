@@ -63,7 +63,8 @@ def test_split_into_calls_passes_the_state(impl, architecture, optimizer, window
                    chunk_size=3)
     p = make_problem(architecture=architecture, feature_map="taylor", T=11)
     gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
-    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], impl=impl, gates=gates, **options)
+    o_full, s_full = memorize(p["q"], p["k"], p["v"], initial_state=p["initial_state"], impl=impl, gates=gates,
+                              **options)
     state, pieces = p["initial_state"], []
     for lo, hi in [(0, 4), (4, 5), (5, 11)]:
         o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state, impl=impl,
