@@ -29,6 +29,7 @@ from ..data.base import AnswerMixin
 from ..layers import MemoryMixer
 from ..memory.cost import flops_text
 from ..models import LanguageModel, ModelConfig, compile_blocks
+from ..models.lm import CompileOptions
 from .metrics import ExactMatch, SliceAccuracy, TokenMetrics, metric_key
 
 STAGES = ("val", "test")
@@ -396,7 +397,8 @@ class SequenceModel(L.LightningModule):
             document_start is read in one call).
         compile: torch.compile each block (``compile_blocks``): the memory's per-chunk kernels fused, fewer launches
             on a GPU; each sequence length compiles on its first step (about a minute a length for a memory model on
-            a CPU core).
+            a CPU core). true, or torch.compile's options (``CompileOptions``): ``{mode: reduce-overhead}`` runs each
+            block as a CUDA graph on a GPU.
     """
 
     def __init__(self, vocab_size: int = 256, *model_args, lr: float = 1e-3, memory_lr: Optional[float] = None,
@@ -404,7 +406,7 @@ class SequenceModel(L.LightningModule):
                  min_lr_ratio: float = 0.1, schedule_steps: Optional[int] = None,
                  target: Literal[tuple(READOUTS)] = "next_token", slice_names: Optional[list[str]] = None,
                  bytes_per_token: Optional[float] = None, max_len: int = 4096, generate_answers: bool = True,
-                 eval_piece: int = 0, compile: bool = False, **model_kwargs):
+                 eval_piece: int = 0, compile: bool | CompileOptions = False, **model_kwargs):
         super().__init__()
         check_ranges(lr=lr, memory_lr=memory_lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps,
                      min_lr_ratio=min_lr_ratio, schedule_steps=schedule_steps, max_len=max_len, eval_piece=eval_piece)
@@ -413,8 +415,11 @@ class SequenceModel(L.LightningModule):
             self.model = LanguageModel(vocab_size, **vars(config))
         except ValueError as e:  # its messages start with the argument's name: here an argument of model
             raise ValueError(f"model.{e}") from None
-        if compile:
-            compile_blocks(self.model)
+        if compile is not False:
+            try:
+                compile_blocks(self.model, None if compile is True else compile)
+            except ValueError as e:
+                raise ValueError(f"model.{e}") from None
         self.save_hyperparameters()
         self.hparams.update(vars(config))  # every field of the model, defaults included: a checkpoint rebuilds it
         self.readout = READOUTS[target](config.d_model, max_len, vocab_size)

@@ -117,19 +117,38 @@ class ModelConfig:
 RECOMPILE_LIMIT = 64  # compiled variants kept per block: lengths × (training, validation) × (cache or none)
 
 
-def compile_blocks(model: nn.Module) -> None:
-    """``torch.compile`` (inductor) each block of ``model`` in place: the chunked memory path's per-chunk element-wise
-    kernels fused (docs/performance.md, "Compiled blocks"), the parameters keeping their names (checkpoints load
-    either way). Every built-in memory traces in one graph. Each sequence length, grad mode and cache form compiles
-    once (static shapes), the first step of each paying for it; up to RECOMPILE_LIMIT variants per block, beyond
-    which torch runs the block uncompiled (it raises torch's limit to that number when it is lower)."""
+# torch.compile's options for the blocks (``model.compile: {mode: reduce-overhead}``). mode: torch's modes;
+# "reduce-overhead" runs each block's forward and backward as a CUDA graph (one replay instead of a launch per kernel;
+# on the CPU, which has no CUDA graphs, it compiles as the default mode does). fullgraph: a graph break is an error
+# instead of a split graph. (The functional form keeps the annotations types, for the config checker.)
+CompileOptions = TypedDict("CompileOptions", {
+    "mode": Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    "fullgraph": bool}, total=False)
+
+
+def compile_blocks(model: nn.Module, options: Optional[CompileOptions] = None) -> None:
+    """``torch.compile`` (inductor) each block of ``model`` in place with ``options`` (``CompileOptions``; a key it
+    does not hold is a ValueError naming it): the chunked memory path's per-chunk element-wise kernels fused
+    (docs/performance.md, "Compiled blocks"), the parameters keeping their names (checkpoints load either way). Every
+    built-in memory traces in one graph without a host synchronisation, so "reduce-overhead" captures it whole. Each
+    sequence length, grad mode and cache form compiles once (static shapes), the first step of each paying for it; up
+    to RECOMPILE_LIMIT variants per block, beyond which torch runs the block uncompiled (it raises torch's limit to
+    that number when it is lower)."""
     import torch._dynamo
 
+    from ..memory.components import check_value
+
+    options = {} if options is None else options
+    for key, value in options.items():
+        if key not in CompileOptions.__annotations__:
+            raise ValueError(f"compile.{key}: unknown key; expected one of {', '.join(CompileOptions.__annotations__)}"
+                             f"; got {key}: {value}")
+        check_value(f"compile.{key}", value, CompileOptions.__annotations__[key])
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its name before torch 2.7
     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     for block in model.blocks:
-        block.compile(dynamic=False)
+        block.compile(dynamic=False, **options)
 
 
 class LanguageModel(nn.Module):
