@@ -462,6 +462,9 @@ class SequenceModel(L.LightningModule):
     def training_step(self, batch, batch_idx):
         logits = self(batch["input_ids"], batch.get("document_start"))
         loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        # one host synchronisation a step, outside the compiled blocks: it raises, naming the step, before a
+        # non-finite loss reaches the weights; Lightning's progress bar reads the logged loss every step anyway
+        # (docs/performance.md, "n. Compiled blocks"), so a check at the logging interval would save none
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the mean over ranks under DDP
