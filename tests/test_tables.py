@@ -220,24 +220,27 @@ def steps_to_study():
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("make", [study_with_every_table, steps_to_study])
 def test_report_cuts_nothing(width, make, tmp_path, monkeypatch):
-    from atlas_lab.sweep import report
+    from atlas_lab.sweep import costs, report
 
     rec = Recorder()
     monkeypatch.setattr(report, "print_table", rec)
+    monkeypatch.setattr(costs, "print_table", rec)  # the quality-against-cost table
     text = render(width, lambda c: report.summarize(make(), console=c, out_dir=tmp_path, power=0.1))
     tables_of = check(text, rec.calls, width)
-    assert len(rec.calls) == (5 if make is study_with_every_table else 4)  # with --power: per seed, power
+    # points, differences, with --power per seed and power, the quality against cost; and the tuning of every table
+    assert len(rec.calls) == (6 if make is study_with_every_table else 5)
     assert ["atlas", "linear"] in [r[:2] for r in rows_of(tables_of[0][0])]  # the points, keyed by both axes
-    assert {r[0] for r in rows_of(tables_of[1][0])} >= {"memory=linear"}  # the differences, named by their change
+    differences = next(i for i, call in enumerate(rec.calls) if "paired by seed" in call["title"])
+    assert {r[0] for r in rows_of(tables_of[differences][0])} >= {"memory=linear"}  # named by their change
     if width == 80:
-        assert len(tables_of[1]) > 1  # the differences' ten columns do not fit 80: they spread
+        assert len(tables_of[differences]) > 1  # the differences' ten columns do not fit 80: they spread
 
 
 def test_the_sweep_summary_at_80_columns_cuts_nothing(tmp_path, monkeypatch):
     """The summary the sweep driver prints at its end: summarize with the parent run, on the driver's console."""
     from mlflow.tracking import MlflowClient
 
-    from atlas_lab.sweep import report
+    from atlas_lab.sweep import costs, report
     from atlas_lab.sweep.tracking import parent_run
 
     monkeypatch.chdir(tmp_path)
@@ -245,6 +248,7 @@ def test_the_sweep_summary_at_80_columns_cuts_nothing(tmp_path, monkeypatch):
     parent = parent_run(client, "s", "memory")
     rec = Recorder()
     monkeypatch.setattr(report, "print_table", rec)
+    monkeypatch.setattr(costs, "print_table", rec)
     text = render(80, lambda c: report.summarize(study_with_every_table(), client, parent, console=c,
                                                  out_dir=tmp_path / "out"))
     check(text, rec.calls, 80)

@@ -28,7 +28,7 @@ EXTRA = {"gated_mlp muon global": dict(architecture="gated_mlp", optimizer="muon
 def counted_flops(config: MemoryConfig, head_dim: int, T: int) -> int:
     g = torch.Generator().manual_seed(0)
     rule = config.rule()
-    n_h = rule.steps_per_token  # DeltaProduct: n_h keys, values per token
+    n_h = rule.steps()  # DeltaProduct: n_h keys, values per token
     q, k, v = (torch.randn(1, T * n, 2, head_dim, generator=g).to(helpers.DEVICE) for n in (1, n_h, n_h))
     values = dict(alpha=0.9, eta=0.1, theta=0.5, gamma=0.7)  # and 0.8 for the rule's other learned gates (GDN-2's)
     gates = {name: values.get(name, 0.8) for name, spec in rule.gates(config, config.components()[3]).items()

@@ -402,7 +402,8 @@ def test_float32_comparison_fails_on_a_wrong_path(architecture, optimizer, bias)
 def test_cached_constants_built_in_inference_mode_serve_a_later_backward(architecture, read):
     """Lightning validates under torch.inference_mode. The masks and feature-map indices the chunked path caches may
     be built first there, and a later training step must still take gradients through them."""
-    from atlas_lab.memory import causal, chunked, feature_maps
+    from atlas_lab.memory import chunked, feature_maps
+    from atlas_lab.memory.ops import causal
 
     for cached in (causal.causal_mask, causal.strictly_lower, chunked.window_mask, feature_maps._monomials):
         cached.cache_clear()
@@ -411,5 +412,5 @@ def test_cached_constants_built_in_inference_mode_serve_a_later_backward(archite
     p = make_problem(architecture=architecture, feature_map="polynomial", T=9)
     with torch.inference_mode():
         memorize(p["q"], p["k"], p["v"], impl="chunked", config=config, initial_state=p["initial_state"],
-                 coefficients=p["coefficients"], **{n: p[n] for n in ("alpha", "eta", "theta", "gamma")})
+                 coefficients=p["coefficients"], gates={n: p[n] for n in ("alpha", "eta", "theta", "gamma")})
     compare(run(p, "chunked", config=config), run(p, "reference", config=config), 1e-8, str(config))

@@ -290,7 +290,7 @@ def test_momentum_with_zero_decay_is_gd():
     (dict(chunk_size=0), "memorize.chunk_size: expected an int >= 1"),
     (dict(impl="cuda"), "valid choices: reference, chunked, triton"),
     (dict(read="every"), "memorize.read: unknown value 'every'; valid choices: token, start, chunk"),
-    (dict(alpha=torch.ones(2, 3)), "gate alpha must be a [B, T, H]"),
+    (dict(gates={"alpha": torch.ones(2, 3)}), "gate alpha must be a [B, T, H]"),
     (dict(normalize=True), "memorize.normalize: needs architecture linear, attentional_bias dot"),
     (dict(architecture="linear", initial_state={"W": torch.zeros(7, 7)}), "initial_state['W'] must have shape"),
     (dict(architecture="linear", initial_state={"V": torch.zeros(4, 5)}), "the memory expects ['W']"),
@@ -321,10 +321,10 @@ def test_newton_schulz_matches_autograd_through_the_literal_iteration(impl, coef
 
     bmm: several blocks, the last one partial; m = 5, 15 and 17 run with zero rows padded to a multiple of 8.
     kernel: rows padded to whole vectors inside the kernel; 40 matrices span several parallel tasks."""
-    from atlas_lab.memory import optimizers
+    from atlas_lab.memory.ops.newton_schulz import reference
 
-    monkeypatch.setattr(optimizers, "NS_BLOCK_ELEMENTS", 50)
-    a, b, c = optimizers.NS_COEFFICIENTS[coefficients]
+    monkeypatch.setattr(reference, "NS_BLOCK_ELEMENTS", 50)
+    a, b, c = reference.NS_COEFFICIENTS[coefficients]
     torch.manual_seed(0)
     G = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     X = G.mT if shape[-2] > shape[-1] else G
