@@ -205,6 +205,7 @@ def test_report_columns_use_the_shortest_unique_key_suffix():
     assert short_names(keys) == ["architecture", "optimizer", "model.lr", "init_args.lr"]
 
 
+@pytest.mark.slow  # 14 real fits on two workers: about two minutes of a test worker
 def test_a_tuned_study_reports_each_point_at_its_pilot_choice(workdir):
     """`tune:` on model.lr (1e-6: the model does not learn; 0.01: it does) with 3 pilot seeds, steps to val/loss ≤ 4.0
     as the summary (the untrained loss is ln 64 ≈ 4.16; at 0.01 it is 3.94 or below after the 32 steps), two
