@@ -1,0 +1,68 @@
+"""The MLP chunk kernel's computation in plain PyTorch, chunk by chunk (same arguments and results as
+``triton.chunk_mlp_memory``, the Triton kernel next to this file); the kernel's unit-test oracle. The equations are
+in that module's docstring."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu, "tanh": torch.tanh}
+
+
+def activation_grad(name: str, z: torch.Tensor) -> torch.Tensor:
+    """σ'(z), written out (autograd differentiates it: the kernel's σ'' is its derivative)."""
+    if name == "gelu":
+        return torch.special.ndtr(z) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    if name == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * (1 - s))
+    if name == "relu":
+        return (z > 0).to(z.dtype)
+    return 1 - torch.tanh(z) ** 2
+
+
+def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_size, window, bias,
+                           activation, m=None, s=None, Cs=None, S1=None, S2=None):
+    act = ACTIVATIONS[activation]
+    N, T, _ = q.shape
+    L = k.shape[1]
+    momentum = S1 is not None
+    ys, t0 = [], 0
+    E1, E2 = (We1, We2) if offset else (W1, W2)  # W̃ of the first chunk: an input only where it continues one
+    while t0 < T:
+        n = min(chunk_size - (offset if t0 == 0 else 0), T - t0)
+        first = L - T + t0
+        lo = max(first - window + 1, 0)
+        u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
+        z = u @ E1.mT
+        h = act(z)
+        d2 = h @ E2.mT - vv if bias == "l2" else -vv
+        d1 = (d2 @ E2) * activation_grad(activation, z)
+        pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
+        idx = torch.arange(lo, first + n, device=q.device)
+        band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
+        C = Cw[:, t0:t0 + n, :n] @ band
+        qc, ac = q[:, t0:t0 + n], a[:, t0:t0 + n, None]
+        zq = ac * (qc @ W1.mT) + (C * (qc @ u.mT)) @ d1
+        if momentum:
+            zq = zq + m[:, t0:t0 + n, None] * (qc @ S1.mT)
+        hq = act(zq)
+        y = ac * (hq @ W2.mT) + (C * (hq @ h.mT)) @ d2
+        if momentum:
+            y = y + m[:, t0:t0 + n, None] * (hq @ S2.mT)
+        ys.append(y)
+        c = C[:, -1, :, None]
+        an = a[:, t0 + n - 1, None, None]
+        W1n, W2n = an * W1 + (d1 * c).mT @ u, an * W2 + (d2 * c).mT @ h
+        if momentum:
+            mn, sn = m[:, t0 + n - 1, None, None], s[:, t0 + n - 1, None, None]
+            W1n, W2n = W1n + mn * S1, W2n + mn * S2
+            cs = (Cs[:, t0:t0 + n, :n] @ band)[:, -1, :, None]
+            S1, S2 = sn * S1 + (d1 * cs).mT @ u, sn * S2 + (d2 * cs).mT @ h
+        W1, W2 = W1n, W2n
+        last = (E1, E2)
+        E1, E2 = W1, W2
+        t0 += n
+    return torch.cat(ys, 1), W1, W2, S1, S2, last[0], last[1]

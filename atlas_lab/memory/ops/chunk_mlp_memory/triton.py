@@ -1,0 +1,486 @@
+"""A deep (MLP) memory's chunk loop in two launches: one program per sequence walks every chunk with the memory's
+weights on chip, forward; one walks them back, recomputing each chunk from its start weights (docs/memory.md §5.3).
+
+Memory M_W(u) = W2 σ(W1 u), W1: [H, D], W2: [d_v, H] (u = φ(k), queries φ(q): the feature map and the residual
+r(k) are applied outside). Chunk of n tokens starting at W_p = (W1, W2) (S_p = (S1, S2) for momentum), every
+gradient at W̃ (= W_p, except for the first chunk of a call that continues a chunk: the input We):
+
+    z_i = W̃1 u_i,  h_i = σ(z_i),  δ2_i = W̃2 h_i − v_i (l2) or −v_i (dot),  δ1_i = (W̃2ᵀ δ2_i) ⊙ σ'(z_i)
+                                                   for the chunk's tokens and the c−1 before them (its window keys)
+    ∇_{W1} ℓ_i = δ1_i u_iᵀ,  ∇_{W2} ℓ_i = δ2_i h_iᵀ
+    Γ[t, i] = γ_i  if t−c < i ≤ t  else 0,   C = Cw Γ,  C' = Cs Γ   (Cw, Cs: the optimiser's [n, n] closed forms)
+    W_t = a_t W_p + m_t S_p + Σ_i C[t, i] ∇ℓ_i                        (every t, never built: the dual form)
+    zq_t = a_t W1 uq_t + m_t S1 uq_t + Σ_i C[t, i] (uq_t · u_i) δ1_i,   hq_t = σ(zq_t)
+    y_t  = a_t W2 hq_t + m_t S2 hq_t + Σ_i C[t, i] (hq_t · h_i) δ2_i
+    W_end = a_n W_p + m_n S_p + Σ_i C[n, i] ∇ℓ_i,   S_end = s_n S_p + Σ_i C'[n, i] ∇ℓ_i
+
+(a, m, s, Cw, Cs from ``atlas_lab.memory.optimizers.chunk_coefficients``; gd has no m, s, Cs.) These are the chunked
+path's products (memory/chunked.py: ``_chunk_linear`` in dual form on the factors of ``MLPMemory.gradient_factors``).
+
+**Launches.** ``chunk_mlp_memory_fwd_kernel`` (grid: one program per sequence) walks the chunks in order: each
+chunk's products as ``tl.dot``s of [BT, BK, BD, BH, BV] blocks (tokens, window keys, features, hidden units, values),
+its read-out stored, its start weights stored (the checkpoints), the weights carried to the next chunk in registers.
+``chunk_mlp_memory_bwd_kernel`` (the same grid) walks them back: from each chunk's checkpoint it recomputes the chunk,
+takes the gradients of its read-out and end states (the carried ∂L/∂W_end, ∂L/∂S_end) back to its inputs and start
+weights, and carries ∂L/∂W_p to the chunk before. A key shared by two chunks' windows gets its gradient from both
+(``tl.atomic_add``). So a pass is one launch whatever T is; the programs are N = B·H (a study of B 64, H 8: 512, about
+four per multiprocessor of an H100); the work of a program grows with T, in sequence.
+
+**Its backward**, per chunk, with dy the read-out's gradient and G = ∂L/∂W_end, G' = ∂L/∂S_end:
+
+    E2 = dy δ2ᵀ,  P2 = hq hᵀ:   ∂hq = a dy W2 + m dy S2 + (C⊙E2) h,   ∂h += (C⊙E2)ᵀ hq,   ∂δ2 += (C⊙P2)ᵀ dy
+    ∂zq = ∂hq ⊙ σ'(zq);  E1 = ∂zq δ1ᵀ, P1 = uq uᵀ:  ∂uq = a ∂zq W1 + m ∂zq S1 + (C⊙E1) u,  ∂u += (C⊙E1)ᵀ uq,
+                                                    ∂δ1 += (C⊙P1)ᵀ ∂zq,   ∂C = E1⊙P1 + E2⊙P2
+    end states:  ∂δ1 += c ⊙ u G1ᵀ,  ∂u += c ⊙ δ1 G1,  ∂c = Σ (δ1 ⊙ u G1ᵀ) + Σ (δ2 ⊙ h G2ᵀ)  (and c', G')
+    factors at W̃:  ∂(W̃2ᵀδ2) = ∂δ1 ⊙ σ'(z),  ∂z = ∂δ1 ⊙ (W̃2ᵀ δ2) ⊙ σ''(z) + ∂h ⊙ σ'(z),  ∂δ2 += ∂(W̃2ᵀδ2) W̃2ᵀ,
+                   l2: ∂h += ∂δ2 W̃2,  ∂u += ∂z W̃1,  ∂v = −∂δ2
+    ∂W_p = (a ∂y-terms) + a_n G + ∂W̃ (when W̃ = W_p),  ∂S_p = m-terms + m_n G + s_n G'
+
+and the gates' by the chain rule through C = Cw Γ (∂Cw = ∂C Γᵀ, ∂Γ = Cwᵀ ∂C).
+
+**Precision.** Every product is a ``tl.dot`` accumulating in fp32 (``ops.dots.dot``: tf32 where torch allows it);
+weights, states and element-wise arithmetic are fp32. The same computation in plain PyTorch is
+``naive.chunk_mlp_memory_naive`` (next to this file).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dots import DTYPES, dot, dot_precision
+
+ACTS = ("gelu", "silu", "relu", "tanh")
+
+# ---------------------------------------------------------------- helpers
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr):
+    """(σ(z), σ'(z), σ''(z)) of the activation ACT (ACTS' index)."""
+    if ACT == 0:  # gelu (exact)
+        cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327
+        return z * cdf, cdf + z * pdf, pdf * (2.0 - z * z)
+    elif ACT == 1:  # silu
+        sg = 1.0 / (1.0 + tl.exp(-z))
+        return z * sg, sg * (1.0 + z * (1.0 - sg)), sg * (1.0 - sg) * (2.0 + z * (1.0 - 2.0 * sg))
+    elif ACT == 2:  # relu
+        return tl.maximum(z, 0.0), tl.where(z > 0, 1.0, 0.0), z * 0.0
+    else:  # tanh
+        e = tl.exp(-2.0 * tl.abs(z))
+        th = tl.where(z >= 0, 1.0, -1.0) * (1.0 - e) / (1.0 + e)
+        return th, 1.0 - th * th, -2.0 * th * (1.0 - th * th)
+
+
+@triton.jit
+def _chunk(ci, b, offset, T):
+    """First token t0 and length n of chunk ci (the first one is b − offset tokens long)."""
+    t0 = tl.maximum(ci * b - offset, 0)
+    return t0, tl.minimum(ci * b - offset + b, T) - t0
+
+
+@triton.jit
+def _rows(X, idx, mask, offs, W):
+    """X[idx, offs] of a row-major [·, W] tensor (0 outside), as fp32."""
+    return tl.load(X + idx[:, None] * W + offs[None, :], mask=mask[:, None] & (offs < W)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _matrix(P, offs_r, offs_c, R, C):
+    """A row-major [R, C] matrix at P (0 outside), as fp32."""
+    return tl.load(P + offs_r[:, None] * C + offs_c[None, :], mask=(offs_r < R)[:, None] & (offs_c < C)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store(P, x, offs_r, offs_c, R, C):
+    tl.store(P + offs_r[:, None] * C + offs_c[None, :], x.to(P.dtype.element_ty),
+             mask=(offs_r < R)[:, None] & (offs_c < C)[None, :])
+
+
+@triton.jit
+def _last(x, last):
+    """Row n−1 of x [BT, ·] (``last``: the mask of that row)."""
+    return tl.sum(tl.where(last[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _factors(K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v,
+             D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, DT: tl.constexpr,
+             PREC: tl.constexpr):
+    """A chunk's window keys (index, mask, band [BT, BK], Γ on it) and its gradient factors at W̃ = (E1, E2):
+    u [BK, BD], z, h = σ(z), σ'(z), σ''(z) [BK, BH], δ2 [BK, BV], W̃2ᵀ δ2 and δ1 [BK, BH]."""
+    first = m0 + t0
+    lo = tl.maximum(first - c + 1, 0)
+    idx = lo + offs_k
+    kmask = idx < first + n
+    g = tl.load(GAMMA + idx, mask=kmask, other=0.0).to(tl.float32)
+    pos = first + offs_t
+    band = (idx[None, :] <= pos[:, None]) & (idx[None, :] > pos[:, None] - c) & (offs_t < n)[:, None] & kmask[None, :]
+    gam = tl.where(band, g[None, :], 0.0)
+    u = _rows(K, idx, kmask, offs_d, D)
+    z = dot(u, tl.trans(E1), DT, PREC)
+    h, dh, ddh = _act(z, ACT)
+    d2 = -_rows(V, idx, kmask, offs_v, DV)
+    if L2:
+        d2 += dot(h, tl.trans(E2), DT, PREC)
+    back = dot(d2, E2, DT, PREC)
+    return idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, back * dh
+
+
+# ---------------------------------------------------------------- the forward walk
+
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
+def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, S20, WE10, WE20,
+                                Y, W1T, W2T, S1T, S2T, WE1T, WE2T, W1H, W2H, S1H, S2H,
+                                T, L, m0, offset, b, c, NC,
+                                D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                                BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                                MOMENTUM: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
+                                DT: tl.constexpr, PREC: tl.constexpr):
+    i_n = tl.program_id(0)
+    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
+    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    Q, A, M, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, M + i_n * T, S + i_n * T, CW + i_n * T * b, \
+        CS + i_n * T * b, Y + i_n * T * DV
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    W1 = _matrix(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    W2 = _matrix(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    E1, E2 = W1, W2
+    if EVAL:  # the first chunk continues one: its gradients at the given W̃
+        E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    S1, S2 = W1 * 0.0, W2 * 0.0
+    if MOMENTUM:
+        S1 = _matrix(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        S2 = _matrix(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    for ci in range(NC):
+        at = i_n * NC + ci
+        _store(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
+        _store(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
+        if MOMENTUM:
+            _store(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
+            _store(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
+        t0, n = _chunk(ci, b, offset, T)
+        rows = t0 + offs_t
+        rmask = offs_t < n
+        last = offs_t == n - 1
+        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
+        C = dot(cw, gam, DT, PREC)  # [BT, BK]
+        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+        uq = _rows(Q, rows, rmask, offs_d, D)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(C * dot(uq, tl.trans(u), DT, PREC), d1, DT, PREC)
+        if MOMENTUM:
+            m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
+            zq += m[:, None] * dot(uq, tl.trans(S1), DT, PREC)
+        hq, _, _ = _act(zq, ACT)
+        y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC) + dot(C * dot(hq, tl.trans(h), DT, PREC), d2, DT, PREC)
+        if MOMENTUM:
+            y += m[:, None] * dot(hq, tl.trans(S2), DT, PREC)
+        _store(Y + t0 * DV, y, offs_t, offs_v, n, DV)
+        c_n = _last(C, last)  # [BK]
+        a_n = tl.sum(tl.where(last, a, 0.0))
+        W1n = a_n * W1 + dot(tl.trans(d1 * c_n[:, None]), u, DT, PREC)
+        W2n = a_n * W2 + dot(tl.trans(d2 * c_n[:, None]), h, DT, PREC)
+        if MOMENTUM:
+            m_n = tl.sum(tl.where(last, m, 0.0))
+            s_n = tl.sum(tl.where(last, tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32), 0.0))
+            cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
+            cs_n = _last(dot(cs, gam, DT, PREC), last)
+            W1n += m_n * S1
+            W2n += m_n * S2
+            S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
+            S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
+        _store(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (a state continued mid-chunk)
+        _store(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
+        W1, W2 = W1n, W2n
+        E1, E2 = W1, W2
+    _store(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
+    _store(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
+    if MOMENTUM:
+        _store(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
+        _store(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
+
+
+# ---------------------------------------------------------------- the backward walk
+
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
+def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H, W2H, S1H, S2H, DY,
+                                GW1, GW2, GS1, GS2, GE1, GE2,
+                                DQ, DK, DVV, DGAMMA, DA, DM, DS, DCW, DCS, DW10, DW20, DS10, DS20, DWE10, DWE20,
+                                T, L, m0, offset, b, c, NC,
+                                D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                                BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                                MOMENTUM: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
+                                DT: tl.constexpr, PREC: tl.constexpr):
+    i_n = tl.program_id(0)
+    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
+    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    Q, A, M, S, CW, CS, DY = Q + i_n * T * D, A + i_n * T, M + i_n * T, S + i_n * T, CW + i_n * T * b, \
+        CS + i_n * T * b, DY + i_n * T * DV
+    DQ, DA, DM, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DM + i_n * T, DS + i_n * T, DCW + i_n * T * b, \
+        DCS + i_n * T * b
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
+    G1 = _matrix(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
+    G2 = _matrix(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    H1, H2 = G1 * 0.0, G2 * 0.0  # ∂L/∂S_end
+    if MOMENTUM:
+        H1 = _matrix(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)
+        H2 = _matrix(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    X1 = _matrix(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
+    X2 = _matrix(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    for cj in range(NC):
+        ci = NC - 1 - cj
+        at = i_n * NC + ci
+        W1 = _matrix(W1H + at * HD * D, offs_h, offs_d, HD, D)
+        W2 = _matrix(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        E1, E2 = W1, W2
+        if EVAL:
+            if ci == 0:
+                E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+                E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        t0, n = _chunk(ci, b, offset, T)
+        rows = t0 + offs_t
+        rmask = offs_t < n
+        last = offs_t == n - 1
+        cmask = rmask[:, None] & rmask[None, :]
+        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+        C = dot(cw, gam, DT, PREC)
+        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+        a_n = tl.sum(tl.where(last, a, 0.0))
+        c_n = _last(C, last)
+        uq = _rows(Q, rows, rmask, offs_d, D)
+        P1 = dot(uq, tl.trans(u), DT, PREC)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(C * P1, d1, DT, PREC)
+        if MOMENTUM:
+            S1 = _matrix(S1H + at * HD * D, offs_h, offs_d, HD, D)
+            S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
+            m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
+            m_n = tl.sum(tl.where(last, m, 0.0))
+            s_n = tl.sum(tl.where(last, tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32), 0.0))
+            cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+            cs_n = _last(dot(cs, gam, DT, PREC), last)
+            zq += m[:, None] * dot(uq, tl.trans(S1), DT, PREC)
+        hq, dhq, _ = _act(zq, ACT)
+        P2 = dot(hq, tl.trans(h), DT, PREC)
+        dy = _rows(DY, rows, rmask, offs_v, DV)
+        # the read-out's second layer: y = a W2 hq + m S2 hq + (C ⊙ P2) δ2
+        E2y = dot(dy, tl.trans(d2), DT, PREC)
+        ghq = a[:, None] * dot(dy, W2, DT, PREC) + dot(C * E2y, h, DT, PREC)
+        da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
+        dW2 = dot(tl.trans(dy * a[:, None]), hq, DT, PREC)
+        dC = E2y * P2
+        gh = dot(tl.trans(C * E2y), hq, DT, PREC)
+        gd2 = dot(tl.trans(C * P2), dy, DT, PREC)
+        if MOMENTUM:
+            ghq += m[:, None] * dot(dy, S2, DT, PREC)
+            dm = tl.sum(dy * dot(hq, tl.trans(S2), DT, PREC), axis=1)
+            dS2 = dot(tl.trans(dy * m[:, None]), hq, DT, PREC)
+        # its first layer: zq = a W1 uq + m S1 uq + (C ⊙ P1) δ1
+        gzq = ghq * dhq
+        E1y = dot(gzq, tl.trans(d1), DT, PREC)
+        duq = a[:, None] * dot(gzq, W1, DT, PREC) + dot(C * E1y, u, DT, PREC)
+        da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
+        dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC)
+        dC += E1y * P1
+        gu = dot(tl.trans(C * E1y), uq, DT, PREC)
+        gd1 = dot(tl.trans(C * P1), gzq, DT, PREC)
+        if MOMENTUM:
+            duq += m[:, None] * dot(gzq, S1, DT, PREC)
+            dm += tl.sum(gzq * dot(uq, tl.trans(S1), DT, PREC), axis=1)
+            dS1 = dot(tl.trans(gzq * m[:, None]), uq, DT, PREC)
+        # the end states: W_end = a_n W_p + m_n S_p + Σ c_i ∇ℓ_i, S_end = s_n S_p + Σ c'_i ∇ℓ_i
+        da += tl.where(last, tl.sum(G1 * W1) + tl.sum(G2 * W2), 0.0)
+        dW1 += a_n * G1
+        dW2 += a_n * G2
+        uG1 = dot(u, tl.trans(G1), DT, PREC)  # [BK, BH]
+        hG2 = dot(h, tl.trans(G2), DT, PREC)  # [BK, BV]
+        gd1 += c_n[:, None] * uG1
+        gu += c_n[:, None] * dot(d1, G1, DT, PREC)
+        gd2 += c_n[:, None] * hG2
+        gh += c_n[:, None] * dot(d2, G2, DT, PREC)
+        dc = tl.sum(d1 * uG1, axis=1) + tl.sum(d2 * hG2, axis=1)
+        dC += tl.where(last[:, None], dc[None, :], 0.0)
+        dgam = dot(tl.trans(cw), dC, DT, PREC)
+        dcw = dot(dC, tl.trans(gam), DT, PREC)
+        if MOMENTUM:
+            dm += tl.where(last, tl.sum(G1 * S1) + tl.sum(G2 * S2), 0.0)
+            ds = tl.where(last, tl.sum(H1 * S1) + tl.sum(H2 * S2), 0.0)
+            dS1 += m_n * G1 + s_n * H1
+            dS2 += m_n * G2 + s_n * H2
+            uH1 = dot(u, tl.trans(H1), DT, PREC)
+            hH2 = dot(h, tl.trans(H2), DT, PREC)
+            gd1 += cs_n[:, None] * uH1
+            gu += cs_n[:, None] * dot(d1, H1, DT, PREC)
+            gd2 += cs_n[:, None] * hH2
+            gh += cs_n[:, None] * dot(d2, H2, DT, PREC)
+            dCs = tl.where(last[:, None], (tl.sum(d1 * uH1, axis=1) + tl.sum(d2 * hH2, axis=1))[None, :], 0.0)
+            dgam += dot(tl.trans(cs), dCs, DT, PREC)
+            dcs = dot(dCs, tl.trans(gam), DT, PREC)
+        # the factors at W̃: δ1 = (W̃2ᵀ δ2) ⊙ σ'(z), δ2 = W̃2 h − v, h = σ(z), z = W̃1 u
+        gback = gd1 * dh
+        gz = gd1 * back * ddh
+        gd2 += dot(gback, tl.trans(E2), DT, PREC)
+        dE2 = dot(tl.trans(d2), gback, DT, PREC)
+        if L2:
+            gh += dot(gd2, E2, DT, PREC)
+            dE2 += dot(tl.trans(gd2), h, DT, PREC)
+        gz += gh * dh
+        gu += dot(gz, E1, DT, PREC)
+        dE1 = dot(tl.trans(gz), u, DT, PREC)
+        if cj == 0:  # the last chunk's W̃ is an output too
+            dE1 += X1
+            dE2 += X2
+        kd = kmask[:, None] & (offs_d < D)[None, :]
+        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], gu, mask=kd)
+        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -gd2, mask=kmask[:, None] & (offs_v < DV)[None, :])
+        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=kmask)
+        _store(DQ + t0 * D, duq, offs_t, offs_d, n, D)
+        tl.store(DA + rows, da, mask=rmask)
+        tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
+        if MOMENTUM:
+            tl.store(DM + rows, dm, mask=rmask)
+            tl.store(DS + rows, ds, mask=rmask)
+            tl.store(DCS + rows[:, None] * b + offs_t[None, :], dcs, mask=cmask)
+            H1, H2 = dS1, dS2
+        G1, G2 = dW1 + dE1, dW2 + dE2
+        if EVAL:  # the first chunk's W̃ is the input We, not W_p
+            if ci == 0:
+                _store(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
+                _store(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
+                G1, G2 = dW1, dW2
+    _store(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
+    _store(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
+    if MOMENTUM:
+        _store(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
+        _store(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
+
+
+# ---------------------------------------------------------------- launches
+
+def _config(D, HD, DV, b, window):
+    """Block sizes and launch options: BT a chunk's tokens, BK its window's keys (b + c − 1), BD, BH, BV all
+    features, hidden units and values (the weights stay whole on chip: one program per sequence)."""
+    p2 = triton.next_power_of_2
+    BD, BH = max(16, p2(D)), max(16, p2(HD))
+    return dict(BT=max(16, p2(b)), BK=max(16, p2(b + window - 1)), BD=BD, BH=BH, BV=max(16, p2(DV)),
+                num_warps=4 if BH * BD <= 4096 else 8, num_stages=1)
+
+
+def chunk_count(T, chunk_size, offset):
+    return triton.cdiv(T + offset, chunk_size)
+
+
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0):
+    """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
+    tokens, D features, H = HD hidden units, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own
+    sizes (a chunk's n tokens and k window keys; the padding of blocks to powers of two left out)."""
+    NC = chunk_count(T, chunk_size, offset)
+    mom, l2 = int(momentum), int(bias == "l2")
+    fwd = bwd = 0
+    for ci in range(NC):
+        t0 = max(ci * chunk_size - offset, 0)
+        n = min(ci * chunk_size - offset + chunk_size, T) - t0
+        first = m0 + t0
+        k = first + n - max(first - window + 1, 0)
+        factors = k * HD * D + (1 + l2) * k * DV * HD  # z, W̃2ᵀ δ2 (and W̃2 h)
+        mixing = n * n * k * (1 + mom)  # C (and C')
+        read = (1 + mom) * n * (HD * D + DV * HD) + n * k * (D + HD) + n * k * (HD + DV)
+        ends = (1 + mom) * k * (HD * D + DV * HD)
+        fwd += 2 * (factors + mixing + read + ends)
+        # the backward recomputes the forward's products, then ≈ 3 products per read-out product and 4 per end state
+        bwd += 2 * (factors + mixing + read) + 2 * (3 * read + 2 * n * n * k * (1 + mom)
+                                                     + 2 * ends + (2 + l2) * k * (HD * D + DV * HD))
+    return {"chunk_mlp_memory_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_memory_bwd_kernel": ((N,), N, N * bwd)}
+
+
+def launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, dtype, evaluated, prec=None) -> dict:
+    """The constexprs, num_warps and num_stages of both launches of one call."""
+    cfg = _config(D, HD, DV, chunk_size, window)
+    return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
+                MOMENTUM=momentum, L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, DT=DTYPES[dtype],
+                PREC=dot_precision(dtype) if prec is None else prec, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"])
+
+
+class ChunkMLPMemoryFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W1, W2, S1, S2, We1, We2, offset, chunk_size, window, bias,
+                activation, momentum, evaluated):
+        N, T, D = q.shape
+        L, DV, HD = k.shape[1], v.shape[-1], W1.shape[1]
+        m0, NC = L - T, chunk_count(T, chunk_size, offset)
+        opts = launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, q.dtype, evaluated)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        W1H, W2H = torch.empty(N, NC, HD, D, **f32), torch.empty(N, NC, DV, HD, **f32)
+        S1H, S2H = (torch.empty_like(W1H), torch.empty_like(W2H)) if momentum else (W1H, W2H)
+        y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
+        W1T, W2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, W1, W2))
+        S1T, S2T = torch.empty_like(S1), torch.empty_like(S2)
+        chunk_mlp_memory_fwd_kernel[(N,)](
+            q, k, v, gamma, a, m, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, W1T, W2T, S1T, S2T, WE1, WE2,
+            W1H, W2H, S1H, S2H, T, L, m0, offset, chunk_size, window, NC, **opts)
+        ctx.save_for_backward(q, k, v, gamma, a, m, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H)
+        ctx.args = (offset, chunk_size, window, momentum, evaluated, NC, opts)
+        return y, W1T, W2T, S1T, S2T, WE1, WE2
+
+    @staticmethod
+    def backward(ctx, dy, dW1T, dW2T, dS1T, dS2T, dWE1, dWE2):
+        q, k, v, gamma, a, m, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H = ctx.saved_tensors
+        offset, chunk_size, window, momentum, evaluated, NC, opts = ctx.args
+        N, T, D = q.shape
+        L, DV = k.shape[1], v.shape[-1]
+        f32 = dict(dtype=torch.float32, device=q.device)
+
+        def given(x, like):  # an output without a gradient: zeros
+            return torch.zeros(like.shape, **f32) if x is None else x.float().contiguous()
+
+        G = [given(x, like) for x, like in ((dW1T, We1), (dW2T, We2), (dS1T, We1), (dS2T, We2), (dWE1, We1),
+                                            (dWE2, We2))]
+        dq, dk, dv = torch.empty(N, T, D, **f32), torch.zeros(N, L, D, **f32), torch.zeros(N, L, DV, **f32)
+        dgamma, da, dm, ds = torch.zeros(N, L, **f32), torch.empty(N, T, **f32), torch.zeros(N, T, **f32), \
+            torch.zeros(N, T, **f32)
+        dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
+        dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
+        chunk_mlp_memory_bwd_kernel[(N,)](
+            q, k, v, gamma, a, m, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, dy.to(q.dtype).contiguous(), *G,
+            dq, dk, dv, dgamma, da, dm, ds, dCw, dCs, *dW, T, L, L - T, offset, chunk_size, window, NC, **opts)
+        dW1, dW2, dS1, dS2, dWe1, dWe2 = dW
+        like = a.dtype
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype), da.to(like),
+                dm.to(like) if momentum else None, ds.to(like) if momentum else None, dCw.to(like),
+                dCs.to(like) if momentum else None, dW1.to(We1.dtype), dW2.to(We2.dtype),
+                dS1.to(We1.dtype) if momentum else None, dS2.to(We2.dtype) if momentum else None,
+                dWe1.to(We1.dtype) if evaluated else None, dWe2.to(We2.dtype) if evaluated else None,
+                None, None, None, None, None, None, None)
+
+
+@torch.compiler.disable  # a compiled graph calls it as it is (a graph break): its launches are fused already
+def chunk_mlp_memory(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_size, window, bias, activation,
+                     m=None, s=None, Cs=None, S1=None, S2=None):
+    """A 2-layer MLP memory over T new tokens in one forward and one backward launch (the module docstring).
+
+    q: φ(q) [N, T, D]; k: φ(k) [N, L, D] and v [N, L, d_v] (less the residual r(k) with l2) for the window cache
+    followed by the new tokens; gamma [N, L]; a [N, T], Cw [N, T, b]: per-token rows of each chunk's closed form
+    (column j = the chunk's j-th token), with m, s [N, T], Cs [N, T, b] and the momenta S1, S2 for momentum.
+    W1 [N, H, D], W2 [N, d_v, H]: the weights at the start; We1, We2: W̃ of the first chunk (pass W1, W2 unless
+    ``offset`` > 0); window: c (≥ 1); activation: one of ACTS. Returns (y [N, T, d_v] without the residual, W1_T,
+    W2_T, S1_T, S2_T (None without momentum), W̃1, W̃2 of the last chunk).
+    """
+    momentum = S1 is not None
+    if not momentum:
+        m = s = a
+        Cs = Cw
+        S1, S2 = W1, W2
+    evaluated = offset > 0
+    args = [x.contiguous() for x in (q, k, v, gamma, a, m, s, Cw, Cs, W1, W2, S1, S2, We1, We2)]
+    y, W1T, W2T, S1T, S2T, WE1, WE2 = ChunkMLPMemoryFunction.apply(*args, offset, chunk_size, window, bias,
+                                                                   activation, momentum, evaluated)
+    return y, W1T, W2T, (S1T if momentum else None), (S2T if momentum else None), WE1, WE2
