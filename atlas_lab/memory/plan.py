@@ -113,6 +113,8 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
         return f"weights {big} larger than {MAX_ROWS} × {MAX_COLS} with muon" if big else None
     if form not in ("linear", "delta_rule"):  # the kernels' closed form: a rule linear in the gradients
         return f"optimizer {optimizer!r}"
+    if declares(mem, "two_layer", "forward"):  # the MLP kernel: r(k) + W2 σ(W1 φ(k))
+        return mlp_gap(config, weights)
     if not declares(mem, "linear_map", "forward"):
         return f"memory {mem!r} with optimizer {optimizer!r}"
     if weights["W"][1] > MAX_FEATURES:
@@ -120,6 +122,21 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
     if config.chunk_size > MAX_CHUNK:
         return f"chunk_size={config.chunk_size} (more than {MAX_CHUNK})"
     return None
+
+
+def mlp_gap(config, weights: dict) -> str | None:
+    """Why the MLP chunk kernel (ops/chunk_mlp_memory) does not compute a 2-layer MLP memory's call (None when it
+    does): it walks a chunk's window of b + c − 1 keys with the weights whole on chip."""
+    from .ops.limits import MAX_MLP_KEYS, MAX_MLP_WEIGHT
+
+    if config.window is None:
+        return "window=None with an MLP memory (its kernel walks windows of chunk_size + c − 1 keys)"
+    if config.chunk_size + config.window - 1 > MAX_MLP_KEYS:
+        return f"chunk_size + window − 1 = {config.chunk_size + config.window - 1} keys (more than {MAX_MLP_KEYS})"
+    if config.normalize:
+        return "normalize=True with an MLP memory"
+    big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if o * i > MAX_MLP_WEIGHT]
+    return f"weights {', '.join(big)} (more than {MAX_MLP_WEIGHT} entries on chip)" if big else None
 
 
 FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read token, no normalisation: the l2 bias at "
