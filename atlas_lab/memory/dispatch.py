@@ -12,6 +12,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from .call import Call, Carried, Result
 from .ops.chunk_linear_memory.triton import chunk_linear_memory, chunk_linear_memory_fwd_kernel
+from .ops.chunk_mlp_memory.triton import chunk_mlp_memory
 from .plan import kernel_bias
 
 INTERPRETED = isinstance(chunk_linear_memory_fwd_kernel, InterpretedFunction)  # TRITON_INTERPRET=1 when imported
@@ -36,11 +37,14 @@ def chunk_rows(optimizer, alpha, eta, theta, chunk_size, offset):
 
 
 def memorize_triton(call: Call) -> Result:
-    """The same function as ``reference.memorize_reference`` (read token), on the chunk kernels."""
+    """The same function as ``reference.memorize_reference`` (read token), on the chunk kernels: the linear memory's
+    (``chunk_linear_memory``) or the 2-layer MLP's (``chunk_mlp_memory``)."""
     x, st, m = call.inputs, call.state, call.memory
     W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
     momentum = S is not None  # a linear optimiser with state: momentum's closed form (m, s, Cs)
     co = chunk_rows(m.optimizer, x.alpha, x.eta, x.theta, m.chunk_size, st.offset)
+    if "W" not in W:
+        return _memorize_mlp(x, st, m, co)
     y, W_T, S_T, W_e = chunk_linear_memory(
         m.phi(x.q), m.phi(x.k), x.v, x.gamma, co["a"], co["Cw"], W["W"], (W if W_eval is None else W_eval)["W"],
         offset=st.offset, chunk_size=m.chunk_size, window=m.window, bias=kernel_bias(m.bias),
@@ -48,3 +52,21 @@ def memorize_triton(call: Call) -> Result:
     offset = (st.offset + x.q.shape[1]) % m.chunk_size
     return Result(y, Carried({"W": W_T}, {"W": S_T} if momentum else None, {"W": W_e} if offset else None, offset,
                              None))
+
+
+def _memorize_mlp(x, st, m, co) -> Result:
+    """M(k) = r(k) + W2 σ(W1 φ(k)) on ``chunk_mlp_memory``: the residual r taken out of the values (l2: δ2 = M(k) − v
+    = W2 σ(W1 φ(k)) − (v − k)) and added to the read-out."""
+    W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
+    residual = m.mem.residual and x.k.shape[-1] == x.v.shape[-1]
+    l2 = kernel_bias(m.bias) == "l2"
+    We = W if W_eval is None else W_eval
+    y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
+        m.phi(x.q), m.phi(x.k), x.v - x.k if residual and l2 else x.v, x.gamma, co["a"], co["Cw"], W["W1"], W["W2"],
+        We["W1"], We["W2"], offset=st.offset, chunk_size=m.chunk_size, window=m.window, bias=kernel_bias(m.bias),
+        activation=m.mem.activation, m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"),
+        S1=S["W1"] if S is not None else None, S2=S["W2"] if S is not None else None)
+    offset = (st.offset + x.q.shape[1]) % m.chunk_size
+    return Result(y + x.q if residual else y, Carried({"W1": W1, "W2": W2},
+                                                     None if S is None else {"W1": S1, "W2": S2},
+                                                     {"W1": E1, "W2": E2} if offset else None, offset, None))

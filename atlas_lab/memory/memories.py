@@ -182,6 +182,12 @@ class MLPMemory(Memory):
         dy = bias.grad(self._output(x, z), v)
         return layer_norm_backward(z, dy) if self.output_norm else dy
 
+    @property
+    def two_layer(self) -> bool:
+        """M(k) = r(k) + W2 σ(W1 φ(k)): the MLP chunk kernel's memory (ops/chunk_mlp_memory; depth 2, no output
+        norm)."""
+        return self.depth == 2 and not self.output_norm
+
     def forward(self, apply, phi, x):
         act = ACTIVATIONS[self.activation][0]
         h = phi

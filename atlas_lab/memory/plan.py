@@ -133,8 +133,6 @@ def mlp_gap(config, weights: dict) -> str | None:
         return "window=None with an MLP memory (its kernel walks windows of chunk_size + c − 1 keys)"
     if config.chunk_size + config.window - 1 > MAX_MLP_KEYS:
         return f"chunk_size + window − 1 = {config.chunk_size + config.window - 1} keys (more than {MAX_MLP_KEYS})"
-    if config.normalize:
-        return "normalize=True with an MLP memory"
     big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if o * i > MAX_MLP_WEIGHT]
     return f"weights {', '.join(big)} (more than {MAX_MLP_WEIGHT} entries on chip)" if big else None
 

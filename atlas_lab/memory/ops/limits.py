@@ -12,7 +12,7 @@ COVERAGE = ("impl='triton' covers architecture 'linear' with an optimiser linear
             f"attentional_bias 'l2' or 'dot', any window and feature map, D ≤ {MAX_FEATURES}, chunk_size ≤ "
             f"{MAX_CHUNK}); architecture 'mlp' of depth 2 without output_norm with the same optimisers and biases "
             f"(a window c with chunk_size + c − 1 ≤ {MAX_MLP_KEYS}, any feature map and activation, each weight ≤ "
-            f"{MAX_MLP_WEIGHT} entries, no normalize); and optimizer 'muon' with architecture 'linear', 'mlp' or "
+            f"{MAX_MLP_WEIGHT} entries); and optimizer 'muon' with architecture 'linear', 'mlp' or "
             f"'gated_mlp' (weights up to {MAX_ROWS} × {MAX_COLS}); per-token reads with one gate per head, in float32, "
             "float16 or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or 'auto') "
             "otherwise")

@@ -1,0 +1,192 @@
+"""The MLP chunk kernel (``atlas_lab.memory.ops.chunk_mlp_memory``, docs/memory.md §5.3) against its PyTorch twin, and
+``memorize(impl="triton")`` with a 2-layer MLP memory against ``reference`` and ``chunked`` (outputs, final state and
+every gradient; odd lengths, windows inside and across chunks, a state continued mid-chunk, every activation).
+
+Without a GPU the kernel runs under Triton's interpreter (conftest.py sets TRITON_INTERPRET=1). Float32 results are
+held to the error model of tests/helpers.py (``compare_float32``): against a float64 oracle, within SPREAD × the
+spread of the float32 twin over one-ulp nudges of the inputs.
+"""
+import importlib
+
+import pytest
+import torch
+
+from atlas_lab.memory import memorize
+from atlas_lab.memory.dispatch import INTERPRETED
+from atlas_lab.memory.ops.chunk_mlp_memory import chunk_mlp_memory, chunk_mlp_memory_naive
+from atlas_lab.memory.ops.chunk_mlp_memory.triton import launches
+from atlas_lab.memory.plan import Shapes, plan
+from helpers import compare_float32, make_problem, run
+
+if not (INTERPRETED or torch.cuda.is_available()):
+    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
+                allow_module_level=True)
+
+DEVICE = "cpu" if INTERPRETED else "cuda"
+STATE = ("W1", "W2", "S1", "S2")
+
+
+def inputs(N, T, m0, D, HD, DV, b, momentum, seed=0):
+    """Random kernel inputs in float32 on DEVICE, drawn on the CPU (every device sees the same numbers)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=1.0, lo=None):
+        x = torch.rand(*s, generator=g) * (1 - lo) + lo if lo is not None else torch.randn(*s, generator=g) * scale
+        return x.to(DEVICE).requires_grad_()
+
+    x = dict(q=r(N, T, D), k=r(N, m0 + T, D, scale=D ** -0.5), v=r(N, m0 + T, DV, scale=0.5),
+             gamma=r(N, m0 + T, lo=0.2), a=r(N, T, lo=0.8), Cw=r(N, T, b, scale=0.3),
+             W1=r(N, HD, D, scale=D ** -0.5), W2=r(N, DV, HD, scale=HD ** -0.5),
+             We1=r(N, HD, D, scale=D ** -0.5), We2=r(N, DV, HD, scale=HD ** -0.5))
+    if momentum:
+        x.update(m=r(N, T, lo=0.0), s=r(N, T, lo=0.0), Cs=r(N, T, b, scale=0.3), S1=r(N, HD, D, scale=0.1),
+                 S2=r(N, DV, HD, scale=0.1))
+    return x
+
+
+def results(f, options):
+    """x -> {out.<name>: each output; grad.<input>: its gradient} of ``f`` (kernel or twin) on fresh leaves of x,
+    through a loss that weighs every output at random."""
+    def go(x):
+        x = {n: t.detach().requires_grad_() for n, t in x.items()}
+        if options["offset"] == 0:  # W̃ of the first chunk is W_p itself (the signature's contract)
+            x.pop("We1"), x.pop("We2")
+            x["We1"], x["We2"] = x["W1"], x["W2"]
+        outs = f(*(x[n] for n in ("q", "k", "v", "gamma", "a", "Cw", "W1", "W2", "We1", "We2")),
+                 **{n: x[n] for n in ("m", "s", "Cs", "S1", "S2") if n in x}, **options)
+        names = ("y", *STATE, "We1", "We2")
+        outs = {n: o for n, o in zip(names, outs) if o is not None}
+        g = torch.Generator().manual_seed(5)
+        total = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o)).sum() for o in outs.values())
+        leaves = {n: t for n, t in x.items() if not (options["offset"] == 0 and n in ("We1", "We2"))}
+        grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+        return {**{f"out.{n}": o for n, o in outs.items()},
+                **{f"grad.{n}": gr for n, gr in zip(leaves, grads) if gr is not None}}
+    return go
+
+
+CASES = {  # (momentum, bias, window, offset, activation, shape)
+    "online": (False, "l2", 1, 0, "gelu", dict(N=2, T=9, m0=0, D=5, HD=12, DV=6, b=3)),
+    "window-in-chunk": (True, "l2", 3, 1, "gelu", dict(N=2, T=11, m0=2, D=5, HD=12, DV=6, b=4)),
+    "window-over-chunks": (False, "l2", 6, 2, "silu", dict(N=2, T=13, m0=5, D=7, HD=20, DV=3, b=4)),
+    "dot": (True, "dot", 2, 2, "tanh", dict(N=2, T=10, m0=1, D=7, HD=20, DV=3, b=4)),
+    "relu-long-walk": (True, "l2", 9, 3, "relu", dict(N=2, T=23, m0=8, D=6, HD=24, DV=5, b=4)),
+    "one-partial-chunk": (False, "l2", 2, 1, "gelu", dict(N=2, T=2, m0=1, D=5, HD=12, DV=6, b=4)),
+    "blocks-of-32": (True, "l2", 8, 0, "silu", dict(N=1, T=40, m0=0, D=20, HD=40, DV=17, b=16)),
+}
+
+
+@pytest.mark.parametrize("momentum,bias,window,offset,activation,shape", CASES.values(), ids=CASES)
+def test_mlp_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, activation, shape):
+    """The kernel in float32 (IEEE dots) against its twin in float64 (the oracle): every output, final state and input
+    gradient within SPREAD × the spread of the float32 twin over one-ulp nudges of the inputs."""
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation)
+    x = inputs(**shape, momentum=momentum)
+    oracle = results(chunk_mlp_memory_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(results(chunk_mlp_memory, options), results(chunk_mlp_memory_naive, options), x, oracle,
+                    str(options))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
+@pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
+def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkeypatch):
+    """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
+    chunks of 16, D = H = d_v = 16, windows of 1 and 17 keys, the cache holding the first chunk's c − 1 keys before
+    it)."""
+    from triton.runtime import interpreter
+
+    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.triton")
+    count, counted = [0], {}
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def counting_dot(self, a, b, *args):
+        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
+        return create_dot(self, a, b, *args)
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                before = count[0]
+                self.kernel[grid](*args, **kw)
+                counted[self.name] = count[0] - before
+            return launch
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
+    expected = launches(2, 64, 16, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum, m0=window - 1)
+    for name in expected:
+        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum)
+    results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu"))(x)
+    assert counted == {name: flops for name, (_, _, flops) in expected.items()}
+
+
+# ---------------------------------------------------------------- memorize(impl="triton") against reference
+
+def problem(**kw):
+    p = make_problem(dtype=torch.float32, device=DEVICE, **kw)
+    return p
+
+
+def triton_vs(impl, T=11, chunk_size=4, feature_map="identity", **options):
+    """memorize(impl="triton") with a 2-layer MLP memory in float32 against ``impl`` in float64 (the oracle)."""
+    architecture = options.pop("architecture", "mlp")
+    kw = dict(architecture=architecture, feature_map=feature_map, T=T)
+    options = dict(architecture=architecture, feature_map=feature_map, chunk_size=chunk_size, **options)
+    compare_float32(lambda p: run(p, "triton", **options), lambda p: run(p, impl, **options), problem(**kw),
+                    run(make_problem(device="cpu", **kw), impl, **options), f"triton vs {impl} {options}")
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("bias,window,optimizer,feature_map", [
+    ("l2", 1, "momentum", "identity"), ("l2", 3, "gd", "polynomial"), ("dot", 2, "momentum", "identity"),
+    ("l2", 6, "momentum", "taylor")])
+def test_mlp_memory_matches_reference(bias, window, optimizer, feature_map, impl):
+    """T = 11 with chunks of 4 (an odd tail); windows online, inside a chunk and across chunks; the residual r(k) = k
+    (d_k = d_v), learnt φ coefficients; against the token loop and the chunked path."""
+    triton_vs(impl, attentional_bias=bias, window=window, optimizer=optimizer, feature_map=feature_map)
+
+
+def test_a_state_continued_mid_chunk_is_one_call():
+    """4 + 1 + 6 tokens with chunks of 3 (splits inside chunks: W̃ carried and differentiated) = one chunked call on
+    11, float32 against float64."""
+    options = dict(architecture={"name": "mlp", "activation": "silu"}, attentional_bias="l2", window=2,
+                   optimizer="momentum", chunk_size=3)
+
+    def go(impl, pieces):
+        def results_(p):
+            gates = {g: p[g] for g in ("alpha", "eta", "theta", "gamma")}
+            state, outs = p["initial_state"], []
+            for lo, hi in pieces:
+                o, state = memorize(p["q"][:, lo:hi], p["k"][:, lo:hi], p["v"][:, lo:hi], initial_state=state,
+                                    impl=impl, gates={g: x[:, lo:hi] for g, x in gates.items()}, **options)
+                outs.append(o)
+            o = torch.cat(outs, 1)
+            leaves = [p["q"], p["k"], p["v"], *gates.values(), *p["initial_state"].values()]
+            loss = o.square().sum() + sum(w.square().sum() for w in state.weights.values())
+            grads = torch.autograd.grad(loss, leaves)
+            out = {"output": o, **{f"state.{n}": w for n, w in state.weights.items()}}
+            return {**out, **{f"grad{i}": g for i, g in enumerate(grads)}}
+        return results_
+
+    kw = dict(architecture=options["architecture"], T=11)
+    compare_float32(go("triton", [(0, 4), (4, 5), (5, 11)]), go("chunked", [(0, 11)]), problem(**kw),
+                    go("chunked", [(0, 11)])(make_problem(device="cpu", **kw)), str(options))
+
+
+@pytest.mark.parametrize("options,gap", [
+    (dict(window=None), "window=None"), (dict(window=40, chunk_size=32), "keys"),
+    (dict(architecture={"name": "mlp", "depth": 3}), "memory mlp(L=3"),
+    (dict(architecture={"name": "mlp", "output_norm": True}), "memory mlp(L=2,E=4,LN)")])
+def test_what_the_mlp_kernel_does_not_cover_goes_elsewhere(options, gap):
+    """On CUDA (asked as there), a 2-layer MLP with gd runs on the Triton path; what the kernel cannot hold runs on the
+    chunked path, and the plan says why."""
+    from atlas_lab.memory import MemoryConfig
+
+    base = dict(architecture="mlp", attentional_bias="l2", optimizer="gd", window=4, chunk_size=16)
+    shapes = Shapes(2, 64, 4, 16, 16)
+    assert plan(MemoryConfig(**base), shapes, torch.float32, "cuda").path == "triton"
+    how = plan(MemoryConfig(**{**base, **options}), shapes, torch.float32, "cuda")
+    assert how.path == "chunked" and gap in how.reason, how.reason
