@@ -424,10 +424,12 @@ def test_state_passing_with_odd_split_points(optimizer, window, bias, impl):
 
 
 def test_uncovered_combinations_say_what_is_covered():
-    p = problem(architecture="mlp")
-    with pytest.raises(NotImplementedError, match=r"impl='triton' does not cover memory mlp\(L=2,E=4\) with optimizer "
+    deep = {"name": "mlp", "depth": 3}
+    with pytest.raises(NotImplementedError, match=r"impl='triton' does not cover memory mlp\(L=3,E=4\) with optimizer "
                                                   r"gd.*impl='triton' covers architecture 'linear'"):
-        run(p, "triton", architecture="mlp", optimizer="gd")
+        run(problem(architecture=deep), "triton", architecture=deep, optimizer="gd")
+    with pytest.raises(NotImplementedError, match=r"window=None with an MLP memory"):
+        run(problem(architecture="mlp"), "triton", architecture="mlp", optimizer="gd", window=None)
     with pytest.raises(NotImplementedError, match="chunk_size=65"):
         run(problem(), "triton", architecture="linear", chunk_size=65)
     q = torch.randn(1, 4, 1, 3, dtype=torch.float64, device=DEVICE)
@@ -444,8 +446,9 @@ def test_auto_is_chunked_off_cuda_and_triton_on_cuda():
     o_auto, _, _ = run(p, "auto", **options)
     o_expected, _, _ = run(p, "triton" if DEVICE == "cuda" else "chunked", **options)
     assert torch.equal(o_auto, o_expected)
-    o_mlp, _, _ = run(problem(architecture="mlp"), "auto", architecture="mlp", optimizer="gd")  # not covered: chunked
-    assert torch.equal(o_mlp, run(problem(architecture="mlp"), "chunked", architecture="mlp", optimizer="gd")[0])
+    deep = {"name": "mlp", "depth": 3}  # not covered: chunked
+    o_mlp, _, _ = run(problem(architecture=deep), "auto", architecture=deep, optimizer="gd")
+    assert torch.equal(o_mlp, run(problem(architecture=deep), "chunked", architecture=deep, optimizer="gd")[0])
 
 
 # ---------------------------------------------------------------- slow: the full sweep

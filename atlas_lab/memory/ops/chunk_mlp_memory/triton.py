@@ -380,24 +380,25 @@ def chunk_count(T, chunk_size, offset):
 
 def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
-    tokens, D features, H = HD hidden units, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own
-    sizes (a chunk's n tokens and k window keys; the padding of blocks to powers of two left out)."""
+    tokens, D features, HD hidden units, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own sizes
+    (a chunk's n tokens and k window keys; the padding of blocks to powers of two left out)."""
     NC = chunk_count(T, chunk_size, offset)
-    mom, l2 = int(momentum), int(bias == "l2")
+    mom, l2, H, V = int(momentum), int(bias == "l2"), HD, DV
     fwd = bwd = 0
     for ci in range(NC):
         t0 = max(ci * chunk_size - offset, 0)
         n = min(ci * chunk_size - offset + chunk_size, T) - t0
         first = m0 + t0
         k = first + n - max(first - window + 1, 0)
-        factors = k * HD * D + (1 + l2) * k * DV * HD  # z, W̃2ᵀ δ2 (and W̃2 h)
-        mixing = n * n * k * (1 + mom)  # C (and C')
-        read = (1 + mom) * n * (HD * D + DV * HD) + n * k * (D + HD) + n * k * (HD + DV)
-        ends = (1 + mom) * k * (HD * D + DV * HD)
+        factors = k * H * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+        mixing = (1 + mom) * n * n * k  # C (and C')
+        read = (1 + mom) * n * (H * D + V * H) + n * k * (D + H) + n * k * (H + V)
+        ends = (1 + mom) * k * (H * D + V * H)
         fwd += 2 * (factors + mixing + read + ends)
-        # the backward recomputes the forward's products, then ≈ 3 products per read-out product and 4 per end state
-        bwd += 2 * (factors + mixing + read) + 2 * (3 * read + 2 * n * n * k * (1 + mom)
-                                                     + 2 * ends + (2 + l2) * k * (HD * D + DV * HD))
+        recomputed = factors + mixing + (1 + mom) * n * H * D + n * k * (D + H) + n * k * H
+        read_back = n * k * (2 * V + 4 * H + 2 * D) + 3 * (1 + mom) * n * (V * H + H * D)
+        factors_back = 2 * (1 + l2) * k * H * V + 2 * k * H * D
+        bwd += 2 * (recomputed + read_back + 2 * ends + 2 * mixing + factors_back)
     return {"chunk_mlp_memory_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_memory_bwd_kernel": ((N,), N, N * bwd)}
 
 
