@@ -30,17 +30,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
-from . import cost
+from . import cost, predict
 from .components import declares
 from .config import Resolved
 from .delta_rule import delta_rule_applies, delta_rule_block
 from .ops.newton_schulz import cpu as newton_schulz_cpu
 from .optimizers import period
+from .predict import Problem
 
 IMPLS = ("reference", "chunked", "triton", "fla", "auto")
 CARRIED = {"token": "eval_weights", "start": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (§4.1)
@@ -69,6 +71,8 @@ class Plan:
     row: int = 0  # of a token's n_h steps, the one whose output it reads (token: after the last; chunk: the first)
     op: str | None = None  # path fla: fla-core's op (fla.py: FLA_OPS)
     ns: str | None = None  # muon's Newton–Schulz: triton | cpu | bmm
+    predictions: tuple = ()  # on CUDA (auto): ((path, predicted seconds or None: no formula), ...) of every path
+    #                          that computes the call (predict.py)
 
 
 def form_of(config, mem, bias, optimizer, specs: dict) -> tuple[str, int]:
@@ -207,12 +211,70 @@ def newton_schulz_variant(optimizer, dtype, device, triton: bool) -> tuple[str |
     return "bmm", f"its Newton–Schulz in batched matmuls ({dtype} on {torch.device(device).type})"
 
 
+def fla_gap(p: Problem) -> tuple[str | None, str]:
+    """(fla-core's op, "") where fla computes the call ``p`` in its dtype on its device, else (None, why not)."""
+    op, gap = fla_op(p.config, p.mem, p.bias, p.optimizer, p.rule, p.specs, p.acts, p.D)
+    if op is not None and p.dtype not in FLA_DTYPES:
+        op, gap = None, f"dtype {p.dtype} (fla's chunk kernels take bfloat16 or float16 inputs: bf16-mixed)"
+    if op is not None and torch.device(p.device).type not in FLA_DEVICES:
+        op, gap = None, f"tensors on {torch.device(p.device).type} (fla's chunk kernels run on CUDA)"
+    if op is not None and importlib.util.find_spec("fla") is None:
+        op, gap = None, "fla-core not installed (pip install fla-core)"
+    return op, gap
+
+
+class Candidate(NamedTuple):
+    """A path the plan may choose on CUDA (impl="auto"): gap(problem) -> why it does not compute the call (None:
+    it does); cost(problem) -> its predicted cost (predict.Cost; None: no formula for this call)."""
+
+    gap: Callable[[Problem], str | None]
+    cost: Callable[[Problem], predict.Cost | None]
+
+
+# the candidates, in the order taken where a covering one has no formula (then the first that covers)
+CANDIDATES = {
+    "fla": Candidate(lambda p: fla_gap(p)[1] or None, lambda p: predict.fla_cost(p, fla_gap(p)[0])),
+    "triton": Candidate(lambda p: triton_gap(p.config, p.mem, p.bias, p.optimizer, p.form, p.weights, p.dtype,
+                                             p.device, p.per_token), predict.triton_cost),
+    "chunked": Candidate(lambda p: None, predict.chunked_cost),
+}
+
+
+def label(path: str, form: str) -> str:
+    return f"chunked ({form})" if path == "chunked" else path
+
+
+def choose(problem: Problem) -> tuple[str, str, tuple]:
+    """(path, why, ((path, predicted seconds or None), ...)) on CUDA: of the candidates that compute the call, the
+    one of the lowest predicted time (predict.py); where one has no formula, the first that covers, in
+    ``CANDIDATES``' order."""
+    covering, gaps = {}, []
+    for name, candidate in CANDIDATES.items():
+        gap = candidate.gap(problem)
+        if gap is None:
+            cost = candidate.cost(problem)
+            covering[name] = None if cost is None else cost.seconds
+        else:
+            gaps.append(f"not {name}: {gap}")
+    predictions = tuple(covering.items())
+    shown = "; ".join(f"{label(n, problem.form)}: " + ("no formula" if t is None else f"predicted {predict.ms(t)}")
+                      for n, t in sorted(predictions, key=lambda x: math.inf if x[1] is None else x[1]))
+    if len(covering) == 1:
+        path, why = next(iter(covering)), f"{shown} (the only path that computes it)"
+    elif any(t is None for t in covering.values()):
+        path, why = next(iter(covering)), f"{shown} (not every path predicted: the first that computes it)"
+    else:
+        path, why = min(covering, key=covering.get), shown
+    return path, "; ".join([why, *gaps]), predictions
+
+
 def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = "auto", acts: dict | None = None
          ) -> Plan:
     """How ``memorize`` computes a call of ``config`` (a MemoryConfig, or its ``resolve``) at ``shapes``, in ``dtype``
     on ``device``, with ``impl`` asked (memorize's argument). acts: {gate: whether it acts} (``acting``; None: as the
-    config sets them). An impl that cannot compute the call raises NotImplementedError with the reason and what it
-    covers."""
+    config sets them). On CUDA, impl="auto" takes the path of the lowest predicted time among those that compute
+    the call (``choose``). An impl that cannot compute the call raises NotImplementedError with the reason and what
+    it covers."""
     check_impl(impl)
     resolved = config if isinstance(config, Resolved) else config.resolve()
     config, mem, fmap, bias, optimizer, rule, specs = resolved
@@ -232,40 +294,36 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
         else None
     flops = None if flops is None or shapes.T == 0 else flops / shapes.T
     row = rule.row(config.read)
+    problem = Problem(config, mem, fmap, bias, optimizer, rule, specs, shapes, dtype, device, form, block, D, weights,
+                      flops, acts, per_token, predict.grads_of(specs))
 
-    def made(path, reason, triton=False):
+    def made(path, reason, triton=False, predictions=()):
         ns, why = newton_schulz_variant(optimizer, dtype, device, triton)
-        return Plan(path, form, block, carried, flops, reason + (f"; {why}" if why else ""), row, ns=ns)
+        return Plan(path, form, block, carried, flops, reason + (f"; {why}" if why else ""), row, ns=ns,
+                    predictions=predictions)
 
     if impl in ("reference", "chunked"):
         return made(impl, "asked")
-    cuda = torch.device(device).type == "cuda"
-    if impl == "fla" or (impl == "auto" and cuda):
-        op, gap = fla_op(config, mem, bias, optimizer, rule, specs, acts, D)
-        if op is not None and dtype not in FLA_DTYPES:
-            op, gap = None, f"dtype {dtype} (fla's chunk kernels take bfloat16 or float16 inputs: bf16-mixed)"
-        if op is not None and torch.device(device).type not in FLA_DEVICES:
-            op, gap = None, f"tensors on {torch.device(device).type} (fla's chunk kernels run on CUDA)"
-        if op is not None and importlib.util.find_spec("fla") is None:
-            op, gap = None, "fla-core not installed (pip install fla-core)"
-        if op is not None:
-            return dataclasses.replace(made("fla", f"fla-core's chunk_{op} computes this rule"), op=op)
-        if impl == "fla":
+    if impl == "fla":
+        op, gap = fla_gap(problem)
+        if op is None:
             raise NotImplementedError(f"memorize: impl='fla' does not cover {gap}. {FLA_COVERAGE}")
-        fla_gap = f"; not fla: {gap}"
-    else:
-        fla_gap = ""
-    if impl == "triton" or (impl == "auto" and cuda):
-        gap = triton_gap(config, mem, bias, optimizer, form, weights, dtype, device, per_token)
-        if gap is None and impl == "auto" and form == "delta_rule":  # computed right, but T steps in sequence
-            gap = "chunk_size=1 well: its walk over chunk states would be T steps (the chunked path: WY blocks)"
+        return dataclasses.replace(made("fla", f"asked: fla-core's chunk_{op}"), op=op)
+    cuda = torch.device(device).type == "cuda"
+    muon = declares(optimizer, "one_triple", "direction")
+    if impl == "triton" or (impl == "auto" and cuda and muon):
+        gap = CANDIDATES["triton"].gap(problem)
+        if gap is None and muon:  # muon: the chunked path around the batched Newton–Schulz kernel
+            why = "asked" if impl == "triton" else f"the kernels cover it on CUDA; not fla: {fla_gap(problem)[1]}"
+            return made("chunked", f"{why}: muon on the chunked path", triton=True)
         if gap is None:
-            why = "asked" if impl == "triton" else f"the kernels cover it on CUDA{fla_gap}"
-            if declares(optimizer, "one_triple", "direction"):  # muon: the chunked path around the batched NS kernel
-                return made("chunked", f"{why}: muon on the chunked path", triton=True)
-            return made("triton", why)
+            return made("triton", "asked")
         if impl == "triton":
             from .ops.limits import COVERAGE
             raise NotImplementedError(f"memorize: impl='triton' does not cover {gap}. {COVERAGE}")
-        return made("chunked", f"the kernels do not cover {gap}{fla_gap}")
-    return made("chunked", f"on {torch.device(device).type}: the chunked path ({form})")
+        return made("chunked", f"the kernels do not cover {gap}; not fla: {fla_gap(problem)[1]}")
+    if not cuda:
+        return made("chunked", f"on {torch.device(device).type}: the chunked path ({form})")
+    path, why, predictions = choose(problem)
+    how = made(path, why, predictions=predictions)
+    return dataclasses.replace(how, op=fla_gap(problem)[0]) if path == "fla" else how

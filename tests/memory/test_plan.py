@@ -19,14 +19,14 @@ ROUTES = {
     "retnet": ("fla simple_gla", "triton", "linear"),
     "mamba2": ("fla simple_gla", "triton", "linear"),
     "samba": ("fla simple_gla", "triton", "linear"),
-    "deltanet": ("fla gated_delta_rule", "chunked", "delta_rule"),
-    "longhorn": ("fla gated_delta_rule", "chunked", "delta_rule"),  # η_t rescaled by the key before fla sees it
+    "deltanet": ("fla gated_delta_rule", "triton", "delta_rule"),
+    "longhorn": ("fla gated_delta_rule", "triton", "delta_rule"),  # η_t rescaled by the key before fla sees it
     "kda": ("fla kda", "chunked", "delta_rule"),
     "kimi_linear": ("fla kda", "chunked", "delta_rule"),
-    # gradients at W_{t−1} (Titans' form): not fla's gated delta rule, which takes them at α_t W_{t−1}; chunk 1 stays
-    # off the Triton kernel, whose walk over chunk states would be T steps
-    "gated_deltanet": ("chunked", "chunked", "delta_rule"),
-    "gated_deltanet_h2": ("chunked", "chunked", "delta_rule"),
+    # gradients at W_{t−1} (Titans' form): not fla's gated delta rule, which takes them at α_t W_{t−1}; the chunk
+    # kernels at chunk 1 (a walk of T chunks) predicted faster than the chunked path's WY blocks
+    "gated_deltanet": ("triton", "triton", "delta_rule"),
+    "gated_deltanet_h2": ("triton", "triton", "delta_rule"),
     "gated_deltanet2": ("chunked", "chunked", "delta_rule"),
     "gated_deltaproduct": ("chunked", "chunked", "delta_rule"),
     "swla": ("triton", "triton", "linear"),

@@ -1,0 +1,214 @@
+"""A memorize call's time on a GPU, predicted before it runs: the model of benchmarks/gpu_model.py, per path, for the
+plan's choice (memory/plan.py; docs/memory.md §5.1, docs/performance.md).
+
+    seconds(path) = C_LAUNCH · launches + C_WALK · walk + FLOPs / R
+
+launches  kernels the path launches for the call's forward and backward (each PyTorch operator one, but views and
+          allocations; each Triton kernel one): the path alone — memorize's work before and after it (heads first,
+          the gates, the rule's act, the state) is the same on every path and left out
+walk      chunks walked one after another by a kernel's programs (each chunk's state from the last): the chunk
+          kernels' two scans walk ⌈T / chunk_size⌉ chunks each; fla's chunk kernels walk ⌈n / 64⌉ three times a
+          piece (the forward's state pass, its recomputation in the backward, the backward's state pass)
+FLOPs     matrix-product FLOPs of forward and backward: the chunk kernels' dots (their ``launches()``); fla and the
+          chunked path three times the plan's forward FLOPs (cost.py: a product's backward is two of its size)
+
+The constants are gpu_model's fit to the one GPU table (one H200, sweeps/mqar_gpu.yaml's Lightning fit at L 64 / 128
+/ 256; benchmarks/gpu_model.py's header), as ``python benchmarks/gpu_model.py`` prints them (tests/test_gpu_model.py
+holds them equal to its fit of the tree's counts):
+
+    C0 = 0.46 ms (a step's, not a call's), C_launch = 28.2 µs, R = 256 TFLOP/s, C_walk = 2.04 µs;
+    predicted / measured 0.93–1.03 on the 12 points.
+
+C_walk rests on one preset: gated_deltanet on the chunk kernels at chunk 1 (2 walks of T chunks per layer), the only
+measured route with a walk; its step grew 0.023 → 0.026 s from L 64 to 256 where its launches stayed 799. The table's
+two significant digits (±0.0005 s a point) leave C_walk within about ±0.9 µs. R is not determined by the table (its
+FLOPs move a step by < 1 ms): the FLOP term of a call is small beside its launches here.
+
+The launch formulas (``LAUNCHES``: fixed + per chunk / block / piece; counted on the meta device by
+``gpu_model.count_path``, tests/test_gpu_model.py checks each against it at three lengths) hold for an identity
+feature map at window 1 and for swla's (polynomial φ, window 8), with the gates a layer learns taking gradients
+(``grads``); elsewhere they are the nearest of these.
+
+Adding a path: its coverage check and its cost (``cost(problem) -> Cost | None``) in plan.py's ``CANDIDATES``; its
+formula here beside the others.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+C0 = 0.455e-3  # s a training step (gpu_model's fit; not part of a call)
+C_LAUNCH = 28.17e-6  # s a launch
+R = 255.8e12  # FLOP/s
+C_WALK = 2.037e-6  # s a chunk walked in sequence
+FLA_CHUNK = 64  # tokens a chunk of fla's chunk kernels
+
+
+class Problem(NamedTuple):
+    """A call as a path's coverage check and cost formula read it (the plan builds it): the resolved config's parts,
+    the call's shapes (memory/plan.py's Shapes), dtype and device, the chunked path's form and block, D = dim φ(k),
+    the memory's weights {name: (out, in)}, the plan's forward FLOPs per token and head (None: no formula), which
+    gates act (plan.acting), whether a gate is per channel or a gradient at a per-token point, and the gates that
+    take a gradient (``grads_of``)."""
+
+    config: object
+    mem: object
+    fmap: object
+    bias: object
+    optimizer: object
+    rule: object
+    specs: dict
+    shapes: tuple
+    dtype: torch.dtype
+    device: object
+    form: str
+    block: int
+    D: int
+    weights: dict
+    flops: float | None
+    acts: dict
+    per_token: bool
+    grads: frozenset
+
+
+class Cost(NamedTuple):
+    """A path's predicted cost of one call, forward and backward."""
+
+    launches: int
+    walk: int
+    flops: float
+
+    @property
+    def seconds(self) -> float:
+        return C_LAUNCH * self.launches + C_WALK * self.walk + self.flops / R
+
+
+def grads_of(specs: dict) -> frozenset:
+    """The gates a layer learns (a tensor that takes a gradient): learned, or a learned decay per head."""
+    return frozenset(g for g, spec in specs.items() if spec.used and spec.value in ("learned", "head_decay"))
+
+
+def shaped(p: Problem) -> bool:
+    """A feature map other than the identity, or a window other than one token (swla's): more operators each."""
+    return repr(p.fmap) != "identity" or p.config.window != 1
+
+
+def _parts(T: int, chunk: int) -> int:
+    """Groups of equal chunks from a fresh state (dispatch.chunk_rows: the full chunks, then a partial one)."""
+    return int(T // chunk > 0) + int(T % chunk > 0)
+
+
+# Launches of each path, forward and backward, as counted (fixed + per unit): α, η: the retention and the step size
+# take gradients (``grads``); P: groups of equal chunks (``_parts``); X: ``shaped``; low: inputs below float32
+def triton_launches(p: Problem) -> int:
+    """The chunk kernels (dispatch.memorize_triton): 3 kernels forward, 3 backward, around PyTorch's φ, the closed
+    form's rows per group of equal chunks (P) and their gradients."""
+    a, e, X = "alpha" in p.grads, "eta" in p.grads, shaped(p)
+    P = _parts(p.shapes.T, p.config.chunk_size)
+    forward = 2 + 14 * P + 30 * X
+    if kernel_l2(p.bias):
+        backward = 10 + 14 * a
+    else:
+        backward = 7 + a * (23 + 29 * (P - 1)) + e * (2 + 7 * (P - 1))
+    return forward + backward + 84 * X + 6 * (p.dtype not in (torch.float32, torch.float64))
+
+
+def chunked_launches(p: Problem) -> int | None:
+    """The chunked path (chunked.py) on the linear memory: the delta rule per WY block, the linear form per chunk;
+    None for another form or memory (no formula yet)."""
+    from .components import declares
+
+    if not declares(p.mem, "linear_map", "forward"):
+        return None
+    a, e, X = "alpha" in p.grads, "eta" in p.grads, shaped(p)
+    T = p.shapes.T * p.rule.steps()
+    if p.form == "delta_rule":
+        n = math.ceil(T / p.block)
+        scale = p.rule.scaled(p.acts)
+        if p.specs["alpha"].axis != "head":
+            erase = "erase" in p.grads
+            return 5 + 51 * n + (-7 + 84 * n) - erase * (2 + 5 * n)
+        return 4 + scale + 47 * n + ((-10 + 83 * n) if a else (1 + 40 * n)) + 3 * scale
+    if p.form == "linear":
+        n = math.ceil(p.shapes.T / p.config.chunk_size)
+        forward = 1 + 43 * n + 38 * X
+        backward = (-3 - 9 * a + e) + (19 + 40 * a + 2 * e) * n + X * (91 + 4 * n)
+        return forward + backward
+    return None
+
+
+def fla_launches(p: Problem, op: str) -> int:
+    """fla-core's chunk functions (fla.py): their kernels and the mapping's operators, per piece (simple GLA: a call
+    ending inside a chunk runs in two)."""
+    a, e = "alpha" in p.grads, "eta" in p.grads
+    if op == "gated_delta_rule":
+        return 10 + 12
+    if op == "kda":
+        return 12 + 16
+    extra = _fla_pieces(p) - 1
+    return 9 + 13 * extra + 10 + 3 * a + 3 * e + extra * (26 + 8 * a + 8 * e)
+
+
+LAUNCHES = {"triton": triton_launches, "chunked": chunked_launches, "fla": fla_launches}
+
+
+def kernel_l2(bias) -> bool:
+    from .components import declares
+
+    return declares(bias, "delta_rule", "loss")
+
+
+def _fla_pieces(p: Problem) -> int:
+    """fla.memorize_fla's calls of fla's function: two where the call ends inside a chunk after a full one."""
+    T, c = p.shapes.T, p.config.chunk_size
+    return 2 if T % c and T > c else 1
+
+
+def _fla_walk(p: Problem) -> int:
+    T, c = p.shapes.T, p.config.chunk_size
+    pieces = [T - T % c, T % c] if T % c and T > c else [T]
+    return 3 * sum(math.ceil(n / FLA_CHUNK) for n in pieces)
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel_flops(N: int, T: int, D: int, DV: int, chunk_size: int, window, bias: str, momentum: bool) -> int:
+    from .ops.chunk_linear_memory.triton import launches
+
+    each = launches(N, T, D, DV, chunk_size=chunk_size, window=window, bias=bias, momentum=momentum)
+    return int(sum(f for _, _, f in each.values()))
+
+
+def forward_flops(p: Problem) -> float:
+    """The plan's forward FLOPs of the call (0 where it has no formula)."""
+    B, T, H = p.shapes.B, p.shapes.T, p.shapes.H
+    return (p.flops or 0.0) * B * T * H
+
+
+def triton_cost(p: Problem) -> Cost | None:
+    """The linear memory's chunk kernels; None for another memory (the MLP kernel: no formula yet)."""
+    from .components import declares
+
+    if not declares(p.mem, "linear_map", "forward"):
+        return None
+    B, T, H, d_k, d_v = p.shapes
+    NC = math.ceil(T / p.config.chunk_size)
+    momentum = p.optimizer.state_shape((1, 1)) is not None
+    flops = _kernel_flops(B * H, T, p.D, d_v + int(p.config.normalize), p.config.chunk_size, p.config.window,
+                          "l2" if kernel_l2(p.bias) else "dot", momentum)
+    return Cost(triton_launches(p), 2 * NC, flops)
+
+
+def chunked_cost(p: Problem) -> Cost | None:
+    launches = chunked_launches(p)
+    return None if launches is None else Cost(launches, 0, 3 * forward_flops(p))
+
+
+def fla_cost(p: Problem, op: str) -> Cost:
+    return Cost(fla_launches(p, op), _fla_walk(p), 3 * forward_flops(p))
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
