@@ -264,8 +264,10 @@ def test_a_nan_key_never_reaches_earlier_gradients_of_a_linear_memory(optimizer,
         torch.testing.assert_close(g_nan, g, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("optimizer,window", list(itertools.product(["gd", "momentum"], [1, 3, None])))
-def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer, window):
+@pytest.mark.parametrize("memory,optimizer,window", [
+    *itertools.product(["linear"], ["gd", "momentum"], [1, 3, None]),
+    *itertools.product(["mlp"], ["gd", "momentum"], [1, 3])])
+def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(memory, optimizer, window):
     pytest.importorskip("triton")
     from atlas_lab.memory.dispatch import INTERPRETED
     if not (INTERPRETED or torch.cuda.is_available()):
@@ -273,12 +275,12 @@ def test_a_nan_key_never_reaches_earlier_outputs_of_the_triton_kernel(optimizer,
     device = "cuda" if torch.cuda.is_available() else "cpu"
     outputs = []
     for poison in (False, True):
-        p = make_problem(T=7, dtype=torch.float32)
+        p = make_problem(T=7, dtype=torch.float32, architecture=memory)
         q, k, v = (p[n].detach().clone().to(device) for n in "qkv")
         if poison:
             k[:, NAN_T] = float("nan")
         gates = {n: p[n].detach().to(device) for n in ("alpha", "eta", "theta", "gamma")}
-        o, _ = memorize(q, k, v, architecture="linear", optimizer=optimizer, window=window, chunk_size=4,
+        o, _ = memorize(q, k, v, architecture=memory, optimizer=optimizer, window=window, chunk_size=4,
                         impl="triton", gates=gates,
                         initial_state={n: w.detach().to(device) for n, w in p["initial_state"].items()})
         outputs.append(o)

@@ -130,6 +130,19 @@ def _factors(K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, 
     return idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, back * dh
 
 
+@triton.jit
+def _causal(C, idx, pos, u, h, d1, d2):
+    """The read-out's sums Σ_i C[t, i] (·) over the keys i ≤ t only, a later key's NaN kept out of row t (0 · NaN in the
+    plain product; ``atlas_lab.memory.ops.causal``): (C', u', h', δ1', δ2'), the rows of a key whose u, h or δ is
+    non-finite zeroed, C' NaN at (t, i ≤ t) for such a key i, 0 above. Finite keys: the operands unchanged."""
+    bad = (tl.max(((u - u) != 0).to(tl.int32), axis=1) + tl.max(((h - h) != 0).to(tl.int32), axis=1)
+           + tl.max(((d1 - d1) != 0).to(tl.int32), axis=1) + tl.max(((d2 - d2) != 0).to(tl.int32), axis=1)) > 0
+    causal = idx[None, :] <= pos[:, None]
+    C = tl.where(causal & (bad == 0)[None, :], C, tl.where(causal, float("nan"), 0.0))
+    return (C, tl.where(bad[:, None], 0.0, u), tl.where(bad[:, None], 0.0, h), tl.where(bad[:, None], 0.0, d1),
+            tl.where(bad[:, None], 0.0, d2))
+
+
 # ---------------------------------------------------------------- the forward walk
 
 @triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
@@ -173,12 +186,15 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
         C = dot(cw, gam, DT, PREC)  # [BT, BK]
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
         uq = _rows(Q, rows, rmask, offs_d, D)
-        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(C * dot(uq, tl.trans(u), DT, PREC), d1, DT, PREC)
+        C_y, u_y, h_y, d1_y, d2_y = _causal(C, idx, m0 + t0 + offs_t, u, h, d1, d2)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(C_y * dot(uq, tl.trans(u_y), DT, PREC), d1_y, DT,
+                                                                 PREC)
         if MOMENTUM:
             m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
             zq += m[:, None] * dot(uq, tl.trans(S1), DT, PREC)
         hq, _, _ = _act(zq, ACT)
-        y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC) + dot(C * dot(hq, tl.trans(h), DT, PREC), d2, DT, PREC)
+        y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC) + dot(C_y * dot(hq, tl.trans(h_y), DT, PREC), d2_y, DT,
+                                                                PREC)
         if MOMENTUM:
             y += m[:, None] * dot(hq, tl.trans(S2), DT, PREC)
         _store(Y + t0 * DV, y, offs_t, offs_v, n, DV)
