@@ -8,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..causal import causal_operands
+
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu, "tanh": torch.tanh}
 
 
@@ -45,11 +47,12 @@ def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, c
         band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
         C = Cw[:, t0:t0 + n, :n] @ band
         qc, ac = q[:, t0:t0 + n], a[:, t0:t0 + n, None]
-        zq = ac * (qc @ W1.mT) + (C * (qc @ u.mT)) @ d1
+        C_y, u_y, h_y, d1_y, d2_y = causal_operands(C, u, h, d1, d2)  # a later key's NaN stays out of earlier rows
+        zq = ac * (qc @ W1.mT) + (C_y * (qc @ u_y.mT)) @ d1_y
         if momentum:
             zq = zq + m[:, t0:t0 + n, None] * (qc @ S1.mT)
         hq = act(zq)
-        y = ac * (hq @ W2.mT) + (C * (hq @ h.mT)) @ d2
+        y = ac * (hq @ W2.mT) + (C_y * (hq @ h_y.mT)) @ d2_y
         if momentum:
             y = y + m[:, t0:t0 + n, None] * (hq @ S2.mT)
         ys.append(y)

@@ -272,9 +272,11 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
         a_n = tl.sum(tl.where(last, a, 0.0))
         c_n = _last(C, last)
+        causal = idx[None, :] <= (m0 + t0 + offs_t)[:, None]
+        Cr = tl.where(causal, C, 0.0)  # the read-out's C: keys i ≤ t (the forward's _causal, for finite keys)
         uq = _rows(Q, rows, rmask, offs_d, D)
         P1 = dot(uq, tl.trans(u), DT, PREC)
-        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(C * P1, d1, DT, PREC)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(Cr * P1, d1, DT, PREC)
         if MOMENTUM:
             S1 = _matrix(S1H + at * HD * D, offs_h, offs_d, HD, D)
             S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
@@ -289,12 +291,12 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         dy = _rows(DY, rows, rmask, offs_v, DV)
         # the read-out's second layer: y = a W2 hq + m S2 hq + (C ⊙ P2) δ2
         E2y = dot(dy, tl.trans(d2), DT, PREC)
-        ghq = a[:, None] * dot(dy, W2, DT, PREC) + dot(C * E2y, h, DT, PREC)
+        ghq = a[:, None] * dot(dy, W2, DT, PREC) + dot(Cr * E2y, h, DT, PREC)
         da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
         dW2 = dot(tl.trans(dy * a[:, None]), hq, DT, PREC)
-        dC = E2y * P2
-        gh = dot(tl.trans(C * E2y), hq, DT, PREC)
-        gd2 = dot(tl.trans(C * P2), dy, DT, PREC)
+        dC = tl.where(causal, E2y * P2, 0.0)
+        gh = dot(tl.trans(Cr * E2y), hq, DT, PREC)
+        gd2 = dot(tl.trans(Cr * P2), dy, DT, PREC)
         if MOMENTUM:
             ghq += m[:, None] * dot(dy, S2, DT, PREC)
             dm = tl.sum(dy * dot(hq, tl.trans(S2), DT, PREC), axis=1)
@@ -302,12 +304,12 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         # its first layer: zq = a W1 uq + m S1 uq + (C ⊙ P1) δ1
         gzq = ghq * dhq
         E1y = dot(gzq, tl.trans(d1), DT, PREC)
-        duq = a[:, None] * dot(gzq, W1, DT, PREC) + dot(C * E1y, u, DT, PREC)
+        duq = a[:, None] * dot(gzq, W1, DT, PREC) + dot(Cr * E1y, u, DT, PREC)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC)
-        dC += E1y * P1
-        gu = dot(tl.trans(C * E1y), uq, DT, PREC)
-        gd1 = dot(tl.trans(C * P1), gzq, DT, PREC)
+        dC += tl.where(causal, E1y * P1, 0.0)
+        gu = dot(tl.trans(Cr * E1y), uq, DT, PREC)
+        gd1 = dot(tl.trans(Cr * P1), gzq, DT, PREC)
         if MOMENTUM:
             duq += m[:, None] * dot(gzq, S1, DT, PREC)
             dm += tl.sum(gzq * dot(uq, tl.trans(S1), DT, PREC), axis=1)
