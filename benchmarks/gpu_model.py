@@ -4,23 +4,28 @@ fitted to the one GPU table we have.
     python benchmarks/gpu_model.py [--sweep sweeps/mqar_gpu.yaml] [--presets ...] [--lengths 64 128 256]
                                    [--no-125m] [--tf32-rate 250] [--record PATH] [--from-record PATH]
 
-The model:  step ≈ C0 + C_launch · launches + FLOPs / R
+The model:  step ≈ C0 + C_launch · launches + FLOPs / R + C_walk · walk
+
+(walk: the chunks Triton kernels' programs walk one after another, ``WALKS``). The plan chooses a memory call's path
+on CUDA by the same model, per path (atlas_lab/memory/predict.py: these constants; ``count_path`` counts one path
+of one call, against which tests/test_gpu_model.py checks its formulas).
 
 Counted (``count_step``): one training step as a fit runs it on CUDA — ``SequenceModel.training_step`` (forward,
 loss, its finiteness check), backward, gradient clipping at norm 1 (lightning_config.yaml) and AdamW with
 ``foreach`` (torch's choice on CUDA), the second step (the first also creates AdamW's state). The model's tensors are
 on the ``meta`` device (shapes only, no arithmetic: about 0.5 ms of one core an operator, so the cost grows with the
 launches, not the FLOPs), and the memory's plan is asked as on CUDA (``on_cuda``): each call takes the path it takes
-there (``MEASURED_ROUTES``: the path a measurement was taken on instead). Each aten operator on a meta tensor is one
-launch, except views, allocations and metadata (``NO_KERNEL``) and those that launch more (``KERNELS``: a select's or
-a slice's backward, zeros and a copy); a ``_foreach_`` operator is its multi-tensor-apply
+there (``MEASURED_ROUTES``: the fit counts each measured preset on the path it was measured on). Each aten operator
+on a meta tensor is one launch, except views, allocations and metadata (``NO_KERNEL``) and those that launch more
+(``KERNELS``: a select's or a slice's backward, zeros and a copy); a ``_foreach_`` operator is its multi-tensor-apply
 launches (``foreach_launches``: chunks of 65,536 elements, at most 320 blocks and 110/64/48/36/30 tensors a launch by
 depth); each Triton kernel (``kernel[grid](...)``, ours and fla's) one launch; an ``atlas_lab::`` operator (the
 Newton–Schulz kernel) one launch. Operators on CPU tensors (AdamW's step counters) launch nothing on a GPU and are
 left out; ``.item()`` is a host synchronisation, counted apart. FLOPs: torch's formulas for the matrix products and
 attention (``torch.utils.flop_counter``), the Newton–Schulz kernel's products (``ns_flops``), and for a call the plan
-routes to the chunk kernel or fla, its forward and backward dots (the chunk kernel's ``launches()``; fla: three times
-the plan's forward FLOPs). Bytes: every launch's tensors, read or written once (an upper bound on traffic).
+routes to the chunk kernels or fla, its forward and backward dots as the plan predicts them (predict.py: the chunk
+kernel's ``launches()``; fla: three times the plan's forward FLOPs). Bytes: every launch's tensors, read or written
+once (an upper bound on traffic).
 Left out: Lightning's logging of train/loss and the batch's copy to the GPU (a few launches, in C0).
 
 The measurement (``MEASURED``): the only GPU table we have — one H200, the Lightning fit of
@@ -29,16 +34,22 @@ s/step at L 64 / 128 / 256, an earlier tree (before the compile and routing chan
 the Triton chunk kernel (no fla), and atlas did not finish 60 steps and a validation in 85 s (> 1 s a step).
 
 The fit (``fit``: non-negative least squares on the ratio predicted / measured, the 12 points; counts of this tree,
-gated_deltanet on the Triton route it was measured on), as this script prints it:
+each preset on the route it was measured on: gated_deltanet the Triton chunk kernels, omeganet and titans the chunked
+path), as this script prints it:
 
-    C0 = 0.37 ms, C_launch = 28.5 µs, R = 196 TFLOP/s
-    predicted / measured 0.92–1.04 on the 12 points (max ratio 1.09); each preset left out of the fit and predicted
-    by the other three: transformer 1.00–1.26, gated_deltanet 0.91–1.01, omeganet 1.05–1.06, titans 0.93–1.00
-    atlas: predicted 0.108 / 0.188 / 0.348 s at L 64 / 128 / 256, against its bound of > 1 s (which also holds the
-    pilot's compiles and a validation up to L 1024); for the bound at L 64 its 4.25 TFLOP would run at ≤ 4.6 TFLOP/s
+    C0 = 0.46 ms, C_launch = 28.2 µs, R = 256 TFLOP/s, C_walk = 2.04 µs
+    predicted / measured 0.93–1.03 on the 12 points (max ratio 1.07); each preset left out of the fit and predicted
+    by the other three: transformer 0.89–0.94, gated_deltanet 0.91–1.01, omeganet 1.03–1.05, titans 0.91–0.98
+    atlas: predicted 0.102 s at L 64, against its bound of > 1 s (which also holds the pilot's compiles and a
+    validation up to L 1024); for the bound at L 64 its 4.25 TFLOP would run at ≤ 4.6 TFLOP/s
+
+Without the walk term (C_walk = 0) the same fit gave C0 = 0.37 ms, C_launch = 28.5 µs, R = 196 TFLOP/s, 0.92–1.04
+(gated_deltanet 1.01 / 0.98 / 0.92 at L 64 / 128 / 256: its steps grew where its 799 launches did not). C_walk rests
+on gated_deltanet alone (2 walks of L chunks a layer; left out, nothing else determines it) and on the table's two
+significant digits (±0.0005 s a point): within about ±0.9 µs.
 
 C_launch is the host's cost of one launch (Python, the dispatcher, autograd). R is not determined by the table: its
-FLOPs are small (the transformer's 37–158 GFLOP a step move its step by < 1 ms), and 196 TFLOP/s is more than an
+FLOPs are small (the transformer's 37–158 GFLOP a step move its step by < 1 ms), and 256 TFLOP/s is more than an
 H200 computes in IEEE fp32 (67); take the FLOP term as unmeasured. ``--tf32-rate`` (default 250 TFLOP/s, about half
 of an H200's dense tf32 peak) is the rate stated for tensor cores, which atlas's target is judged at.
 ``make gpu-check`` prints the same table measured beside predicted, and refits the constants on its own pilot where a
@@ -73,7 +84,8 @@ MEASURED = {
     "omeganet": {64: 0.072, 128: 0.118, 256: 0.212},
     "titans": {64: 0.103, 128: 0.176, 256: 0.344},
 }
-MEASURED_ROUTES = {"gated_deltanet": "triton"}  # the path each preset took when it was measured
+# the path each preset's memory took when it was measured (the fit counts it there, whatever the plan takes today)
+MEASURED_ROUTES = {"gated_deltanet": "triton", "omeganet": "chunked", "titans": "chunked"}
 MEASURED_BOUNDS = {"atlas": 1.0}  # s/step it took at least (60 steps and a validation did not finish in 85 s)
 SWEEP = "sweeps/mqar_gpu.yaml"
 # gpu_check's training models counted only when named (--presets): atlas with per-token reads at the 125M-class size
@@ -98,6 +110,17 @@ NO_KERNEL = {
 # copy into the view (ATen's TensorShape.cpp)
 KERNELS = {"select_backward": 2, "slice_backward": 2, "diagonal_backward": 2}
 SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"}  # a host synchronisation
+# Triton kernels whose programs walk the chunks one after another (each chunk's state from the last): the chunks
+# each program walks, from the launch's arguments (ours: NC, the last positional argument; fla's: ⌈T / BT⌉). The
+# MLP kernel's programs compute each chunk's products in their walk (heavier steps than the scans' C_walk was
+# fitted on)
+WALKS = {
+    **dict.fromkeys(("chunk_state_scan_kernel", "chunk_grad_scan_kernel", "chunk_mlp_memory_fwd_kernel",
+                     "chunk_mlp_memory_bwd_kernel"), lambda args, kwargs: args[-1]),
+    **dict.fromkeys(("chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+                     "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "chunk_fwd_kernel_h", "chunk_bwd_kernel_dh"),
+                    lambda args, kwargs: -(-kwargs["T"] // kwargs["BT"])),
+}
 
 # multi_tensor_apply (ATen's foreach kernels): elements a chunk, and per launch at most so many blocks and, by the
 # operator's number of tensor lists (its depth), so many tensors
@@ -144,6 +167,7 @@ class Count:
     bytes: Counter = field(default_factory=Counter)
     syncs: Counter = field(default_factory=Counter)
     ops: Counter = field(default_factory=Counter)
+    walk: Counter = field(default_factory=Counter)
     phase: str = "forward"
 
     def add(self, op: str, launches: int = 1, flops: int = 0, nbytes: int = 0) -> None:
@@ -154,9 +178,9 @@ class Count:
 
     def total(self) -> dict:
         return dict(launches=sum(self.launches.values()), flops=sum(self.flops.values()),
-                    bytes=sum(self.bytes.values()), syncs=sum(self.syncs.values()),
-                    by_phase={p: dict(launches=self.launches[p], flops=self.flops[p], bytes=self.bytes[p])
-                              for p in self.launches})
+                    bytes=sum(self.bytes.values()), syncs=sum(self.syncs.values()), walk=sum(self.walk.values()),
+                    by_phase={p: dict(launches=self.launches[p], flops=self.flops[p], bytes=self.bytes[p],
+                                      walk=self.walk[p]) for p in self.launches})
 
 
 def _tensors(tree):
@@ -245,8 +269,10 @@ def triton_launches(count: Count):
             fn = fn.fn
 
         def launch(*args, **kwargs):
-            count.add(f"triton::{getattr(fn, '__name__', type(kernel).__name__)}", 1, 0,
-                      _nbytes(_tensors((args, kwargs))))
+            name = getattr(fn, '__name__', type(kernel).__name__)
+            count.add(f"triton::{name}", 1, 0, _nbytes(_tensors((args, kwargs))))
+            if name in WALKS:
+                count.walk[count.phase] += WALKS[name](args, kwargs)
         return launch
 
     original = KernelInterface.__getitem__
@@ -280,7 +306,8 @@ def on_cuda(count: Count, routes: dict | None = None):
     def plan(config, shapes, dtype=torch.float32, device="cpu", asked="auto", acts=None):
         how = real(config, shapes, dtype, "cuda", impl or asked, acts)
         if how.path in ("triton", "fla") and shapes.T > 0:  # muon's Triton route is the chunked path (how.ns)
-            count.flops[count.phase] += plan_kernel_flops(config, shapes, how)
+            cost = planning.CANDIDATES[how.path].cost(planning.call_problem(config, shapes, dtype, "cuda", acts))
+            count.flops[count.phase] += int(cost.flops) if cost is not None else 0
         return how
 
     class Autocast(autocast):
@@ -309,22 +336,92 @@ def on_cuda(count: Count, routes: dict | None = None):
         foreach._get_foreach_kernels_supported_devices = devices
 
 
-def plan_kernel_flops(config, shapes, how) -> int:
-    """Forward and backward dot FLOPs of a memory call on the chunk kernel (its ``launches()``) or on fla (three
-    times the plan's forward FLOPs: forward, and a backward of twice the forward's products); ``config``: a
-    MemoryConfig or its ``resolve``, as the plan takes it."""
-    from atlas_lab.memory.config import Resolved
-    from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
-    from atlas_lab.memory.plan import kernel_bias
+def memory_call(preset: str, B: int, T: int, d_model: int = 128, heads: int = 8, dtype=None):
+    """(q, k, v, MemoryConfig, memorize's keywords) of the first memory layer of ``preset``'s model (d_model, one
+    layer, ``heads`` memory heads) on [B, T] tokens, as its mixer passes them, on the meta device; q, k, v in
+    ``dtype`` (None: as the mixer gives them, float32), every tensor that takes a gradient a leaf."""
+    import warnings
 
-    if how.path == "fla" or how.flops is None:
-        return int(3 * (how.flops or 0) * shapes.B * shapes.T * shapes.H)
-    config, mem, fmap, bias, optimizer, *_ = config if isinstance(config, Resolved) else config.resolve()
-    momentum = optimizer.state_shape((1, 1)) is not None
-    each = launches(shapes.B * shapes.H, shapes.T, fmap.dim(shapes.d_k), shapes.d_v + int(config.normalize),
-                    chunk_size=config.chunk_size, window=config.window, bias=kernel_bias(bias), momentum=momentum)
-    return int(sum(f for _, _, f in each.values()))
+    import torch
 
+    from atlas_lab.layers import MemoryMixer
+    from atlas_lab.layers import memory_mixer
+    from atlas_lab.lit import SequenceModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SequenceModel(vocab_size=64, preset=preset, d_model=d_model, n_layers=1, n_heads=heads,
+                              memory_heads=heads)
+    layer = next(m for m in model.modules() if isinstance(m, MemoryMixer)).to("meta")
+    got = {}
+    real = memory_mixer.memorize
+
+    def record(q, k, v, config, **options):
+        got.update(args=(q, k, v, config), options=options)
+        return real(q, k, v, config, **options)
+
+    def leaf(x, to=None):
+        if isinstance(x, dict):
+            return {n: leaf(w) for n, w in x.items()}
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.detach().to(to or x.dtype).requires_grad_(x.is_floating_point())
+
+    memory_mixer.memorize = record
+    try:
+        with torch.no_grad(), on_cuda(Count()), triton_launches(Count()):
+            layer(torch.zeros(B, T, d_model, device="meta"))
+    finally:
+        memory_mixer.memorize = real
+    q, k, v, config = got["args"]
+    options = {n: leaf(x) for n, x in got["options"].items() if n != "impl"}
+    return leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), config, options
+
+def count_path(q, k, v, config, path: str, **options) -> Count:
+    """The launches, FLOPs and walked chunks of one ``memorize`` call's path alone (``PATHS[read][path]``, planned
+    as on CUDA with ``impl=path``): its forward, and the backward of its output to its inputs — the call's tensors
+    that take a gradient (q, k, v, the learned gates, the initial weights) as leaves where the path receives them.
+    What memorize does before and after the path (heads first, the gates, the rule's act, the state) is left out:
+    it is the same on every path. ``options``: memorize's keywords (gates, initial_state, coefficients)."""
+    import torch
+
+    from atlas_lab.memory import memorize
+    from atlas_lab.memory import op as memory_op
+    from atlas_lab.memory.call import Call
+
+    count = Count()
+    read = config.read
+    real = memory_op.PATHS[read][path]
+
+    def leaf(x):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return x.detach().requires_grad_(True)
+        if isinstance(x, dict):
+            return {n: leaf(w) for n, w in x.items()}
+        return x
+
+    def isolated(call: Call):
+        inputs = type(call.inputs)(*map(leaf, call.inputs))
+        state = type(call.state)(*map(leaf, call.state))
+        mine = Call(inputs, state, *call[2:])
+        count.phase = "forward"
+        with triton_launches(count), counting_mode(count):
+            y, carried = real(mine)
+        grad = torch.empty_like(y)
+        count.phase = "backward"
+        with triton_launches(count), counting_mode(count):
+            torch.autograd.backward(y, grad)
+        return y.detach(), carried
+
+    memory_op.PATHS[read][path] = isolated
+    try:
+        for _ in range(2):  # the second call (the first also fills the paths' caches of masks)
+            count = Count()  # the kernels' FLOPs (on_cuda, from the plan) and the path's own
+            with on_cuda(count, {"*": path}), triton_launches(Count()):
+                memorize(q, k, v, config, impl=path, **options)
+    finally:
+        memory_op.PATHS[read][path] = real
+    return count
 
 def count_step(step, routes: dict | None = None, device: str = "meta") -> Count:
     """The second call of ``step(count)`` (one training step; it sets ``count.phase``): launches, FLOPs, bytes and
@@ -429,7 +526,7 @@ def count_training(label: str, size: dict, per_layer: bool = False) -> dict:
         return total(n)
     one, two = total(1), total(2)
     steps = {k: total(k, optimizer_only=True) for k in (1, 2, n)}
-    keys = ("launches", "flops", "bytes", "syncs")
+    keys = ("launches", "flops", "bytes", "syncs", "walk")
     fb = {k: {key: c[key] - steps[k][key] for key in keys} for k, c in ((1, one), (2, two))}
     return {key: fb[1][key] + (n - 1) * (fb[2][key] - fb[1][key]) + steps[n][key] for key in keys}
 
@@ -441,9 +538,10 @@ class Constants:
     C0: float  # s a step
     C_launch: float  # s a launch
     R: float  # FLOP/s
+    C_walk: float = 0.0  # s a chunk walked in sequence (WALKS)
 
-    def predict(self, launches: float, flops: float, rate: float | None = None) -> float:
-        return self.C0 + self.C_launch * launches + flops / (rate or self.R)
+    def predict(self, launches: float, flops: float, rate: float | None = None, walk: float = 0.0) -> float:
+        return self.C0 + self.C_launch * launches + flops / (rate or self.R) + self.C_walk * walk
 
 
 def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -464,25 +562,27 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit(points: list[dict]) -> Constants:
-    """C0, C_launch, 1/R ≥ 0 minimising Σ (predicted / measured − 1)² over ``points`` ({launches, flops,
-    measured}): every point weighted by its own size, so that a short step counts as much as a long one."""
+    """C0, C_launch, 1/R, C_walk ≥ 0 minimising Σ (predicted / measured − 1)² over ``points`` ({launches, flops,
+    measured, walk (0 where absent)}): every point weighted by its own size, so that a short step counts as much as
+    a long one. A column that is 0 on every point (no walk counted) leaves its constant at 0."""
     y = np.array([p["measured"] for p in points], dtype=float)
-    A = np.array([[1.0, p["launches"], p["flops"]] for p in points], dtype=float) / y[:, None]
+    A = np.array([[1.0, p["launches"], p["flops"], p.get("walk", 0)] for p in points], dtype=float) / y[:, None]
     scale = np.linalg.norm(A, axis=0)  # columns of one size: launches ~1e4 and FLOPs ~1e12 in one system
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.ones(len(points))) / scale
-    return Constants(float(x[0]), float(x[1]), float(1.0 / x[2]) if x[2] > 0 else math.inf)
+    return Constants(float(x[0]), float(x[1]), float(1.0 / x[2]) if x[2] > 0 else math.inf, float(x[3]))
 
 
 def fit_report(points: list[dict]) -> dict:
     """The fit on every point, its ratios predicted / measured, and each group (``preset``) left out of the fit and
     predicted by the others."""
     constants = fit(points)
-    ratios = [constants.predict(p["launches"], p["flops"]) / p["measured"] for p in points]
+    ratios = [constants.predict(p["launches"], p["flops"], walk=p.get("walk", 0)) / p["measured"] for p in points]
     left_out = {}
     for preset in dict.fromkeys(p["preset"] for p in points):
         others = fit([p for p in points if p["preset"] != preset])
-        left_out[preset] = [others.predict(p["launches"], p["flops"]) / p["measured"] for p in points
+        left_out[preset] = [others.predict(p["launches"], p["flops"], walk=p.get("walk", 0)) / p["measured"]
+                            for p in points
                             if p["preset"] == preset]
     return dict(constants=asdict(constants), ratios=ratios, left_out=left_out,
                 max_ratio=max(max(r, 1 / r) for r in ratios))
@@ -490,7 +590,8 @@ def fit_report(points: list[dict]) -> dict:
 
 def measured_points(counts: dict) -> list[dict]:
     """The fit's points: each measured (preset, L) with its count (``counts[preset][L]``)."""
-    return [dict(preset=p, L=L, measured=s, launches=counts[p][L]["launches"], flops=counts[p][L]["flops"])
+    return [dict(preset=p, L=L, measured=s, launches=counts[p][L]["launches"], flops=counts[p][L]["flops"],
+                 walk=counts[p][L].get("walk", 0))
             for p, by_L in MEASURED.items() for L, s in by_L.items() if p in counts and L in counts[p]]
 
 
@@ -506,15 +607,17 @@ def predicted_rows(counts: dict, constants: Constants, tf32_rate: float = TF32_R
         for L in Ls:
             c = by_L[L]
             ref = counts.get(base, {}).get(L)
-            step = constants.predict(c["launches"], c["flops"])
-            step_tf32 = constants.predict(c["launches"], c["flops"], tf32_rate)
-            row = dict(name=name, L=L, launches=c["launches"], flops=c["flops"], bytes=c["bytes"],
+            walk = c.get("walk", 0)
+            step = constants.predict(c["launches"], c["flops"], walk=walk)
+            step_tf32 = constants.predict(c["launches"], c["flops"], tf32_rate, walk)
+            row = dict(name=name, L=L, launches=c["launches"], flops=c["flops"], bytes=c["bytes"], walk=walk,
                        syncs=c["syncs"], step_s=step, step_tf32_s=step_tf32,
                        launch_ratio=by_L[Ls[-1]]["launches"] / by_L[Ls[0]]["launches"],
                        measured=(measured or {}).get(name, {}).get(L))
             if ref is not None:
-                row["vs_base"] = step / constants.predict(ref["launches"], ref["flops"])
-                row["vs_base_tf32"] = step_tf32 / constants.predict(ref["launches"], ref["flops"], tf32_rate)
+                row["vs_base"] = step / constants.predict(ref["launches"], ref["flops"], walk=ref.get("walk", 0))
+                row["vs_base_tf32"] = step_tf32 / constants.predict(ref["launches"], ref["flops"], tf32_rate,
+                                                                    ref.get("walk", 0))
                 row["launches_vs_base"] = c["launches"] / ref["launches"]
             rows.append(row)
     return rows
@@ -526,10 +629,10 @@ def fmt(x, spec=".2f", suffix=""):
 
 def print_rows(title: str, rows: list[dict]) -> None:
     """The table of ``predicted_rows`` (× tf.: the ratios to the transformer; L max / L min: launches)."""
-    common.print_table(title, ["configuration", "L", "launches", "× tf.", "L max / L min", "GFLOP", "GB",
+    common.print_table(title, ["configuration", "L", "launches", "× tf.", "L max / L min", "walk", "GFLOP", "GB",
                                "predicted s", "× tf.", "× tf. at tf32", "measured s", "pred / meas"],
                        [[r["name"], r["L"], f"{r['launches']:,}", fmt(r.get("launches_vs_base"), ".2f", "×"),
-                         fmt(r["launch_ratio"], ".2f", "×"), fmt(r["flops"] / 1e9, ",.0f"),
+                         fmt(r["launch_ratio"], ".2f", "×"), f"{r.get('walk', 0):,}", fmt(r["flops"] / 1e9, ",.0f"),
                          fmt(r["bytes"] / 1e9, ",.1f"), fmt(r["step_s"], ".4f"), fmt(r.get("vs_base"), ".1f", "×"),
                          fmt(r.get("vs_base_tf32"), ".1f", "×"), fmt(r.get("measured"), ".4f"),
                          fmt(r.get("measured") and r["step_s"] / r["measured"], ".2f")] for r in rows], left=2)
@@ -567,7 +670,8 @@ def print_fit(report: dict, label: str) -> None:
     ratios = report["ratios"]
     common.console().print(
         f"{label}: C0 = {c['C0'] * 1e3:.2f} ms, C_launch = {c['C_launch'] * 1e6:.1f} µs, "
-        f"R = {c['R'] / 1e12:.0f} TFLOP/s; predicted / measured {min(ratios):.2f}–{max(ratios):.2f} on "
+        f"R = {c['R'] / 1e12:.0f} TFLOP/s, C_walk = {c.get('C_walk', 0) * 1e6:.2f} µs; "
+        f"predicted / measured {min(ratios):.2f}–{max(ratios):.2f} on "
         f"{len(ratios)} points; each preset left out: " + ", ".join(
             f"{p} {min(r):.2f}–{max(r):.2f}" for p, r in report["left_out"].items()), markup=False)
 
@@ -581,8 +685,9 @@ def bound_check(counts: dict, constants: Constants) -> list[str]:
             continue
         L = min(counts[name])
         c = counts[name][L]
-        rest = bound - constants.C0 - constants.C_launch * c["launches"]
-        lines.append(f"{name}: predicted {constants.predict(c['launches'], c['flops']):.3f} s at L {L} against "
+        rest = bound - constants.C0 - constants.C_launch * c["launches"] - constants.C_walk * c.get("walk", 0)
+        lines.append(f"{name}: predicted {constants.predict(c['launches'], c['flops'], walk=c.get('walk', 0)):.3f} "
+                     f"s at L {L} against "
                      f"a measured > {bound:g} s; for the bound its {c['flops'] / 1e12:.2f} TFLOP would run at "
                      f"≤ {c['flops'] / rest / 1e12:.1f} TFLOP/s" if rest > 0 else f"{name}: its launches alone "
                      f"exceed {bound:g} s")
@@ -691,9 +796,13 @@ def main(argv=None) -> int:
     rate = args.tf32_rate * 1e12
     print_fit(rec["fit"], "fit to the H200 table (gated_deltanet on the Triton route)")
     constants = Constants(**rec["fit"]["constants"])
-    measured = {f"{n} ({MEASURED_ROUTES[n]})" if n in MEASURED_ROUTES else n: by_L for n, by_L in MEASURED.items()}
-    rows = predicted_rows({**rec["counts"], **{f"{n} ({r})": rec["fit_counts"][n] for n, r in
-                                               MEASURED_ROUTES.items()}}, constants, rate, measured=measured)
+    # a measured route the plan no longer takes: its own rows, beside today's
+    moved = {n: r for n, r in MEASURED_ROUTES.items() if n in rec["fit_counts"] and rec["fit_counts"][n] !=
+             {L: {k: v for k, v in c.items() if k in rec["fit_counts"][n][L]} for L, c in
+              rec["counts"].get(n, {}).items()}}
+    measured = {f"{n} ({moved[n]})" if n in moved else n: by_L for n, by_L in MEASURED.items()}
+    rows = predicted_rows({**rec["counts"], **{f"{n} ({r})": rec["fit_counts"][n] for n, r in moved.items()}},
+                          constants, rate, measured=measured)
     print_rows(f"one training step on a GPU, predicted: {args.sweep} at its sizes (× tf.: ÷ the transformer's; "
                f"tf32 at {args.tf32_rate:.0f} TFLOP/s; measured: the H200 table)", rows)
     for line in bound_check(rec["counts"], constants):
@@ -701,11 +810,12 @@ def main(argv=None) -> int:
     print_targets(rows, rate)
     for name, route in MEASURED_ROUTES.items():
         today = {r["L"]: r["step_s"] for r in rows if r["name"] == name}
-        then = {r["L"]: r["step_s"] for r in rows if r["name"] == f"{name} ({route})"}
+        then = {r["L"]: r["step_s"] for r in rows if r["name"] == (f"{name} ({route})" if name in moved else name)}
         ratios = [today[L] / then[L] for L in today if L in then]
         if ratios:
             log(f"{name}: the plan's route today ÷ the {route} route measured, on the model: "
-                f"{min(ratios):.2f}–{max(ratios):.2f}× (target: ≤ 1)", markup=False)
+                f"{min(ratios):.2f}–{max(ratios):.2f}× (target: ≤ 1)" + ("" if name in moved else
+                                                                          " (the same route)"), markup=False)
     big = predicted_rows({label: {size["T"]: c} for label, c in rec["train"].items()}, constants, rate)
     if big:
         print_rows(f"gpu_check's training step at d_model {size['d_model']}, {size['n_layers']} layers, T "

@@ -141,3 +141,52 @@ def test_a_stack_counted_per_layer_is_the_stack_counted_whole(label):
     size = dict(gpu_check.TRAIN_TINY, n_layers=3)
     assert gpu_model.count_training(label, size, per_layer=True) == \
         {k: v for k, v in gpu_model.count_training(label, size).items() if k != "by_phase"}
+
+
+# memory/predict.py: the plan's cost formulas against this counter, and its constants against this fit
+
+FORMULA_CASES = [  # (preset, path, dtype of q, k, v): every path that computes these presets' calls on CUDA
+    *[(p, path, torch.float32) for p in ("deltanet", "longhorn", "gated_deltanet", "gated_deltanet_h2",
+                                         "linear_attention", "gla", "retnet", "mamba2", "swla")
+      for path in ("triton", "chunked")],
+    *[(p, "chunked", torch.float32) for p in ("kda", "gated_deltanet2", "gated_deltaproduct")],
+    ("deltanet", "triton", torch.bfloat16),
+    *[(p, "fla", torch.bfloat16) for p in ("deltanet", "longhorn", "kda", "linear_attention", "gla", "mamba2")],
+]
+
+
+@pytest.mark.parametrize("preset,path,dtype", FORMULA_CASES, ids=lambda x: str(x).removeprefix("torch."))
+def test_the_plans_launch_and_walk_formulas_are_the_counted_ones(preset, path, dtype):
+    """predict.py's launches and walked chunks of a path, against the counter on the path alone (count_path), at
+    three lengths: whole chunks and blocks (64, 128) and a partial last one (100: 6¼ chunks of 16, 1 9/16 blocks of
+    64). Counts are integers: equal. The chunked path's FLOPs (3 × the plan's forward formula: 0.92–1.33 × the
+    products counted here) move its prediction by less than 1 %: at R a call's FLOPs are microseconds beside its
+    launches' milliseconds."""
+    from atlas_lab.memory import predict
+    from atlas_lab.memory.plan import CANDIDATES, Shapes, acting, call_problem
+
+    if path == "fla":
+        pytest.importorskip("fla")
+    for T in (64, 100, 128):
+        q, k, v, config, options = gpu_model.memory_call(preset, 4, T, dtype=dtype)
+        count = gpu_model.count_path(q, k, v, config, path, **options)
+        specs = config.resolve().specs
+        problem = call_problem(config, Shapes(4, T, 8, 16, 16), dtype, "cuda", acting(specs, options["gates"]))
+        cost = CANDIDATES[path].cost(problem)
+        counted = count.total()
+        assert (cost.launches, cost.walk) == (counted["launches"], counted["walk"]), (T, dict(count.launches))
+        if path == "chunked":  # its FLOPs: 3 × the plan's forward formula (cost.py), against the products counted
+            assert abs(cost.flops - counted["flops"]) / predict.R < 0.01 * cost.seconds, (cost, counted["flops"])
+
+
+def test_the_plans_constants_are_this_fit():
+    """predict.py's constants are the fit of the H200 table to this tree's counts (the measured presets on their
+    measured routes), as written there to four significant digits."""
+    from atlas_lab.memory import predict
+
+    counts = dict(gpu_model.sweep_counts(gpu_model.SWEEP, (), list(gpu_model.MEASURED), gpu_model.LENGTHS,
+                                         gpu_model.MEASURED_ROUTES))
+    fitted = gpu_model.fit(gpu_model.measured_points(counts))
+    for name, mine in (("C0", predict.C0), ("C_launch", predict.C_LAUNCH), ("R", predict.R),
+                       ("C_walk", predict.C_WALK)):
+        assert mine == pytest.approx(getattr(fitted, name), rel=1e-3), (name, fitted)

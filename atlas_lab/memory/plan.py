@@ -268,6 +268,25 @@ def choose(problem: Problem) -> tuple[str, str, tuple]:
     return path, "; ".join([why, *gaps]), predictions
 
 
+def call_problem(config, shapes: Shapes, dtype=torch.float32, device="cpu", acts: dict | None = None) -> Problem:
+    """The call as the paths' coverage checks and cost formulas read it (predict.Problem), for ``plan``'s arguments."""
+    resolved = config if isinstance(config, Resolved) else config.resolve()
+    config, mem, fmap, bias, optimizer, rule, specs = resolved
+    if acts is None:
+        acts = acting(specs)
+    channels = any(spec.axis != "head" for spec in specs.values())
+    D = fmap.dim(shapes.d_k)
+    d_v = shapes.d_v + int(config.normalize)
+    weights = mem.shapes(D, shapes.d_k, d_v)
+    form, block = form_of(config, mem, bias, optimizer, specs)
+    steps = shapes.T * rule.steps()  # the rule runs n_h steps per token, each with its read
+    flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, d_v, steps, block,
+                            config.read == "start") if declares(mem, "gradient_factors", "forward") else None
+    flops = None if flops is None or shapes.T == 0 else flops / shapes.T
+    return Problem(config, mem, fmap, bias, optimizer, rule, specs, shapes, dtype, device, form, block, D, weights,
+                   flops, acts, channels or rule.scaled(acts), predict.grads_of(specs))
+
+
 def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = "auto", acts: dict | None = None
          ) -> Plan:
     """How ``memorize`` computes a call of ``config`` (a MemoryConfig, or its ``resolve``) at ``shapes``, in ``dtype``
@@ -276,26 +295,14 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     the call (``choose``). An impl that cannot compute the call raises NotImplementedError with the reason and what
     it covers."""
     check_impl(impl)
-    resolved = config if isinstance(config, Resolved) else config.resolve()
-    config, mem, fmap, bias, optimizer, rule, specs = resolved
-    if acts is None:
-        acts = acting(specs)
-    channels = any(spec.axis != "head" for spec in specs.values())
-    per_token = channels or rule.scaled(acts)
-    D = fmap.dim(shapes.d_k)
-    weights = mem.shapes(D, shapes.d_k, shapes.d_v + int(config.normalize))
-    form, block = form_of(config, mem, bias, optimizer, specs)
+    problem = call_problem(config, shapes, dtype, device, acts)
+    config, optimizer, rule = problem.config, problem.optimizer, problem.rule
+    form, block, flops = problem.form, problem.block, problem.flops
     # tokens until every weight matrix has committed (read chunk: the longest level of the rule's commits)
-    longest = period(rule.commits(weights, config.chunk_size)) if config.read == "chunk" else config.chunk_size
+    longest = period(rule.commits(problem.weights, config.chunk_size)) if config.read == "chunk" \
+        else config.chunk_size
     carried = CARRIED[config.read] if longest > 1 else "nothing"
-    steps = shapes.T * rule.steps()  # the rule runs n_h steps per token, each with its read
-    flops = cost.form_flops(form, config, mem, optimizer, weights, D, shapes.d_k, shapes.d_v + int(config.normalize),
-                            steps, block, config.read == "start") if declares(mem, "gradient_factors", "forward") \
-        else None
-    flops = None if flops is None or shapes.T == 0 else flops / shapes.T
     row = rule.row(config.read)
-    problem = Problem(config, mem, fmap, bias, optimizer, rule, specs, shapes, dtype, device, form, block, D, weights,
-                      flops, acts, per_token, predict.grads_of(specs))
 
     def made(path, reason, triton=False, predictions=()):
         ns, why = newton_schulz_variant(optimizer, dtype, device, triton)

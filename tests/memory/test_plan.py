@@ -5,7 +5,7 @@ import torch
 
 from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.memory import plan as planning
-from atlas_lab.memory import fla
+from atlas_lab.memory import fla, predict
 from atlas_lab.memory.plan import Shapes, plan
 from atlas_lab.models import PRESETS, resolve_preset
 from helpers import compare, fla_float64, make_problem, run
@@ -171,3 +171,53 @@ def test_a_call_ending_inside_a_chunk_continues_on_any_path(monkeypatch):
     tail, _ = memorize(p["q"][:, 6:], p["k"][:, 6:], p["v"][:, 6:], config, impl="chunked",
                        gates={g: x[:, 6:] for g, x in gates.items()}, initial_state=state)
     torch.testing.assert_close(torch.cat([head, tail], 1), whole, rtol=1e-12, atol=1e-12)
+
+
+def argmin(how) -> str:
+    """The covering path of the lowest prediction in a plan's predictions."""
+    return min(how.predictions, key=lambda p: p[1])[0]
+
+
+@pytest.mark.parametrize("preset", ["deltanet", "gated_deltanet", "gla", "swla"])
+def test_on_cuda_the_plan_takes_the_lowest_prediction_and_states_them(preset):
+    """At the study's shapes (two or three paths cover each) and at a 125M-class T (swla's φ then has 2,145 features:
+    the chunked path alone), every covering path has a prediction, the plan takes the lowest and its reason gives
+    each (predict.py)."""
+    config = resolve_preset(preset)[1]
+    for shapes in (SHAPES, Shapes(8, 4096, 12, 64, 64)):
+        for dtype in (torch.float32, torch.bfloat16):
+            how = plan(config, shapes, dtype, "cuda")
+            assert len(how.predictions) >= (2 if shapes == SHAPES else 1), how
+            assert all(t is not None for _, t in how.predictions), how
+            assert how.path == argmin(how), how
+            for path, seconds in how.predictions:
+                assert f"{planning.label(path, how.form)}: predicted {predict.ms(seconds)}" in how.reason, how.reason
+
+
+def test_the_choice_flips_where_the_prediction_flips(monkeypatch):
+    """gated_deltanet in float32 on CUDA: the chunk kernels walk T chunks (2 walks), the chunked path's WY blocks walk
+    none but launch ~130 kernels a block. With a walked chunk made to cost 1 ms, the kernels' prediction rises past
+    the blocks' after a few tokens: the plan takes the kernels below that length and the blocks above it, at every
+    length the path of the lowest prediction."""
+    monkeypatch.setattr(predict, "C_WALK", 1e-3)
+    config = resolve_preset("gated_deltanet")[1]
+    paths = {}
+    for T in range(1, 130):
+        how = plan(config, Shapes(64, T, 8, 16, 16), torch.float32, "cuda")
+        assert how.path == argmin(how), (T, how)
+        paths[T] = how.path
+    assert paths[1] == "triton" and paths[129] == "chunked" and set(paths.values()) == {"triton", "chunked"}
+    flips = [T for T in range(2, 130) if paths[T] != paths[T - 1]]
+    assert flips, paths  # the lengths where the lowest prediction changes
+
+
+def test_fla_is_taken_by_its_prediction_not_by_rank(monkeypatch):
+    """deltanet in bfloat16: fla's kernels (fewer launches, a walk of T/64 chunks) are predicted faster than the
+    chunk kernels, so the plan takes fla; at a FLOP rate made 1 GFLOP/s fla's three products a forward product (2.7×
+    the chunk kernels' dots) cost more, and the plan takes the chunk kernels."""
+    pytest.importorskip("fla")
+    config = resolve_preset("deltanet")[1]
+    assert plan(config, SHAPES, torch.bfloat16, "cuda").path == "fla"
+    monkeypatch.setattr(predict, "R", 1e9)
+    how = plan(config, SHAPES, torch.bfloat16, "cuda")
+    assert how.path == "triton" and how.op is None and argmin(how) == "triton", how
