@@ -1,10 +1,16 @@
-// Newton–Schulz iterations on many small matrices, fused per matrix, for the CPU (float32 and float64).
+// Newton–Schulz iterations on many small matrices, fused per matrix, for the CPU (float32 and float64), with the
+// normalisation and the transpose of ``reference.newton_schulz`` inside.
 //
-// For each X_0 [m, n] (m ≤ n) of a batch, k times:   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X.
+// For each G [r, c] of a batch: X_0 = X / d with X = G (Gᵀ when r > c, so that X is [m, n], m ≤ n) and d = ‖G‖_F + eps
+// (computed by the caller), then k times:   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X;  the result in G's layout.
 // Backward (recomputation): the iterates are recomputed per matrix, then for j = k−1 … 0, with G = ∂L/∂X_{j+1}:
 //   dB = G X_jᵀ,  E = dB + dBᵀ,  ∂A + ∂Aᵀ = b E + c (E A + A E),  ∂L/∂X_j = a G + B G + (∂A + ∂Aᵀ) X_j
-// (A and B are symmetric). The PyTorch version is ``_NSIterations`` in optimizers.py; the two are tested against
-// autograd through the literal iteration.
+// (A and B are symmetric); then through X_0 = X / d the element-wise terms of autograd's division backward,
+// ∂L/∂X_0 / d and t = −∂L/∂X_0 · ((X / d) / d) (whose sum over a matrix is ∂L/∂d), and ``finish`` adds the norm's
+// term ∂L/∂d · (X / ‖G‖_F), 0 where ‖G‖_F = 0: each element-wise step is the single IEEE operation autograd takes,
+// in its order, so values and gradients equal those of the same normalisation written in PyTorch bit for bit.
+// The PyTorch version of the iterations is ``_NSIterations`` in reference.py; both are tested against autograd through
+// the literal iteration.
 //
 // Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one vector; the
 // padding stays zero through every product, and each product C = A B runs blocks of up to 4 rows × 2 vectors of C,
@@ -86,18 +92,28 @@ inline void transpose(const T* __restrict X, int ldx, T* __restrict XT, int ldt,
     for (int j = 0; j < cols; ++j) XT[j * ldt + i] = X[i * ldx + j];
 }
 
-// The padded layout of one matrix: X [m, np], Xᵀ [n, mp], A and B [m, mp].
+// The padded layout of one matrix: X [m, np], Xᵀ [n, mp], A and B [m, mp]; t: the caller's matrix is Xᵀ [n, m].
 template <typename T> struct Layout {
   int m, n, np, mp;
-  Layout(int m_, int n_) : m(m_), n(n_), np(padded(n_, kWidth<T>)), mp(padded(m_, kWidth<T>)) {}
+  bool t;
+  Layout(int m_, int n_, bool t_ = false)
+      : m(m_), n(n_), np(padded(n_, kWidth<T>)), mp(padded(m_, kWidth<T>)), t(t_) {}
   int x() const { return m * np; }
   int xt() const { return n * mp; }
   int a() const { return m * mp; }
+  // element (i, j) of X in a caller's matrix of m·n elements
+  int at(int i, int j) const { return t ? j * m + i : i * n + j; }
   void load(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i) std::copy(src + i * n, src + (i + 1) * n, dst + i * np);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) dst[i * np + j] = src[at(i, j)];
+  }
+  void load_scaled(const T* src, T* dst, T d) const {  // X / d, the division autograd's forward takes
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) dst[i * np + j] = src[at(i, j)] / d;
   }
   void store(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i) std::copy(src + i * np, src + i * np + n, dst + i * n);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) dst[at(i, j)] = src[i * np + j];
   }
 };
 
@@ -119,24 +135,32 @@ inline void iteration(const Layout<T>& L, const T* X, T* XT, T* A, T* B, T* Xn, 
 // Matrices per parallel task: about 4K elements, so that small batches of large matrices still use every thread.
 inline int64_t grain(const at::Tensor& X) { return std::max<int64_t>(1, 4096 / (X.size(1) * X.size(2))); }
 
-void check(const at::Tensor& X, const char* name) {
-  TORCH_CHECK(X.device().is_cpu() && X.dim() == 3, name, " must be a [M, m, n] CPU tensor");
-  TORCH_CHECK(X.size(1) <= X.size(2), name, " must have m <= n (transpose it first)");
+// The kernel's layout of the caller's G [M, r, c]: X = G, or Gᵀ when r > c.
+template <typename T> Layout<T> layout(const at::Tensor& G) {
+  const bool t = G.size(1) > G.size(2);
+  return Layout<T>(t ? G.size(2) : G.size(1), t ? G.size(1) : G.size(2), t);
+}
+
+void check(const at::Tensor& G, const at::Tensor& d) {
+  TORCH_CHECK(G.device().is_cpu() && G.dim() == 3 && G.is_contiguous(), "G must be a contiguous [M, r, c] CPU tensor");
+  TORCH_CHECK(d.dim() == 1 && d.size(0) == G.size(0) && d.scalar_type() == G.scalar_type() && d.is_contiguous(),
+              "the scales must be a contiguous [M] tensor of G's dtype");
 }
 
 }  // namespace
 
-at::Tensor ns_forward(at::Tensor X0, int64_t k, double a, double b, double c) {
-  check(X0, "X");
-  auto X = X0.contiguous();
-  auto out = at::empty_like(X);
-  const int64_t M = X.size(0);
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_forward", [&] {
+// NS_k(G / d) for G [M, r, c] (on Gᵀ where r > c), in G's layout.
+at::Tensor ns_forward(at::Tensor G, at::Tensor d, int64_t k, double a, double b, double c) {
+  check(G, d);
+  auto out = at::empty_like(G);
+  const int64_t M = G.size(0);
+  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_forward", [&] {
     using T = scalar_t;
-    const Layout<T> L(X.size(1), X.size(2));
-    const T *x = X.data_ptr<T>();
+    const Layout<T> L = layout<T>(G);
+    const T* x = G.data_ptr<T>();
+    const T* dd = d.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
       std::vector<T> buffer(2 * L.x() + L.xt() + 2 * L.a(), T(0));
       T* X1 = buffer.data();
       T* X2 = X1 + L.x();
@@ -146,7 +170,7 @@ at::Tensor ns_forward(at::Tensor X0, int64_t k, double a, double b, double c) {
       for (int64_t i = begin; i < end; ++i) {
         T* cur = X1;
         T* next = X2;
-        L.load(x + i * L.m * L.n, cur);
+        L.load_scaled(x + i * L.m * L.n, cur, dd[i]);
         for (int j = 0; j < k; ++j) {
           iteration<T>(L, cur, XT, A, B, next, a, b, c);
           std::swap(cur, next);
@@ -158,21 +182,26 @@ at::Tensor ns_forward(at::Tensor X0, int64_t k, double a, double b, double c) {
   return out;
 }
 
-at::Tensor ns_backward(at::Tensor X0, at::Tensor grad, int64_t k, double a, double b, double c) {
-  check(X0, "X");
-  TORCH_CHECK(grad.sizes() == X0.sizes() && grad.scalar_type() == X0.scalar_type(), "grad must match X");
-  auto X = X0.contiguous();
-  auto G = grad.contiguous();
-  auto out = at::empty_like(X);
-  const int64_t M = X.size(0);
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ns_backward", [&] {
+// From G, d and ∂L/∂NS_k (G's layout): (∂L/∂X_0 / d, −∂L/∂X_0 · ((X / d) / d)), both [M, m, n] in the kernel's layout.
+std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad, int64_t k, double a, double b,
+                                    double c) {
+  check(G, d);
+  TORCH_CHECK(grad.sizes() == G.sizes() && grad.scalar_type() == G.scalar_type() && grad.is_contiguous(),
+              "grad must match G");
+  const bool t = G.size(1) > G.size(2);
+  const int64_t M = G.size(0), m = t ? G.size(2) : G.size(1), n = t ? G.size(1) : G.size(2);
+  auto g1 = at::empty({M, m, n}, G.options());
+  auto td = at::empty({M, m, n}, G.options());
+  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_backward", [&] {
     using T = scalar_t;
-    const Layout<T> L(X.size(1), X.size(2));
-    const T* x = X.data_ptr<T>();
-    const T* gr = G.data_ptr<T>();
-    T* o = out.data_ptr<T>();
+    const Layout<T> L = layout<T>(G);
+    const T* x = G.data_ptr<T>();
+    const T* dd = d.data_ptr<T>();
+    const T* gr = grad.data_ptr<T>();
+    T* o1 = g1.data_ptr<T>();
+    T* o2 = td.data_ptr<T>();
     const T ta = a, tb = b, tc = c;
-    at::parallel_for(0, M, grain(X), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
       // X_0..X_k, X_0ᵀ..X_{k-1}ᵀ, A_j, B_j, then dB, E, S and two gradients
       std::vector<T> buffer((k + 1) * L.x() + k * (L.xt() + 2 * L.a()) + 3 * L.a() + 2 * L.x(), T(0));
       T* Xs = buffer.data();
@@ -185,7 +214,8 @@ at::Tensor ns_backward(at::Tensor X0, at::Tensor grad, int64_t k, double a, doub
       T* g = S + L.a();
       T* g_next = g + L.x();
       for (int64_t i = begin; i < end; ++i) {
-        L.load(x + i * L.m * L.n, Xs);
+        const T di = dd[i];
+        L.load_scaled(x + i * L.m * L.n, Xs, di);
         for (int j = 0; j < k; ++j)
           iteration<T>(L, Xs + j * L.x(), XTs + j * L.xt(), As + j * L.a(), Bs + j * L.a(), Xs + (j + 1) * L.x(),
                        ta, tb, tc);
@@ -207,7 +237,45 @@ at::Tensor ns_backward(at::Tensor X0, at::Tensor grad, int64_t k, double a, doub
           product<T, true>(S, L.mp, Xj, g_next, L.np, L.m, L.m);
           std::swap(g, g_next);
         }
-        L.store(g, o + i * L.m * L.n);
+        // autograd's division backward: grad / d and −grad · ((X / d) / d), X / d being X_0
+        T* p1 = o1 + i * L.m * L.n;
+        T* p2 = o2 + i * L.m * L.n;
+        for (int r = 0; r < L.m; ++r)
+          for (int s = 0; s < L.n; ++s) {
+            const T gs = g[r * L.np + s];
+            p1[r * L.n + s] = gs / di;
+            p2[r * L.n + s] = -gs * (Xs[r * L.np + s] / di);
+          }
+      }
+    });
+  });
+  return {g1, td};
+}
+
+// ∂L/∂G in G's layout: g1 + ∂L/∂‖G‖ · (X / ‖G‖), the second term 0 where ‖G‖ = 0 (autograd's norm backward, then its
+// sum of the two paths: a product, then an addition, never fused into one).
+at::Tensor ns_finish(at::Tensor G, at::Tensor norm, at::Tensor g1, at::Tensor grad_norm) {
+  check(G, norm);
+  auto out = at::empty_like(G);
+  const int64_t M = G.size(0);
+  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_finish", [&] {
+    using T = scalar_t;
+    const Layout<T> L = layout<T>(G);
+    const T* x = G.data_ptr<T>();
+    const T* nn = norm.data_ptr<T>();
+    const T* gn = grad_norm.data_ptr<T>();
+    const T* h = g1.data_ptr<T>();
+    T* o = out.data_ptr<T>();
+    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t base = i * L.m * L.n;
+        const T ni = nn[i], gi = gn[i];
+        for (int64_t e = 0; e < L.m * L.n; ++e) o[base + e] = gi * (ni == T(0) ? T(0) : x[base + e] / ni);
+        for (int r = 0; r < L.m; ++r)
+          for (int s = 0; s < L.n; ++s) {
+            T* oe = o + base + L.at(r, s);
+            *oe = h[base + r * L.n + s] + *oe;
+          }
       }
     });
   });
@@ -215,6 +283,7 @@ at::Tensor ns_backward(at::Tensor X0, at::Tensor grad, int64_t k, double a, doub
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("forward", &ns_forward, "X_k from X_0 [M, m, n], m <= n");
-  module.def("backward", &ns_backward, "dL/dX_0 from X_0 and dL/dX_k");
+  module.def("forward", &ns_forward, "NS_k(G / d) for G [M, r, c], d [M]");
+  module.def("backward", &ns_backward, "(dL/dX_0 / d, -dL/dX_0 (X_0 / d)) in the kernel's layout");
+  module.def("finish", &ns_finish, "dL/dG from g1 and dL/d|G|");
 }

@@ -1,7 +1,10 @@
 """The CPU kernel of the Newton–Schulz iterations (``cpu.cpp`` next to this file), built on first use.
 
 Each matrix of a batch runs all k iterations, and their recomputing backward, in a per-thread buffer of fused
-vector products, instead of the 3k batched matmul calls of ``newton_schulz(impl="bmm")``. It takes float32 and
+vector products, instead of the 3k batched matmul calls of ``newton_schulz(impl="bmm")``; the normalisation by
+‖X‖_F + eps (the norm taken by PyTorch) and the transpose of a tall matrix run inside it, forward and backward, each
+element-wise step the IEEE operation autograd takes, so the values are those of the normalisation written in PyTorch
+bit for bit (tests/memory/test_newton_schulz_cpu.py), without its eight passes over the batch. It takes float32 and
 float64 CPU tensors; ``reference.newton_schulz(impl="cpu")`` runs it (the plan picks it where it builds; the
 batched-matmul path otherwise).
 
@@ -75,18 +78,31 @@ def kernel():
         return None
 
 
+def norm(G: torch.Tensor) -> torch.Tensor:
+    """‖G‖_F [M, 1, 1] of G [M, r, c], taken as reference.newton_schulz takes it: on the matrices the iterations run on
+    (Gᵀ where r > c)."""
+    return torch.linalg.matrix_norm(G.mT if G.shape[-2] > G.shape[-1] else G, keepdim=True)
+
+
 @torch.library.custom_op("atlas_lab::newton_schulz_cpu", mutates_args=())
-def newton_schulz_cpu(X: torch.Tensor, steps: int, a: float, b: float, c: float) -> torch.Tensor:
-    """X_k from X_0 [M, m, n] (m ≤ n, CPU, float32/float64) by the compiled kernel. A registered operator (its
-    shape function below, its backward the kernel's recomputing one), so ``torch.compile`` keeps it in one graph."""
-    return kernel().forward(X.contiguous(), steps, a, b, c)
+def newton_schulz_cpu(G: torch.Tensor, steps: int, a: float, b: float, c: float, eps: float) -> torch.Tensor:
+    """NS_k(G / (‖G‖_F + eps)) for G [M, r, c] (CPU, float32/float64), on Gᵀ where r > c, in G's layout, by the
+    compiled kernel: the normalisation and the transpose inside it. A registered operator (its shape function below,
+    its backward the kernel's recomputing one), so ``torch.compile`` keeps it in one graph."""
+    G = G.contiguous()
+    return kernel().forward(G, (norm(G) + eps).view(-1), steps, a, b, c)
 
 
 @torch.library.custom_op("atlas_lab::newton_schulz_cpu_backward", mutates_args=())
-def newton_schulz_cpu_backward(X: torch.Tensor, grad: torch.Tensor, steps: int, a: float, b: float,
-                               c: float) -> torch.Tensor:
-    """∂L/∂X_0 from ∂L/∂X_k: the kernel recomputes the iterates."""
-    return kernel().backward(X.contiguous(), grad.contiguous(), steps, a, b, c)
+def newton_schulz_cpu_backward(G: torch.Tensor, grad: torch.Tensor, steps: int, a: float, b: float, c: float,
+                               eps: float) -> torch.Tensor:
+    """∂L/∂G from ∂L/∂NS_k: the kernel recomputes the iterates and takes the division's element-wise backward; the sum
+    of its term t over each matrix (∂L/∂d, d = ‖G‖_F + eps) is PyTorch's, as autograd sums it; ``finish`` adds the
+    norm's term. The same values as autograd through the normalisation in PyTorch (cpu.cpp)."""
+    G = G.contiguous()
+    n = norm(G)
+    g1, t = kernel().backward(G, (n + eps).view(-1), grad.contiguous(), steps, a, b, c)
+    return kernel().finish(G, n.view(-1), g1, t.sum((1, 2), keepdim=True).view(-1))
 
 
 register_like_input(newton_schulz_cpu, newton_schulz_cpu_backward)

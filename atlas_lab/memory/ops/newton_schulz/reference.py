@@ -44,28 +44,30 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients: str = "quintic"
     impl: "bmm" runs the iterations as batched matmuls on a cache-sized block of matrices at a time, and the
     backward recomputes them (``_NSIterations``) instead of keeping 3k intermediates per matrix; "cpu" runs
     them fused per matrix in the compiled CPU kernel (``cpu.newton_schulz_cpu``, float32/float64 on the CPU, one
-    triple for every step). Which one a memory uses is the plan's choice (memory/plan.py: ``newton_schulz_variant``).
+    triple for every step), the normalisation and the transpose inside it with the same values bit for bit.
+    Which one a memory uses is the plan's choice (memory/plan.py: ``newton_schulz_variant``).
     """
     schedule = ns_schedule(coefficients, steps)
     if impl not in NS_IMPLS:
         raise ValueError(f"unknown newton_schulz impl {impl!r}; valid choices: {', '.join(NS_IMPLS)}")
+    fixed = coefficients in NS_COEFFICIENTS  # the kernel takes one triple for every step
+    if impl == "cpu" and not (fixed and newton_schulz_cpu.applies(G)):
+        raise ValueError(f"newton_schulz impl 'cpu' takes float32/float64 CPU tensors where the kernel builds and "
+                         f"one triple for every step, not {G.dtype} on {G.device.type} with {coefficients!r}; use "
+                         f"impl 'bmm'")
+    if impl == "cpu":  # the normalisation and the transpose inside the kernel, the same values (cpu.cpp)
+        out = newton_schulz_cpu.newton_schulz_cpu(G.reshape(-1, *G.shape[-2:]), steps, *NS_COEFFICIENTS[coefficients],
+                                                  eps)
+        return out.view(G.shape)
     transpose = G.shape[-2] > G.shape[-1]
     X = G.mT if transpose else G
     batch = X.shape[:-2]
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
-    fixed = coefficients in NS_COEFFICIENTS  # the kernel takes one triple for every step
-    if impl == "cpu" and not (fixed and newton_schulz_cpu.applies(X)):
-        raise ValueError(f"newton_schulz impl 'cpu' takes float32/float64 CPU tensors where the kernel builds and "
-                         f"one triple for every step, not {X.dtype} on {X.device.type} with {coefficients!r}; use "
-                         f"impl 'bmm'")
-    if impl == "cpu":
-        X = newton_schulz_cpu.newton_schulz_cpu(X, steps, *NS_COEFFICIENTS[coefficients])
-    else:
-        m, pad = X.shape[-2], _row_padding(X.shape[-2])
-        if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
-            X = F.pad(X, (0, 0, 0, pad))
-        X = _NSIterations.apply(X, schedule)[:, :m]
+    m, pad = X.shape[-2], _row_padding(X.shape[-2])
+    if pad:  # zero rows stay zero: A, B and every X_j gain zero rows (and columns), the rest is unchanged
+        X = F.pad(X, (0, 0, 0, pad))
+    X = _NSIterations.apply(X, schedule)[:, :m]
     X = X.reshape(*batch, *X.shape[-2:])
     return X.mT if transpose else X
 
