@@ -27,9 +27,27 @@ def gates_text(config) -> str:
 
 
 PRESET_COLUMNS = ("preset", "layers", "architecture", "feature map", "attentional bias", "window", "chunk",
-                  "optimizer", "gates", "path (CUDA bf16 / fp32 / CPU)", "parameters", "state (bytes)",
+                  "optimizer", "gates", "path (CUDA bf16 / fp32 / CPU)", "CUDA fp32 predicted (others)",
+                  "parameters", "state (bytes)",
                   "+bytes/token", "memory FLOPs/token",
                   "attention FLOPs/token")
+
+
+# the shape each memory call's path is planned at: sweeps/mqar_gpu.yaml's (batch 64, its longest length, 8 memory
+# heads of 16 channels: d_model 128)
+STUDY_SHAPES = (64, 256, 8, 16, 16)
+
+
+def predicted_text(how) -> str:
+    """A CUDA plan's chosen path with its predicted time of one call (forward and backward), then the other paths
+    that compute it: "triton 2.17 ms (chunked 14.5 ms)"; "—" without a prediction."""
+    from .memory.predict import ms
+
+    times = dict(how.predictions)
+    if times.get(how.path) is None:
+        return "—"
+    others = ", ".join(f"{p} {'no formula' if t is None else ms(t)}" for p, t in how.predictions if p != how.path)
+    return f"{how.path} {ms(times[how.path])}" + (f" ({others})" if others else "")
 
 
 def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, vocab_size: int,
@@ -41,22 +59,22 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
     from .memory.plan import Shapes, plan
     from .models import PRESETS, LanguageModel
 
+    study = Shapes(*STUDY_SHAPES)
+
     rows = []
     for name in PRESETS:
         model = LanguageModel(vocab_size, name, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                               swa_window=swa_window)
         c = model.memory_config
         if c is None:
-            components = ["—"] * 8
+            components = ["—"] * 9
         else:
             memory, fmap, bias, opt = map(repr, c.components())
-            heads = model.config.memory_heads or n_heads
-            shapes = Shapes(1, T, heads, d_model // heads, d_model // heads)
-            paths = [plan(c, shapes, dtype, device) for dtype, device in (
+            paths = [plan(c, study, dtype, device) for dtype, device in (
                 (torch.bfloat16, "cuda"), (torch.float32, "cuda"), (torch.float32, "cpu"))]
             components = [memory, fmap, bias, "global" if c.window is None else str(c.window),
                           str(c.chunk_size), opt, gates_text(c),
-                          " / ".join(p.op and f"fla {p.op}" or p.path for p in paths)]
+                          " / ".join(p.op and f"fla {p.op}" or p.path for p in paths), predicted_text(paths[1])]
         layers = "+".join(dict.fromkeys(model.layer_labels))
         flops = model.flops_per_token(T)
         rows.append([name, layers, *components, f"{model.num_parameters():,}", f"{model.state_bytes():,}",
@@ -64,7 +82,10 @@ def print_presets(console: Console, d_model: int, n_layers: int, n_heads: int, v
     print_table(console, f"atlas-lab presets (parameters and state at d_model={d_model}, {n_layers} layers, "
                          f"{n_heads} heads, vocab {vocab_size}, SWA window {swa_window}; float32, batch 1; forward "
                          f"FLOPs per token of the memory and attention cores at T = {T}, all layers: "
-                         f"docs/performance.md; the path of the first memory layer: memory/plan.py)", PRESET_COLUMNS,
+                         f"docs/performance.md; the path of the first memory layer at sweeps/mqar_gpu.yaml's shape "
+                         f"(B {study.B}, T {study.T}, {study.H} memory heads of {study.d_k}) and its predicted time "
+                         f"of one call, forward and backward, on the GPU model: memory/plan.py, memory/predict.py)",
+                PRESET_COLUMNS,
                 rows, right=PRESET_COLUMNS[-5:])
 
 
