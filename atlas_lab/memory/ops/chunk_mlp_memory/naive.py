@@ -69,3 +69,49 @@ def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, c
         E1, E2 = W1, W2
         t0 += n
     return torch.cat(ys, 1), W1, W2, S1, S2, last[0], last[1]
+
+
+def chunk_mlp_muon_naive(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, *, offset, chunk_size, window,
+                         bias, activation, ns_steps, ns_coefficients):
+    """``muon.chunk_mlp_muon``'s computation chunk by chunk: every S_t in closed form, D(S_t) = NS_k(S_t), W_t from
+    them (the chunked path's ``_chunk_transformed`` on the MLP's factors)."""
+    from ..newton_schulz.reference import newton_schulz
+
+    act = ACTIVATIONS[activation]
+    N, T, _ = q.shape
+    L = k.shape[1]
+    ys, t0 = [], 0
+    E1, E2 = (We1, We2) if offset else (W1, W2)
+    while t0 < T:
+        n = min(chunk_size - (offset if t0 == 0 else 0), T - t0)
+        first = L - T + t0
+        lo = max(first - window + 1, 0)
+        u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
+        z = u @ E1.mT
+        h = act(z)
+        d2 = h @ E2.mT - vv if bias == "l2" else -vv
+        d1 = (d2 @ E2) * activation_grad(activation, z)
+        pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
+        idx = torch.arange(lo, first + n, device=q.device)
+        band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
+        Cs_ = Cs[:, t0:t0 + n, :n] @ band  # [N, n, keys]
+        cw, st, at = Cw[:, t0:t0 + n, :n], s[:, t0:t0 + n, None, None], a[:, t0:t0 + n, None, None]
+
+        def directions(S, d, x):  # S_t = s_t S + Σ_i C'[t, i] d_i x_iᵀ for every t, and D(S_t)
+            S_t = st * S.unsqueeze(1) + torch.einsum("nti,nio,nij->ntoj", Cs_, d, x)
+            return S_t, newton_schulz(S_t, ns_steps, ns_coefficients)
+
+        S1_t, D1 = directions(S1, d1, u)
+        S2_t, D2 = directions(S2, d2, h)
+        qc = q[:, t0:t0 + n]
+        zq = a[:, t0:t0 + n, None] * (qc @ W1.mT) + torch.einsum("ntj,njhd,ntd->nth", cw, D1, qc)
+        hq = act(zq)
+        ys.append(a[:, t0:t0 + n, None] * (hq @ W2.mT) + torch.einsum("ntj,njvh,nth->ntv", cw, D2, hq))
+        W1n = at[:, -1] * W1 + torch.einsum("nj,njhd->nhd", cw[:, -1], D1)
+        W2n = at[:, -1] * W2 + torch.einsum("nj,njvh->nvh", cw[:, -1], D2)
+        S1, S2 = S1_t[:, -1], S2_t[:, -1]
+        W1, W2 = W1n, W2n
+        last = (E1, E2)
+        E1, E2 = W1, W2
+        t0 += n
+    return torch.cat(ys, 1), W1, W2, S1, S2, last[0], last[1]

@@ -143,6 +143,23 @@ def _causal(C, idx, pos, u, h, d1, d2):
             tl.where(bad[:, None], 0.0, d2))
 
 
+@triton.jit
+def _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2: tl.constexpr, DT: tl.constexpr,
+                  PREC: tl.constexpr):
+    """``_factors`` backward, from ∂δ1, ∂δ2, ∂h, ∂u [BK, ·] of the chunk's other uses: (∂δ2 in all — ∂v = −∂δ2 —,
+    ∂u in all, ∂W̃1, ∂W̃2), through δ1 = (W̃2ᵀ δ2) ⊙ σ'(z), δ2 = W̃2 h − v (l2), h = σ(z), z = W̃1 u."""
+    gback = gd1 * dh
+    gz = gd1 * back * ddh
+    gd2 += dot(gback, tl.trans(E2), DT, PREC)
+    dE2 = dot(tl.trans(d2), gback, DT, PREC)
+    if L2:
+        gh += dot(gd2, E2, DT, PREC)
+        dE2 += dot(tl.trans(gd2), h, DT, PREC)
+    gz += gh * dh
+    gu += dot(gz, E1, DT, PREC)
+    return gd2, gu, dot(tl.trans(gz), u, DT, PREC), dE2
+
+
 # ---------------------------------------------------------------- the forward walk
 
 @triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
@@ -342,17 +359,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
             dCs = tl.where(last[:, None], (tl.sum(d1 * uH1, axis=1) + tl.sum(d2 * hH2, axis=1))[None, :], 0.0)
             dgam += dot(tl.trans(cs), dCs, DT, PREC)
             dcs = dot(dCs, tl.trans(gam), DT, PREC)
-        # the factors at W̃: δ1 = (W̃2ᵀ δ2) ⊙ σ'(z), δ2 = W̃2 h − v, h = σ(z), z = W̃1 u
-        gback = gd1 * dh
-        gz = gd1 * back * ddh
-        gd2 += dot(gback, tl.trans(E2), DT, PREC)
-        dE2 = dot(tl.trans(d2), gback, DT, PREC)
-        if L2:
-            gh += dot(gd2, E2, DT, PREC)
-            dE2 += dot(tl.trans(gd2), h, DT, PREC)
-        gz += gh * dh
-        gu += dot(gz, E1, DT, PREC)
-        dE1 = dot(tl.trans(gz), u, DT, PREC)
+        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2, DT, PREC)
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
             dE2 += X2

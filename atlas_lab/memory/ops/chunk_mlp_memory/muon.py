@@ -1,0 +1,416 @@
+"""Atlas's memory step — muon on a 2-layer MLP memory — in one forward and one backward launch: the per-token
+Newton–Schulz of every chunk inside the program that walks the chunks (docs/memory.md §5.3).
+
+Memory M_W(u) = W2 σ(W1 u) as in ``triton.py`` (φ and the residual applied outside); a chunk of n tokens starting at
+W_p (momenta S_p), every gradient at W̃ (``triton.py``'s factors δ1, δ2 of the window keys), and for each weight
+matrix (dropping its index):
+
+    S_t = s_t S_p + Σ_i C'[t, i] ∇ℓ_i        C' = Cs Γ   (the momentum of token t, in closed form)
+    D_t = NS_k(S_t)                          X_0 = S_t / (‖S_t‖_F + ε); k times A = X Xᵀ, X ← aX + (bA + cA²) X
+    W_t = a_t W_p + Σ_{j ≤ t} Cw[t, j] D_j   (Cw: −η's closed form over the chunk's tokens)
+    zq_t = W1_t uq_t,  hq_t = σ(zq_t),  y_t = W2_t hq_t
+    W_end = W_n,  S_end = S_n
+
+(a, s, Cw, Cs from ``TransformedMomentum.chunk_coefficients``; the chunked path's ``_chunk_transformed``.) A program
+holds W_p, S_p and one token's S_t at a time: for j in the chunk, S_j from the factors, D_j by k steps of products on
+chip, and its contributions Cw[:, j] (D_j uq) to every read-out and Cw[n, j] D_j to the end weights.
+
+**Backward**, per chunk from its checkpoint, with dy, G = ∂L/∂W_end, H = ∂L/∂S_end:
+
+    ∂D_j = Σ_t Cw[t, j] ∂(W_t x_t) x_tᵀ + Cw[n, j] G,   ∂Cw[t, j] = ∂(W_t x_t) · D_j x_t (+ ⟨G, D_j⟩ at t = n)
+    ∂S_j = NS_k'(S_j)ᵀ ∂D_j (+ H at j = n)           the k steps back (``newton_schulz``'s), their iterates kept
+    ∂S_p = Σ_j s_j ∂S_j,  ∂s_j = ⟨∂S_j, S_p⟩,  ∂δ_i += Σ_j C'[j, i] ∂S_j x_i,  ∂x_i += Σ_j C'[j, i] ∂S_jᵀ δ_i,
+    ∂C'[j, i] = δ_iᵀ ∂S_j x_i
+
+then ``triton.py``'s factors backward. The iterates X_0 … X_{k−1} of the token being taken back are kept in a
+scratch buffer per program (global memory: [k, rows, cols] for each weight matrix).
+
+Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dots import DTYPES, dot, dot_precision
+from ..newton_schulz.reference import NS_COEFFICIENTS
+from .triton import ACTS, _act, _chunk, _factors, _factors_back, _last, _matrix, _rows, _store, chunk_count
+
+
+
+@triton.jit
+def _row(x, j, offs):
+    """Row j of x [BT, ·]."""
+    return tl.sum(tl.where((offs == j)[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _col(x, j, offs):
+    """Column j of x [·, BT]."""
+    return tl.sum(tl.where((offs == j)[None, :], x, 0.0), axis=1)
+
+
+@triton.jit
+def _ns(X, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+        PREC: tl.constexpr):
+    """NS_k(X) of one matrix [BR, BC] with rows ≤ columns (zero padding stays zero)."""
+    X = X / (tl.sqrt(tl.sum(X * X)) + 1e-7)
+    for _ in tl.static_range(STEPS):
+        A = dot(X, tl.trans(X), DT, PREC)
+        X = NS_A * X + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), X, DT, PREC)
+    return X
+
+
+@triton.jit
+def _ns_back(S, G, SCR, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
+             NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S): per step from the last (A, B symmetric), ∂B = G Xᵀ, ∂A = b ∂B +
+    c (∂B A + A ∂B), G ← a G + B G + (∂A + ∂Aᵀ) X; then the normalisation's. SCR: [STEPS, BR, BC] of this program."""
+    at = offs_r[:, None] * BC + offs_c[None, :]
+    norm = tl.sqrt(tl.sum(S * S))
+    X = S / (norm + 1e-7)
+    for j in tl.static_range(STEPS):
+        tl.store(SCR + j * BR * BC + at, X)
+        A = dot(X, tl.trans(X), DT, PREC)
+        X = NS_A * X + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), X, DT, PREC)
+    tl.debug_barrier()  # the iterates stored by every thread, before any reads them back
+    for jj in tl.static_range(STEPS):
+        X = tl.load(SCR + (STEPS - 1 - jj) * BR * BC + at)
+        A = dot(X, tl.trans(X), DT, PREC)
+        dB = dot(G, tl.trans(X), DT, PREC)
+        dA = NS_B * dB + NS_C * (dot(dB, A, DT, PREC) + dot(A, dB, DT, PREC))
+        G = NS_A * G + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), G, DT, PREC) + dot(dA + tl.trans(dA), X, DT, PREC)
+    tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
+    r = norm + 1e-7
+    return G / r - S * (tl.sum(G * S) / (r * r * tl.maximum(norm, 1e-30)))
+
+
+# ---------------------------------------------------------------- the forward walk
+
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
+def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, WE10, WE20,
+                              Y, W1T, W2T, S1T, S2T, WE1T, WE2T, W1H, W2H, S1H, S2H,
+                              T, L, m0, offset, b, c, NC,
+                              D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                              BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                              L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, STEPS: tl.constexpr,
+                              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+                              PREC: tl.constexpr):
+    i_n = tl.program_id(0)
+    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
+    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    Q, A, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
+        Y + i_n * T * DV
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    W1 = _matrix(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    W2 = _matrix(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    S1 = _matrix(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    S2 = _matrix(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    E1, E2 = W1, W2
+    if EVAL:  # the first chunk continues one: its gradients at the given W̃
+        E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    for ci in range(NC):
+        at = i_n * NC + ci
+        _store(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
+        _store(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
+        _store(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
+        _store(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
+        t0, n = _chunk(ci, b, offset, T)
+        rows = t0 + offs_t
+        rmask = offs_t < n
+        last = offs_t == n - 1
+        cmask = rmask[:, None] & rmask[None, :]
+        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
+        cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+        C2 = dot(cs, gam, DT, PREC)  # C' [BT, BK]
+        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+        sg = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
+        a_n = tl.sum(tl.where(last, a, 0.0))
+        uq = _rows(Q, rows, rmask, offs_d, D)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC)
+        W1n = a_n * W1
+        for j in range(0, n):
+            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
+            D1 = _ns(s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            zq += cw_j[:, None] * dot(uq, tl.trans(D1), DT, PREC)
+            W1n += tl.sum(tl.where(last, cw_j, 0.0)) * D1
+        hq, _, _ = _act(zq, ACT)
+        y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC)
+        W2n = a_n * W2
+        for j in range(0, n):
+            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
+            D2 = _ns(s_j * S2 + dot(tl.trans(d2 * cs_j[:, None]), h, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            y += cw_j[:, None] * dot(hq, tl.trans(D2), DT, PREC)
+            W2n += tl.sum(tl.where(last, cw_j, 0.0)) * D2
+        _store(Y + t0 * DV, y, offs_t, offs_v, n, DV)
+        cs_n, s_n = _last(C2, last), tl.sum(tl.where(last, sg, 0.0))
+        S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
+        S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
+        _store(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (a state continued mid-chunk)
+        _store(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
+        W1, W2 = W1n, W2n
+        E1, E2 = W1, W2
+    _store(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
+    _store(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
+    _store(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
+    _store(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
+
+
+# ---------------------------------------------------------------- the backward walk
+
+@triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
+def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H, S1H, S2H, DY,
+                              GW1, GW2, GS1, GS2, GE1, GE2,
+                              DQ, DK, DVV, DGAMMA, DA, DS, DCW, DCS, DW10, DW20, DS10, DS20, DWE10, DWE20,
+                              SCR1, SCR2, T, L, m0, offset, b, c, NC,
+                              D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                              BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                              L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, STEPS: tl.constexpr,
+                              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+                              PREC: tl.constexpr):
+    i_n = tl.program_id(0)
+    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
+    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    Q, A, S, CW, CS, DY = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
+        DY + i_n * T * DV
+    DQ, DA, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DS + i_n * T, DCW + i_n * T * b, DCS + i_n * T * b
+    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
+    SCR1, SCR2 = SCR1 + i_n * STEPS * BH * BD, SCR2 + i_n * STEPS * BV * BH
+    G1 = _matrix(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
+    G2 = _matrix(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    H1 = _matrix(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂S_end
+    H2 = _matrix(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    X1 = _matrix(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
+    X2 = _matrix(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    for cj in range(NC):
+        ci = NC - 1 - cj
+        at = i_n * NC + ci
+        W1 = _matrix(W1H + at * HD * D, offs_h, offs_d, HD, D)
+        W2 = _matrix(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        S1 = _matrix(S1H + at * HD * D, offs_h, offs_d, HD, D)
+        S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        E1, E2 = W1, W2
+        if EVAL:
+            if ci == 0:
+                E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+                E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        t0, n = _chunk(ci, b, offset, T)
+        rows = t0 + offs_t
+        rmask = offs_t < n
+        last = offs_t == n - 1
+        cmask = rmask[:, None] & rmask[None, :]
+        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
+        cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
+        C2 = dot(cs, gam, DT, PREC)
+        a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
+        sg = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
+        a_n = tl.sum(tl.where(last, a, 0.0))
+        uq = _rows(Q, rows, rmask, offs_d, D)
+        dy = _rows(DY, rows, rmask, offs_v, DV)
+        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC)  # the forward's first layer, again
+        for j in range(0, n):
+            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
+            D1 = _ns(s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            zq += cw_j[:, None] * dot(uq, tl.trans(D1), DT, PREC)
+        hq, dhq, _ = _act(zq, ACT)
+        # the second layer: y = a W2 hq + Σ_j Cw[:, j] D2_j hq;  W2_end = a_n W2 + Σ_j Cw[n, j] D2_j
+        ghq = a[:, None] * dot(dy, W2, DT, PREC)
+        da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
+        da += tl.where(last, tl.sum(G1 * W1) + tl.sum(G2 * W2), 0.0)
+        dW2 = dot(tl.trans(dy * a[:, None]), hq, DT, PREC) + a_n * G2
+        dcw = tl.zeros([BT, BT], dtype=tl.float32)
+        dC2 = tl.zeros([BT, BK], dtype=tl.float32)
+        ds = tl.zeros([BT], dtype=tl.float32)
+        gd1 = tl.zeros([BK, BH], dtype=tl.float32)
+        gd2 = tl.zeros([BK, BV], dtype=tl.float32)
+        gh = tl.zeros([BK, BH], dtype=tl.float32)
+        gu = tl.zeros([BK, BD], dtype=tl.float32)
+        dS1 = tl.zeros([BH, BD], dtype=tl.float32)
+        dS2 = tl.zeros([BV, BH], dtype=tl.float32)
+        for j in range(0, n):
+            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
+            col = offs_t[None, :] == j
+            Sj = s_j * S2 + dot(tl.trans(d2 * cs_j[:, None]), h, DT, PREC)
+            D2 = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            ghq += cw_j[:, None] * dot(dy, D2, DT, PREC)
+            dcw += tl.where(col, tl.sum(dy * dot(hq, tl.trans(D2), DT, PREC), axis=1)[:, None], 0.0)
+            dcw += tl.where(col & last[:, None], tl.sum(G2 * D2), 0.0)
+            dD = dot(tl.trans(dy * cw_j[:, None]), hq, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G2
+            dSj = _ns_back(Sj, dD, SCR2, offs_v, offs_h, BV, BH, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            dSj += (j == n - 1).to(tl.float32) * H2
+            dS2 += s_j * dSj
+            ds += tl.where(offs_t == j, tl.sum(dSj * S2), 0.0)
+            hS = dot(h, tl.trans(dSj), DT, PREC)  # [BK, BV]
+            gd2 += cs_j[:, None] * hS
+            gh += cs_j[:, None] * dot(d2, dSj, DT, PREC)
+            dC2 += tl.where((offs_t == j)[:, None], tl.sum(d2 * hS, axis=1)[None, :], 0.0)
+        # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
+        gzq = ghq * dhq
+        duq = a[:, None] * dot(gzq, W1, DT, PREC)
+        da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
+        dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
+        for j in range(0, n):
+            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
+            col = offs_t[None, :] == j
+            Sj = s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC)
+            D1 = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            duq += cw_j[:, None] * dot(gzq, D1, DT, PREC)
+            dcw += tl.where(col, tl.sum(gzq * dot(uq, tl.trans(D1), DT, PREC), axis=1)[:, None], 0.0)
+            dcw += tl.where(col & last[:, None], tl.sum(G1 * D1), 0.0)
+            dD = dot(tl.trans(gzq * cw_j[:, None]), uq, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G1
+            dSj = _ns_back(Sj, dD, SCR1, offs_h, offs_d, BH, BD, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            dSj += (j == n - 1).to(tl.float32) * H1
+            dS1 += s_j * dSj
+            ds += tl.where(offs_t == j, tl.sum(dSj * S1), 0.0)
+            uS = dot(u, tl.trans(dSj), DT, PREC)  # [BK, BH]
+            gd1 += cs_j[:, None] * uS
+            gu += cs_j[:, None] * dot(d1, dSj, DT, PREC)
+            dC2 += tl.where((offs_t == j)[:, None], tl.sum(d1 * uS, axis=1)[None, :], 0.0)
+        dgam = dot(tl.trans(cs), dC2, DT, PREC)
+        dcs = dot(dC2, tl.trans(gam), DT, PREC)
+        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2, DT, PREC)
+        if cj == 0:  # the last chunk's W̃ is an output too
+            dE1 += X1
+            dE2 += X2
+        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], gu, mask=kmask[:, None] & (offs_d < D)[None, :])
+        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -gd2, mask=kmask[:, None] & (offs_v < DV)[None, :])
+        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=kmask)
+        _store(DQ + t0 * D, duq, offs_t, offs_d, n, D)
+        tl.store(DA + rows, da, mask=rmask)
+        tl.store(DS + rows, ds, mask=rmask)
+        tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
+        tl.store(DCS + rows[:, None] * b + offs_t[None, :], dcs, mask=cmask)
+        G1, G2 = dW1 + dE1, dW2 + dE2
+        if EVAL:  # the first chunk's W̃ is the input We, not W_p
+            if ci == 0:
+                _store(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
+                _store(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
+                G1, G2 = dW1, dW2
+        H1, H2 = dS1, dS2
+    _store(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
+    _store(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
+    _store(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
+    _store(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
+
+
+# ---------------------------------------------------------------- launches
+
+def _config(D, HD, DV, b, window):
+    """Block sizes (``triton._config``'s) and launch options."""
+    p2 = triton.next_power_of_2
+    BD, BH = max(16, p2(D)), max(16, p2(HD))
+    return dict(BT=max(16, p2(b)), BK=max(16, p2(b + window - 1)), BD=BD, BH=BH, BV=max(16, p2(DV)),
+                num_warps=4 if BH * BD <= 4096 else 8, num_stages=1)
+
+
+def ns_flops(R, C, steps):
+    """2·m·n·k of one NS_k's products on an R × C matrix (R ≤ C): A = X Xᵀ, A², B X per step."""
+    return steps * (2 * R * R * C + 2 * R ** 3 + 2 * R * R * C)
+
+
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0):
+    """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} (``triton.launches``'s
+    terms; the per-token Newton–Schulz forward ``ns_flops`` and its backward of 11 products a step besides)."""
+    NC = chunk_count(T, chunk_size, offset)
+    l2, H, V = int(bias == "l2"), HD, DV
+    fwd = bwd = 0
+    ns = ns_flops(H, D, steps) + ns_flops(V, H, steps)
+    ns_back = steps * (2 * H * H * D * 5 + 2 * H ** 3 * 3) + steps * (2 * V * V * H * 5 + 2 * V ** 3 * 3)
+    for ci in range(NC):
+        t0 = max(ci * chunk_size - offset, 0)
+        n = min(ci * chunk_size - offset + chunk_size, T) - t0
+        first = m0 + t0
+        k = first + n - max(first - window + 1, 0)
+        factors = k * H * D + (1 + l2) * k * V * H
+        momenta = n * k * (H * D + V * H)  # S_j's sums, one per token
+        read = n * (H * D + V * H) + n * n * (H * D + V * H)
+        fwd += 2 * (factors + n * n * k + momenta + read + k * (H * D + V * H)) + n * ns
+        read_back = 3 * n * (H * D + V * H) + 3 * n * n * (H * D + V * H)  # ∂x, ∂Cw, ∂D per token
+        momenta_back = 3 * n * k * (H * D + V * H)  # ∂δ, ∂x, ∂C' per token
+        bwd += 2 * (factors + n * n * k + n * (H * D) + n * n * H * D + 2 * momenta + read_back + momenta_back
+                    + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H * D) + 3 * n * ns + n * ns_back
+    return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
+
+
+def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evaluated, steps, coefficients,
+                   prec=None) -> dict:
+    """The constexprs, num_warps and num_stages of both launches of one call."""
+    cfg = _config(D, HD, DV, chunk_size, window)
+    a, b, c = NS_COEFFICIENTS[coefficients]
+    return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
+                L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, STEPS=steps, NS_A=a, NS_B=b, NS_C=c,
+                DT=DTYPES[dtype], PREC=dot_precision(dtype) if prec is None else prec, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"])
+
+
+class ChunkMLPMuonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, offset, chunk_size, window, bias,
+                activation, evaluated, steps, coefficients):
+        N, T, D = q.shape
+        L, DV, HD = k.shape[1], v.shape[-1], W1.shape[1]
+        NC = chunk_count(T, chunk_size, offset)
+        opts = launch_options(D, HD, DV, chunk_size, window, bias, activation, q.dtype, evaluated, steps,
+                              coefficients)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        W1H, W2H = torch.empty(N, NC, HD, D, **f32), torch.empty(N, NC, DV, HD, **f32)
+        S1H, S2H = torch.empty_like(W1H), torch.empty_like(W2H)
+        y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
+        W1T, W2T, S1T, S2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, S1, S2, W1, W2))
+        chunk_mlp_muon_fwd_kernel[(N,)](
+            q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, W1T, W2T, S1T, S2T, WE1, WE2,
+            W1H, W2H, S1H, S2H, T, L, L - T, offset, chunk_size, window, NC, **opts)
+        ctx.save_for_backward(q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H)
+        ctx.args = (offset, chunk_size, window, evaluated, NC, opts)
+        return y, W1T, W2T, S1T, S2T, WE1, WE2
+
+    @staticmethod
+    def backward(ctx, dy, dW1T, dW2T, dS1T, dS2T, dWE1, dWE2):
+        q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H = ctx.saved_tensors
+        offset, chunk_size, window, evaluated, NC, opts = ctx.args
+        N, T, D = q.shape
+        L, DV = k.shape[1], v.shape[-1]
+        f32 = dict(dtype=torch.float32, device=q.device)
+
+        def given(x, like):  # an output without a gradient: zeros
+            return torch.zeros(like.shape, **f32) if x is None else x.float().contiguous()
+
+        G = [given(x, like) for x, like in ((dW1T, We1), (dW2T, We2), (dS1T, We1), (dS2T, We2), (dWE1, We1),
+                                            (dWE2, We2))]
+        dq, dk, dv = torch.empty(N, T, D, **f32), torch.zeros(N, L, D, **f32), torch.zeros(N, L, DV, **f32)
+        dgamma, da, ds = torch.zeros(N, L, **f32), torch.empty(N, T, **f32), torch.empty(N, T, **f32)
+        dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
+        dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
+        scratch = [torch.empty(N, opts["STEPS"], r, c_, **f32) for r, c_ in ((opts["BH"], opts["BD"]),
+                                                                             (opts["BV"], opts["BH"]))]
+        chunk_mlp_muon_bwd_kernel[(N,)](
+            q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, dy.to(q.dtype).contiguous(), *G,
+            dq, dk, dv, dgamma, da, ds, dCw, dCs, *dW, *scratch, T, L, L - T, offset, chunk_size, window, NC, **opts)
+        dW1, dW2, dS1, dS2, dWe1, dWe2 = dW
+        like = a.dtype
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype), da.to(like), ds.to(like),
+                dCw.to(like), dCs.to(like), dW1.to(We1.dtype), dW2.to(We2.dtype), dS1.to(We1.dtype),
+                dS2.to(We2.dtype), dWe1.to(We1.dtype) if evaluated else None,
+                dWe2.to(We2.dtype) if evaluated else None, None, None, None, None, None, None, None, None)
+
+
+@torch.compiler.disable  # a compiled graph calls it as it is (a graph break): its launches are fused already
+def chunk_mlp_muon(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, *, offset, chunk_size, window, bias,
+                   activation, ns_steps, ns_coefficients):
+    """Muon on a 2-layer MLP memory over T new tokens in one forward and one backward launch (module docstring).
+
+    q: φ(q) [N, T, D]; k: φ(k) [N, L, D], v [N, L, d_v] (less the residual with l2), gamma [N, L] for the window
+    cache followed by the new tokens; a, s [N, T], Cw, Cs [N, T, b]: the per-token rows of each chunk's closed form;
+    W1 [N, H, D], W2 [N, d_v, H] and the momenta S1, S2 at the start; We1, We2: W̃ of the first chunk (W1, W2 unless
+    ``offset`` > 0). Returns (y [N, T, d_v] without the residual, W1_T, W2_T, S1_T, S2_T, W̃1, W̃2 of the last chunk).
+    """
+    args = [x.contiguous() for x in (q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2)]
+    return ChunkMLPMuonFunction.apply(*args, offset, chunk_size, window, bias, activation, offset > 0, ns_steps,
+                                      ns_coefficients)
