@@ -14,6 +14,8 @@ import torch
 from atlas_lab.memory import memorize
 from atlas_lab.memory.dispatch import INTERPRETED
 from atlas_lab.memory.ops.chunk_mlp_memory import chunk_mlp_memory, chunk_mlp_memory_naive
+from atlas_lab.memory.ops.chunk_mlp_memory.muon import chunk_mlp_muon
+from atlas_lab.memory.ops.chunk_mlp_memory.naive import chunk_mlp_muon_naive
 from atlas_lab.memory.ops.chunk_mlp_memory.triton import launches
 from atlas_lab.memory.plan import Shapes, plan
 from helpers import compare_float32, make_problem, run
@@ -120,6 +122,87 @@ def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkey
         monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
     x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum)
     results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu"))(x)
+    assert counted == {name: flops for name, (_, _, flops) in expected.items()}
+
+
+# ---------------------------------------------------------------- muon on the MLP memory (ops/chunk_mlp_memory/muon.py)
+
+MUON_NAMES = ("q", "k", "v", "gamma", "a", "s", "Cw", "Cs", "W1", "W2", "S1", "S2", "We1", "We2")
+
+
+def muon_inputs(N, T, m0, D, HD, DV, b, seed=0):
+    x = inputs(N, T, m0, D, HD, DV, b, momentum=True, seed=seed)
+    x.pop("m")
+    return x
+
+
+def muon_results(f, options):
+    """As ``results``, for the muon kernel's signature."""
+    def go(x):
+        x = {n: t.detach().requires_grad_() for n, t in x.items()}
+        if options["offset"] == 0:
+            x.pop("We1"), x.pop("We2")
+            x["We1"], x["We2"] = x["W1"], x["W2"]
+        outs = dict(zip(("y", *STATE, "We1", "We2"), f(*(x[n] for n in MUON_NAMES), **options)))
+        g = torch.Generator().manual_seed(5)
+        total = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o)).sum() for o in outs.values())
+        leaves = {n: t for n, t in x.items() if not (options["offset"] == 0 and n in ("We1", "We2"))}
+        grads = torch.autograd.grad(total, list(leaves.values()))
+        return {**{f"out.{n}": o for n, o in outs.items()}, **{f"grad.{n}": gr for n, gr in zip(leaves, grads)}}
+    return go
+
+
+MUON_CASES = {  # (bias, window, offset, activation, shape): weights of rows ≤ columns (no transpose)
+    "online": ("l2", 1, 0, "gelu", dict(N=2, T=9, m0=0, D=20, HD=12, DV=6, b=3)),
+    "window-mid-chunk": ("l2", 3, 1, "silu", dict(N=2, T=11, m0=2, D=20, HD=12, DV=6, b=4)),
+    "dot": ("dot", 2, 2, "tanh", dict(N=1, T=10, m0=1, D=17, HD=16, DV=3, b=4)),
+}
+
+
+@pytest.mark.parametrize("bias,window,offset,activation,shape", MUON_CASES.values(), ids=MUON_CASES)
+def test_muon_kernel_matches_its_pytorch_twin(bias, window, offset, activation, shape):
+    """Cubic Newton–Schulz, 3 steps (quintic amplifies float32 rounding ~480×: test_memory_equivalence), in float32
+    against the twin in float64, within the error model."""
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
+                   ns_steps=3, ns_coefficients="cubic")
+    x = muon_inputs(**shape)
+    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
+                    str(options))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
+def test_muon_launches_counts_the_dots_the_kernel_runs(monkeypatch):
+    """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot (blocks filled exactly: chunks of 16, D 32,
+    H = d_v = 16, a window of 17 keys with the first chunk's 16 before it in the cache, two quintic steps)."""
+    from triton.runtime import interpreter
+
+    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
+    count, counted = [0], {}
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def counting_dot(self, a, b, *args):
+        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
+        return create_dot(self, a, b, *args)
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                before = count[0]
+                self.kernel[grid](*args, **kw)
+                counted[self.name] = count[0] - before
+            return launch
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
+    expected = kernels.launches(1, 32, 32, 16, 16, chunk_size=16, window=17, bias="l2", steps=2, m0=16)
+    for name in expected:
+        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    options = dict(offset=0, chunk_size=16, window=17, bias="l2", activation="gelu", ns_steps=2,
+                   ns_coefficients="quintic")
+    muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16))
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
 
 

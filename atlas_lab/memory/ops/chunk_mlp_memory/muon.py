@@ -311,31 +311,35 @@ def _config(D, HD, DV, b, window):
 
 
 def ns_flops(R, C, steps):
-    """2·m·n·k of one NS_k's products on an R × C matrix (R ≤ C): A = X Xᵀ, A², B X per step."""
-    return steps * (2 * R * R * C + 2 * R ** 3 + 2 * R * R * C)
+    """2·m·n·k of one NS_k's products on an R × C matrix: A = X Xᵀ, A², B X per step."""
+    return 2 * steps * (2 * R * R * C + R ** 3)
+
+
+def ns_back_flops(R, C, steps):
+    """``_ns_back``'s: the iterates again, then per step A, A², ∂B, ∂B A, A ∂B, B G, (∂A + ∂Aᵀ) X."""
+    return ns_flops(R, C, steps) + 2 * steps * (4 * R * R * C + 3 * R ** 3)
 
 
 def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0):
-    """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} (``triton.launches``'s
-    terms; the per-token Newton–Schulz forward ``ns_flops`` and its backward of 11 products a step besides)."""
+    """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
+    tokens (2·m·n·k of every ``tl.dot`` at the problem's sizes; ``triton.launches``')."""
     NC = chunk_count(T, chunk_size, offset)
     l2, H, V = int(bias == "l2"), HD, DV
+    ns1, ns2 = ns_flops(H, D, steps), ns_flops(V, H, steps)
     fwd = bwd = 0
-    ns = ns_flops(H, D, steps) + ns_flops(V, H, steps)
-    ns_back = steps * (2 * H * H * D * 5 + 2 * H ** 3 * 3) + steps * (2 * V * V * H * 5 + 2 * V ** 3 * 3)
     for ci in range(NC):
         t0 = max(ci * chunk_size - offset, 0)
         n = min(ci * chunk_size - offset + chunk_size, T) - t0
         first = m0 + t0
         k = first + n - max(first - window + 1, 0)
-        factors = k * H * D + (1 + l2) * k * V * H
-        momenta = n * k * (H * D + V * H)  # S_j's sums, one per token
-        read = n * (H * D + V * H) + n * n * (H * D + V * H)
-        fwd += 2 * (factors + n * n * k + momenta + read + k * (H * D + V * H)) + n * ns
-        read_back = 3 * n * (H * D + V * H) + 3 * n * n * (H * D + V * H)  # ∂x, ∂Cw, ∂D per token
-        momenta_back = 3 * n * k * (H * D + V * H)  # ∂δ, ∂x, ∂C' per token
-        bwd += 2 * (factors + n * n * k + n * (H * D) + n * n * H * D + 2 * momenta + read_back + momenta_back
-                    + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H * D) + 3 * n * ns + n * ns_back
+        factors = k * H * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+        per_token = k * (H * D + V * H) + n * (H * D + V * H)  # S_j's sums, D_j's read-outs
+        fwd += 2 * (factors + n * n * k + n * (H * D + V * H) + n * per_token + k * (H * D + V * H)) + n * (ns1 + ns2)
+        layer1 = 3 * n * H * D + n * (3 * k * H * D + 3 * n * H * D)  # ∂uq, ∂a, ∂W1; per token S_j, ∂uq, ∂Cw, ∂D, ∂S
+        layer2 = 3 * n * V * H + n * (3 * k * V * H + 3 * n * V * H)
+        recomputed = factors + n * n * k + n * D * H + n * (k * H * D + n * D * H)  # C', zq
+        bwd += 2 * (recomputed + layer1 + layer2 + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H * D) \
+            + n * (2 * ns1 + ns_back_flops(H, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
     return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
 
 
