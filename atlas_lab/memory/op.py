@@ -169,8 +169,9 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coeffic
                   (normalised linear attention).
     checkpoint:   (config) chunked path only: keep each chunk's inputs for the backward and recompute the chunk there
                   (less memory, one more forward of each chunk; worth it for muon's per-token weights).
-    impl:         "auto" (default): memory/plan.py's choice — on CUDA fla where it computes the rule in the inputs'
-                  dtype (bfloat16 / float16), else triton where it covers the call, else chunked; chunked on the
+    impl:         "auto" (default): memory/plan.py's choice — on CUDA, of the paths that compute the call (fla
+                  where it computes the rule in the inputs' dtype, bfloat16 / float16; triton where it covers the
+                  call; chunked), the one of the lowest predicted time (memory/predict.py); chunked on the
                   CPU | "chunked" (fast) | "reference" (token loop, the oracle) | "triton" (the kernels of
                   atlas_lab.memory.ops) | "fla" (fla-core's chunk kernels, where they compute the same rule).
                   An impl asked for a call it does not cover raises NotImplementedError naming why and what it
@@ -242,7 +243,7 @@ def memorize(q, k, v, config: MemoryConfig | None = None, *, gates=None, coeffic
     if T == 0:  # an empty piece of a stream: no outputs, the state passes through unchanged
         y = q_.new_zeros(B * H, 0, d_out)
     else:
-        if how.ns is not None:  # muon on the plan's Newton–Schulz
+        if how.ns in NEWTON_SCHULZ:  # muon on the plan's Newton–Schulz (fused: inside the kernel the path runs)
             optimizer = optimizer.with_ns(NEWTON_SCHULZ[how.ns])
         inputs = Inputs(q_, k_all, v_all, g_all, written.gates["alpha"], written.gates["eta"],
                         written.gates["theta"], scale)

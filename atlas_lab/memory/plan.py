@@ -1,4 +1,6 @@
-"""``plan``: the one place that decides how a ``memorize`` call is computed (docs/memory.md §5).
+"""``plan``: the one place that decides how a ``memorize`` call is computed (docs/memory.md §5). On CUDA (impl="auto")
+it takes, of the paths that compute the call (``CANDIDATES``: each path's coverage check and cost, in one place), the
+one of the lowest predicted time on the GPU model (predict.py); on the CPU, the chunked path.
 
     plan(config, shapes, dtype, device, impl="auto") -> Plan(path, form, block, carried, flops, reason)
 
@@ -16,7 +18,9 @@ carried  what a state continued in the middle of a chunk carries besides the wei
          chunk's evaluation point), pending (read chunk: Σ g and its gates, per level), or nothing (chunk 1 and no
          level longer)
 flops    forward FLOPs per token and head of the form (cost.py; None where no formula is known)
-reason   why this path, and why not a faster one
+reason   why this path: on CUDA (auto) every covering path's predicted time (predict.py) and why the others do not
+         cover the call
+predictions  on CUDA (auto): ((path, predicted seconds of the call's forward and backward, or None: no formula), ...)
 op       for path fla, fla-core's op (fla.py)
 row      of a token's n_h steps (DeltaProduct), the one whose output it reads: the last (read token), the first
          (read start or chunk: the weights before the token)
@@ -28,6 +32,7 @@ A capability is what a component declares (components.declares), never its concr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import math
@@ -211,6 +216,11 @@ def newton_schulz_variant(optimizer, dtype, device, triton: bool) -> tuple[str |
     return "bmm", f"its Newton–Schulz in batched matmuls ({dtype} on {torch.device(device).type})"
 
 
+@functools.cache
+def fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
 def fla_gap(p: Problem) -> tuple[str | None, str]:
     """(fla-core's op, "") where fla computes the call ``p`` in its dtype on its device, else (None, why not)."""
     op, gap = fla_op(p.config, p.mem, p.bias, p.optimizer, p.rule, p.specs, p.acts, p.D)
@@ -218,7 +228,7 @@ def fla_gap(p: Problem) -> tuple[str | None, str]:
         op, gap = None, f"dtype {p.dtype} (fla's chunk kernels take bfloat16 or float16 inputs: bf16-mixed)"
     if op is not None and torch.device(p.device).type not in FLA_DEVICES:
         op, gap = None, f"tensors on {torch.device(p.device).type} (fla's chunk kernels run on CUDA)"
-    if op is not None and importlib.util.find_spec("fla") is None:
+    if op is not None and not fla_installed():
         op, gap = None, "fla-core not installed (pip install fla-core)"
     return op, gap
 
