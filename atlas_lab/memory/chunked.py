@@ -97,11 +97,30 @@ def _bc(x, like):
     return x.reshape(x.shape + (1,) * (like.dim() - x.dim()))
 
 
+class _TokenApply(torch.autograd.Function):
+    """u_t W_tᵀ for every token: W [N, n, out, in], u [N, n, in] -> [N, n, out] (one batched product of matrix-vector
+    products). Backward: ∂W_t = ∂y_t u_tᵀ as an element-wise product, the values of the outer products autograd's
+    batched GEMM forms (a product over K = 1, each entry one rounded multiplication) without N·n GEMM calls; ∂u_t =
+    W_tᵀ ∂y_t as autograd takes it."""
+
+    @staticmethod
+    def forward(ctx, W, u):
+        ctx.save_for_backward(W, u)
+        return (W @ u.unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        W, u = ctx.saved_tensors
+        dW = grad.unsqueeze(-1) * u.unsqueeze(-2) if ctx.needs_input_grad[0] else None
+        du = (W.mT @ grad.unsqueeze(-1)).squeeze(-1) if ctx.needs_input_grad[1] else None
+        return dW, du
+
+
 def _materialized_read(mem, W_t, phi_q, q):
     """y_t = M_{W_t}(φ(q_t)) with per-token weights W_t {name: [N, n, *shape]}."""
     if not mem.dual_form:
         return vmap(vmap(mem.token_forward))(W_t, phi_q, q)
-    return mem.forward(lambda n, u: (W_t[n] @ u.unsqueeze(-1)).squeeze(-1), phi_q, q)
+    return mem.forward(lambda n, u: _TokenApply.apply(W_t[n], u), phi_q, q)
 
 
 def _last(x):
