@@ -12,6 +12,8 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from .call import Call, Carried, Result
 from .ops.chunk_linear_memory.triton import chunk_linear_memory, chunk_linear_memory_fwd_kernel
+from .components import declares
+from .ops.chunk_mlp_memory.muon import chunk_mlp_muon
 from .ops.chunk_mlp_memory.triton import chunk_mlp_memory
 from .plan import kernel_bias
 
@@ -61,11 +63,17 @@ def _memorize_mlp(x, st, m, co) -> Result:
     residual = m.mem.residual and x.k.shape[-1] == x.v.shape[-1]
     l2 = kernel_bias(m.bias) == "l2"
     We = W if W_eval is None else W_eval
-    y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
-        m.phi(x.q), m.phi(x.k), x.v - x.k if residual and l2 else x.v, x.gamma, co["a"], co["Cw"], W["W1"], W["W2"],
-        We["W1"], We["W2"], offset=st.offset, chunk_size=m.chunk_size, window=m.window, bias=kernel_bias(m.bias),
-        activation=m.mem.activation, m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"),
-        S1=S["W1"] if S is not None else None, S2=S["W2"] if S is not None else None)
+    inputs = (m.phi(x.q), m.phi(x.k), x.v - x.k if residual and l2 else x.v, x.gamma)
+    options = dict(offset=st.offset, chunk_size=m.chunk_size, window=m.window, bias=kernel_bias(m.bias),
+                   activation=m.mem.activation)
+    if declares(m.optimizer, "one_triple", "direction"):  # muon: the fused kernel, Newton–Schulz inside
+        y, W1, W2, S1, S2, E1, E2 = chunk_mlp_muon(
+            *inputs, co["a"], co["s"], co["Cw"], co["Cs"], W["W1"], W["W2"], S["W1"], S["W2"], We["W1"], We["W2"],
+            ns_steps=m.optimizer.ns_steps, ns_coefficients=m.optimizer.ns_coefficients, **options)
+    else:
+        y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
+            *inputs, co["a"], co["Cw"], W["W1"], W["W2"], We["W1"], We["W2"], m=co.get("m"), s=co.get("s"),
+            Cs=co.get("Cs"), S1=S["W1"] if S is not None else None, S2=S["W2"] if S is not None else None, **options)
     offset = (st.offset + x.q.shape[1]) % m.chunk_size
     return Result(y + x.q if residual else y, Carried({"W1": W1, "W2": W2},
                                                      None if S is None else {"W1": S1, "W2": S2},

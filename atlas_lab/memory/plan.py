@@ -24,8 +24,9 @@ predictions  on CUDA (auto): ((path, predicted seconds of the call's forward and
 op       for path fla, fla-core's op (fla.py)
 row      of a token's n_h steps (DeltaProduct), the one whose output it reads: the last (read token), the first
          (read start or chunk: the weights before the token)
-ns       muon's Newton–Schulz: triton (one batched launch per chunk: ops/newton_schulz/triton.py), cpu (the compiled
-         CPU kernel), bmm (batched matmuls); None for an optimizer without one
+ns       muon's Newton–Schulz: fused (inside the fused MLP kernel of path triton: ops/chunk_mlp_memory/muon.py), triton
+         (one batched launch per chunk: ops/newton_schulz/triton.py), cpu (the compiled CPU kernel), bmm (batched
+         matmuls); None for an optimizer without one
 
 A capability is what a component declares (components.declares), never its concrete class.
 """
@@ -75,7 +76,7 @@ class Plan:
     reason: str
     row: int = 0  # of a token's n_h steps, the one whose output it reads (token: after the last; chunk: the first)
     op: str | None = None  # path fla: fla-core's op (fla.py: FLA_OPS)
-    ns: str | None = None  # muon's Newton–Schulz: triton | cpu | bmm
+    ns: str | None = None  # muon's Newton–Schulz: fused | triton | cpu | bmm
     predictions: tuple = ()  # on CUDA (auto): ((path, predicted seconds or None: no formula), ...) of every path
     #                          that computes the call (predict.py)
 
@@ -146,6 +147,16 @@ def mlp_gap(config, weights: dict) -> str | None:
     return f"weights {', '.join(big)} (more than {MAX_MLP_WEIGHT} entries on chip)" if big else None
 
 
+def muon_kernel_gap(p: Problem) -> str | None:
+    """Why muon's fused MLP kernel (ops/chunk_mlp_memory/muon.py) does not compute a call the Triton path covers
+    (None when it does): a 2-layer MLP whose weights have no more rows than columns (its Newton–Schulz takes X Xᵀ
+    of the matrix as it is), within the MLP kernel's sizes (``mlp_gap``)."""
+    if not declares(p.mem, "two_layer", "forward"):
+        return f"memory {p.mem!r}"
+    tall = [f"{n} {o} × {i}" for n, (o, i) in p.weights.items() if o > i]
+    return f"weights {', '.join(tall)} (more rows than columns)" if tall else mlp_gap(p.config, p.weights)
+
+
 FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read token, no normalisation: the l2 bias at "
                 "chunk 1 with α per head (chunk_gated_delta_rule) or per key channel (chunk_kda), gradients at the "
                 "retained weights (gradient_at='retained', or α ≡ 1), and the dot bias at any chunk with α per head "
@@ -202,11 +213,13 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"memorize: unknown impl={impl!r}; valid choices: {', '.join(IMPLS)}")
 
 
-def newton_schulz_variant(optimizer, dtype, device, triton: bool) -> tuple[str | None, str]:
-    """(muon's Newton–Schulz variant, why) for a call in ``dtype`` on ``device``; triton: the Triton path covers it.
-    None for an optimizer without Newton–Schulz."""
+def newton_schulz_variant(optimizer, dtype, device, triton: bool, fused: bool = False) -> tuple[str | None, str]:
+    """(muon's Newton–Schulz variant, why) for a call in ``dtype`` on ``device``; triton: the Triton path covers it;
+    fused: the fused MLP kernel computes the call. None for an optimizer without Newton–Schulz."""
     if not declares(optimizer, "with_ns", "direction"):
         return None, ""
+    if fused:
+        return "fused", "its Newton–Schulz inside the fused MLP kernel (ops/chunk_mlp_memory/muon.py)"
     if triton:
         return "triton", "its Newton–Schulz one batched Triton launch per chunk"
     if not declares(optimizer, "one_triple", "direction"):
@@ -314,8 +327,8 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     carried = CARRIED[config.read] if longest > 1 else "nothing"
     row = rule.row(config.read)
 
-    def made(path, reason, triton=False, predictions=()):
-        ns, why = newton_schulz_variant(optimizer, dtype, device, triton)
+    def made(path, reason, triton=False, predictions=(), fused=False):
+        ns, why = newton_schulz_variant(optimizer, dtype, device, triton, fused)
         return Plan(path, form, block, carried, flops, reason + (f"; {why}" if why else ""), row, ns=ns,
                     predictions=predictions)
 
@@ -330,9 +343,12 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
     muon = declares(optimizer, "one_triple", "direction")
     if impl == "triton" or (impl == "auto" and cuda and muon):
         gap = CANDIDATES["triton"].gap(problem)
-        if gap is None and muon:  # muon: the chunked path around the batched Newton–Schulz kernel
+        if gap is None and muon:  # muon: the fused MLP kernel, else the chunked path around the batched NS kernel
             why = "asked" if impl == "triton" else f"the kernels cover it on CUDA; not fla: {fla_gap(problem)[1]}"
-            return made("chunked", f"{why}: muon on the chunked path", triton=True)
+            fused = muon_kernel_gap(problem)
+            if fused is None:
+                return made("triton", f"{why}: muon on the fused MLP kernel", fused=True)
+            return made("chunked", f"{why}: muon on the chunked path (not the fused MLP kernel: {fused})", triton=True)
         if gap is None:
             return made("triton", "asked")
         if impl == "triton":

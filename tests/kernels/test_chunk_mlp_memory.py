@@ -11,7 +11,7 @@ import importlib
 import pytest
 import torch
 
-from atlas_lab.memory import memorize
+from atlas_lab.memory import MemoryConfig, memorize
 from atlas_lab.memory.dispatch import INTERPRETED
 from atlas_lab.memory.ops.chunk_mlp_memory import chunk_mlp_memory, chunk_mlp_memory_naive
 from atlas_lab.memory.ops.chunk_mlp_memory.muon import chunk_mlp_muon
@@ -213,10 +213,10 @@ def problem(**kw):
     return p
 
 
-def triton_vs(impl, T=11, chunk_size=4, feature_map="identity", **options):
+def triton_vs(impl, T=11, chunk_size=4, feature_map="identity", d_k=4, **options):
     """memorize(impl="triton") with a 2-layer MLP memory in float32 against ``impl`` in float64 (the oracle)."""
     architecture = options.pop("architecture", "mlp")
-    kw = dict(architecture=architecture, feature_map=feature_map, T=T)
+    kw = dict(architecture=architecture, feature_map=feature_map, T=T, d_k=d_k)
     options = dict(architecture=architecture, feature_map=feature_map, chunk_size=chunk_size, **options)
     compare_float32(lambda p: run(p, "triton", **options), lambda p: run(p, impl, **options), problem(**kw),
                     run(make_problem(device="cpu", **kw), impl, **options), f"triton vs {impl} {options}")
@@ -230,6 +230,20 @@ def test_mlp_memory_matches_reference(bias, window, optimizer, feature_map, impl
     """T = 11 with chunks of 4 (an odd tail); windows online, inside a chunk and across chunks; the residual r(k) = k
     (d_k = d_v), learnt φ coefficients; against the token loop and the chunked path."""
     triton_vs(impl, attentional_bias=bias, window=window, optimizer=optimizer, feature_map=feature_map)
+
+
+CUBIC = {"name": "muon", "ns_coefficients": "cubic", "ns_steps": 3}
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("bias,window", [("l2", 1), ("l2", 3), ("dot", 6)])
+def test_muon_on_the_fused_kernel_matches_reference(bias, window, impl):
+    """Atlas's rule (muon, an Omega window, polynomial φ: W1 16 × 36, W2 4 × 16) on the fused kernel against the token
+    loop and the chunked path; cubic coefficients (quintic amplifies float32 rounding ~480×)."""
+    options = dict(attentional_bias=bias, window=window, optimizer=CUBIC, feature_map="polynomial", d_k=7)
+    assert plan(MemoryConfig(architecture="mlp", **{n: v for n, v in options.items() if n != "d_k"}),
+                Shapes(2, 11, 2, 7, 4), torch.float32, DEVICE, "triton").ns == "fused"
+    triton_vs(impl, **options)
 
 
 def test_a_state_continued_mid_chunk_is_one_call():
@@ -266,8 +280,6 @@ def test_a_state_continued_mid_chunk_is_one_call():
 def test_what_the_mlp_kernel_does_not_cover_goes_elsewhere(options, gap):
     """On CUDA (asked as there), a 2-layer MLP with gd runs on the Triton path; what the kernel cannot hold runs on the
     chunked path, and the plan says why."""
-    from atlas_lab.memory import MemoryConfig
-
     base = dict(architecture="mlp", attentional_bias="l2", optimizer="gd", window=4, chunk_size=16)
     shapes = Shapes(2, 64, 4, 16, 16)
     assert plan(MemoryConfig(**base), shapes, torch.float32, "cuda").path == "triton"

@@ -30,11 +30,13 @@ ROUTES = {
     "gated_deltanet2": ("chunked", "chunked", "delta_rule"),
     "gated_deltaproduct": ("chunked", "chunked", "delta_rule"),
     "swla": ("triton", "triton", "linear"),
-    "atlas": ("chunked ns triton", "chunked ns triton", "transformed"),
+    # muon on a 2-layer MLP: the fused kernel, Newton–Schulz inside (ops/chunk_mlp_memory/muon.py); atlas_pp's gated
+    # MLP: the chunked path around the batched Newton–Schulz kernel
+    "atlas": ("triton ns fused", "triton ns fused", "transformed"),
     "atlas_pp": ("chunked ns triton", "chunked ns triton", "transformed"),
-    "atlas_mag": ("chunked ns triton", "chunked ns triton", "transformed"),
-    "atlas_mal": ("chunked ns triton", "chunked ns triton", "transformed"),
-    "atlas_mac": ("chunked ns triton", "chunked ns triton", "transformed"),
+    "atlas_mag": ("triton ns fused", "triton ns fused", "transformed"),
+    "atlas_mal": ("triton ns fused", "triton ns fused", "transformed"),
+    "atlas_mac": ("triton ns fused", "triton ns fused", "transformed"),
     # a 2-layer MLP with gd or momentum and a window: the MLP chunk kernel (ops/chunk_mlp_memory)
     "ttt_mlp": ("triton", "triton", "linear"),
     "titans": ("triton", "triton", "linear"),
@@ -60,9 +62,9 @@ def test_every_preset_with_a_memory_has_a_route():
 
 
 def route(how) -> str:
-    """A plan's path, fla's op, and muon's Newton–Schulz where it is the Triton launch (the atlas presets: the chunked
-    path around it)."""
-    return " ".join(filter(None, (how.path, how.op, "ns triton" if how.ns == "triton" else None)))
+    """A plan's path, fla's op, and muon's Newton–Schulz where it is a Triton kernel's (fused: inside the MLP kernel;
+    triton: the batched launch the chunked path calls)."""
+    return " ".join(filter(None, (how.path, how.op, f"ns {how.ns}" if how.ns in ("triton", "fused") else None)))
 
 
 @pytest.mark.parametrize("preset", list(ROUTES))
