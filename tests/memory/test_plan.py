@@ -223,3 +223,9 @@ def test_fla_is_taken_by_its_prediction_not_by_rank(monkeypatch):
     monkeypatch.setattr(predict, "R", 1e9)
     how = plan(config, SHAPES, torch.bfloat16, "cuda")
     assert how.path == "triton" and how.op is None and argmin(how) == "triton", how
+
+
+def test_an_empty_call_is_predicted_to_cost_nothing():
+    """T = 0 (an empty piece of a stream): nothing runs, every covering path is predicted 0 and the first is taken."""
+    how = plan(resolve_preset("gated_deltanet")[1], Shapes(2, 0, 4, 16, 16), torch.float32, "cuda")
+    assert how.predictions == (("triton", 0.0), ("chunked", 0.0)) and how.path == "triton", how
