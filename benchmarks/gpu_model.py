@@ -116,7 +116,8 @@ SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"}
 # fitted on)
 WALKS = {
     **dict.fromkeys(("chunk_state_scan_kernel", "chunk_grad_scan_kernel", "chunk_mlp_memory_fwd_kernel",
-                     "chunk_mlp_memory_bwd_kernel"), lambda args, kwargs: args[-1]),
+                     "chunk_mlp_memory_bwd_kernel", "chunk_mlp_muon_fwd_kernel", "chunk_mlp_muon_bwd_kernel"),
+                    lambda args, kwargs: args[-1]),
     **dict.fromkeys(("chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
                      "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "chunk_fwd_kernel_h", "chunk_bwd_kernel_dh"),
                     lambda args, kwargs: -(-kwargs["T"] // kwargs["BT"])),
