@@ -112,8 +112,8 @@ KERNELS = {"select_backward": 2, "slice_backward": 2, "diagonal_backward": 2}
 SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"}  # a host synchronisation
 # Triton kernels whose programs walk the chunks one after another (each chunk's state from the last): the chunks
 # each program walks, from the launch's arguments (ours: NC, the last positional argument; fla's: ⌈T / BT⌉). The
-# MLP kernel's programs compute each chunk's products in their walk (heavier steps than the scans' C_walk was
-# fitted on)
+# MLP kernels' programs compute each chunk's products (and muon's Newton–Schulz) in their walk: heavier steps than
+# the scans' C_walk was fitted on
 WALKS = {
     **dict.fromkeys(("chunk_state_scan_kernel", "chunk_grad_scan_kernel", "chunk_mlp_memory_fwd_kernel",
                      "chunk_mlp_memory_bwd_kernel", "chunk_mlp_muon_fwd_kernel", "chunk_mlp_muon_bwd_kernel"),
