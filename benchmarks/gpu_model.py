@@ -337,6 +337,32 @@ def on_cuda(count: Count, routes: dict | None = None):
         foreach._get_foreach_kernels_supported_devices = devices
 
 
+def path_rows(presets, lengths, B: int = 4) -> list[dict]:
+    """For each preset and length, every path the plan finds computing the memory call on CUDA (float32; fla in
+    bfloat16): its launches and walk counted alone (``count_path``) and by the plan's formula (None: no formula)."""
+    import torch
+
+    from atlas_lab.memory.plan import CANDIDATES, Shapes, acting, call_problem
+
+    rows = []
+    for preset in presets:
+        for T in lengths:
+            for path, candidate in CANDIDATES.items():
+                dtype = torch.bfloat16 if path == "fla" else torch.float32
+                q, k, v, config, options = memory_call(preset, B, T, dtype=dtype)
+                d = q.shape[-1]
+                problem = call_problem(config, Shapes(B, T, q.shape[2], d, v.shape[-1]), dtype, "cuda",
+                                       acting(config.resolve().specs, options.get("gates")))
+                if candidate.gap(problem) is not None:
+                    continue
+                counted = count_path(q, k, v, config, path, **options).total()
+                cost = candidate.cost(problem)
+                rows.append(dict(preset=preset, path=path, T=T, launches=counted["launches"], walk=counted["walk"],
+                                 formula=cost and cost.launches, formula_walk=cost and cost.walk,
+                                 predicted_ms=cost and cost.seconds * 1e3))
+    return rows
+
+
 def memory_call(preset: str, B: int, T: int, d_model: int = 128, heads: int = 8, dtype=None):
     """(q, k, v, MemoryConfig, memorize's keywords) of the first memory layer of ``preset``'s model (d_model, one
     layer, ``heads`` memory heads) on [B, T] tokens, as its mixer passes them, on the meta device; q, k, v in
@@ -775,8 +801,20 @@ def main(argv=None) -> int:
     ap.add_argument("--record", default=None, help="write the counts here as they come (gpu_check reads them)")
     ap.add_argument("--from-record", default=None, help="print the tables of a record written before; count nothing")
     ap.add_argument("--json", default=None, help="the JSON (default runs/bench/gpu_model.json)")
+    ap.add_argument("--paths", nargs="+", default=None, metavar="PRESET",
+                    help="instead: each path that computes these presets' memory calls on CUDA, counted alone "
+                         "(count_path) beside the plan's formula (memory/predict.py), at --lengths (64 100 128)")
     args = ap.parse_args(argv)
     common.set_threads(1)
+    if args.paths:
+        rows = path_rows(args.paths, args.lengths or (64, 100, 128))
+        common.print_table("each path of one memory call alone, counted on the meta device beside the plan's "
+                           "formula (B 4, 8 heads of 16; the plan's dtype: float32, fla bfloat16)",
+                           ["preset", "path", "T", "launches", "formula", "walk", "formula", "predicted ms"],
+                           [[r["preset"], r["path"], r["T"], r["launches"], fmt(r["formula"], "d"), r["walk"],
+                             fmt(r["formula_walk"], "d"), fmt(r["predicted_ms"], ".3g")] for r in rows])
+        common.write_json(args.json or common.out_path("gpu_model_paths"), dict(meta=common.meta(args), rows=rows))
+        return 0
     started = time.perf_counter()
     log = common.console().print
     size = json.loads(args.train_size) if args.train_size else gpu_check.TRAIN_SIZE
