@@ -24,10 +24,11 @@ measured route with a walk; its step grew 0.023 → 0.026 s from L 64 to 256 whe
 two significant digits (±0.0005 s a point) leave C_walk within about ±0.9 µs. R is not determined by the table (its
 FLOPs move a step by < 1 ms): the FLOP term of a call is small beside its launches here.
 
-The launch formulas (``LAUNCHES``: fixed + per chunk / block / piece; counted on the meta device by
-``gpu_model.count_path``, tests/test_gpu_model.py checks each against it at three lengths) hold for an identity
-feature map at window 1 and for swla's (polynomial φ, window 8), with the gates a layer learns taking gradients
-(``grads``); elsewhere they are the nearest of these.
+The launch formulas (``triton_launches``, ``chunked_launches``, ``fla_launches``: fixed + per chunk, WY block or
+piece, as counted on the meta device by ``gpu_model.count_path``; ``python benchmarks/gpu_model.py --paths PRESET``
+prints both, and tests/test_gpu_model.py checks them equal at three lengths for every linear-memory preset a
+choice is made for) hold for an identity feature map at window 1 and for swla's (polynomial φ, window 8), with the
+gates a layer learns taking gradients (``grads``); elsewhere they are the nearest of these.
 
 Adding a path: its coverage check and its cost (``cost(problem) -> Cost | None``) in plan.py's ``CANDIDATES``; its
 formula here beside the others.
@@ -101,15 +102,18 @@ def _parts(T: int, chunk: int) -> int:
     return int(T // chunk > 0) + int(T % chunk > 0)
 
 
-# Launches of each path, forward and backward, as counted (fixed + per unit): α, η: the retention and the step size
-# take gradients (``grads``); P: groups of equal chunks (``_parts``); X: ``shaped``; low: inputs below float32
+# Launches of each path, forward and backward, as counted (fixed + per unit). In the formulas α, η: the retention and
+# the step size take gradients (``grads``); P: groups of equal chunks (``_parts``); X: ``shaped``.
 def triton_launches(p: Problem) -> int:
-    """The chunk kernels (dispatch.memorize_triton): 3 kernels forward, 3 backward, around PyTorch's φ, the closed
-    form's rows per group of equal chunks (P) and their gradients."""
+    """The linear memory's chunk kernels (dispatch.memorize_triton): forward 2 + 14·P (3 kernels, the closed form's
+    rows per group of equal chunks) + 30·X (φ); backward 10 + 14·α (l2) or 7 + α·(23 + 29·(P − 1)) + η·(2 + 7·(P − 1))
+    (dot), + 84·X, + 6 for inputs below float32 (their casts)."""
+    from .plan import kernel_bias
+
     a, e, X = "alpha" in p.grads, "eta" in p.grads, shaped(p)
     P = _parts(p.shapes.T, p.config.chunk_size)
     forward = 2 + 14 * P + 30 * X
-    if kernel_l2(p.bias):
+    if kernel_bias(p.bias) == "l2":
         backward = 10 + 14 * a
     else:
         backward = 7 + a * (23 + 29 * (P - 1)) + e * (2 + 7 * (P - 1))
@@ -117,8 +121,12 @@ def triton_launches(p: Problem) -> int:
 
 
 def chunked_launches(p: Problem) -> int | None:
-    """The chunked path (chunked.py) on the linear memory: the delta rule per WY block, the linear form per chunk;
-    None for another form or memory (no formula yet)."""
+    """The chunked path (chunked.py) on the linear memory; None for another form or memory (no formula yet).
+
+    delta rule, n WY blocks of T·n_h steps: α per head 4 + f + 47·n forward, (1 + 40·n, or −10 + 83·n with α) + 3·f
+    backward (f: gradients at a per-token point, ``rule.scaled``); α per key channel (blocks of 16) 5 + 51·n and
+    −7 + 84·n, less 2 + 5·n with an erase gate
+    linear form, n chunks: 1 + 43·n + 38·X forward; (−3 − 9·α + η) + (19 + 40·α + 2·η)·n + X·(91 + 4·n) backward"""
     from .components import declares
 
     if not declares(p.mem, "linear_map", "forward"):
@@ -141,8 +149,9 @@ def chunked_launches(p: Problem) -> int | None:
 
 
 def fla_launches(p: Problem, op: str) -> int:
-    """fla-core's chunk functions (fla.py): their kernels and the mapping's operators, per piece (simple GLA: a call
-    ending inside a chunk runs in two)."""
+    """fla-core's chunk functions (fla.py): their kernels and the mapping's operators: gated delta rule 10 + 12, kda
+    12 + 16, simple GLA 9 + 10 + 3·α + 3·η per call, and 13 + 26 + 8·α + 8·η more for a second piece (a call that
+    ends inside a chunk runs in two)."""
     a, e = "alpha" in p.grads, "eta" in p.grads
     if op == "gated_delta_rule":
         return 10 + 12
@@ -152,15 +161,6 @@ def fla_launches(p: Problem, op: str) -> int:
     return 9 + 13 * extra + 10 + 3 * a + 3 * e + extra * (26 + 8 * a + 8 * e)
 
 
-LAUNCHES = {"triton": triton_launches, "chunked": chunked_launches, "fla": fla_launches}
-
-
-def kernel_l2(bias) -> bool:
-    from .components import declares
-
-    return declares(bias, "delta_rule", "loss")
-
-
 def _fla_pieces(p: Problem) -> int:
     """fla.memorize_fla's calls of fla's function: two where the call ends inside a chunk after a full one."""
     T, c = p.shapes.T, p.config.chunk_size
@@ -168,6 +168,7 @@ def _fla_pieces(p: Problem) -> int:
 
 
 def _fla_walk(p: Problem) -> int:
+    """fla's three state passes (forward, its recomputation, backward) over ⌈n / 64⌉ chunks of each piece."""
     T, c = p.shapes.T, p.config.chunk_size
     pieces = [T - T % c, T % c] if T % c and T > c else [T]
     return 3 * sum(math.ceil(n / FLA_CHUNK) for n in pieces)
@@ -188,8 +189,10 @@ def forward_flops(p: Problem) -> float:
 
 
 def triton_cost(p: Problem) -> Cost | None:
-    """The linear memory's chunk kernels; None for another memory (the MLP kernel: no formula yet)."""
+    """The linear memory's chunk kernels: their launches, two scans of ⌈T / chunk⌉ chunks, their dots (the kernel's
+    ``launches()``); None for another memory (the MLP kernels: no formula yet)."""
     from .components import declares
+    from .plan import kernel_bias
 
     if not declares(p.mem, "linear_map", "forward"):
         return None
@@ -197,7 +200,7 @@ def triton_cost(p: Problem) -> Cost | None:
     NC = math.ceil(T / p.config.chunk_size)
     momentum = p.optimizer.state_shape((1, 1)) is not None
     flops = _kernel_flops(B * H, T, p.D, d_v + int(p.config.normalize), p.config.chunk_size, p.config.window,
-                          "l2" if kernel_l2(p.bias) else "dot", momentum)
+                          kernel_bias(p.bias), momentum)
     return Cost(triton_launches(p), 2 * NC, flops)
 
 
