@@ -33,7 +33,6 @@ A capability is what a component declares (components.declares), never its concr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import os
 import math
@@ -54,6 +53,7 @@ IMPLS = ("reference", "chunked", "triton", "fla", "auto")
 CARRIED = {"token": "eval_weights", "start": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (§4.1)
 FLA_DTYPES = (torch.bfloat16, torch.float16)  # the inputs fla's chunk kernels take (they compute in float32)
 FLA_DEVICES = ("cuda",)
+FLA_INSTALLED = importlib.util.find_spec("fla") is not None  # fla-core (its chunk kernels need a GPU to run)
 
 
 class Shapes(NamedTuple):
@@ -229,11 +229,6 @@ def newton_schulz_variant(optimizer, dtype, device, triton: bool, fused: bool = 
     return "bmm", f"its Newton–Schulz in batched matmuls ({dtype} on {torch.device(device).type})"
 
 
-@functools.cache
-def fla_installed() -> bool:
-    return importlib.util.find_spec("fla") is not None
-
-
 def fla_gap(p: Problem) -> tuple[str | None, str]:
     """(fla-core's op, "") where fla computes the call ``p`` in its dtype on its device, else (None, why not)."""
     op, gap = fla_op(p.config, p.mem, p.bias, p.optimizer, p.rule, p.specs, p.acts, p.D)
@@ -241,7 +236,7 @@ def fla_gap(p: Problem) -> tuple[str | None, str]:
         op, gap = None, f"dtype {p.dtype} (fla's chunk kernels take bfloat16 or float16 inputs: bf16-mixed)"
     if op is not None and torch.device(p.device).type not in FLA_DEVICES:
         op, gap = None, f"tensors on {torch.device(p.device).type} (fla's chunk kernels run on CUDA)"
-    if op is not None and not fla_installed():
+    if op is not None and not FLA_INSTALLED:
         op, gap = None, "fla-core not installed (pip install fla-core)"
     return op, gap
 

@@ -35,7 +35,6 @@ formula here beside the others.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -174,12 +173,18 @@ def _fla_walk(p: Problem) -> int:
     return 3 * sum(math.ceil(n / FLA_CHUNK) for n in pieces)
 
 
-@functools.lru_cache(maxsize=1024)
-def _kernel_flops(N: int, T: int, D: int, DV: int, chunk_size: int, window, bias: str, momentum: bool) -> int:
-    from .ops.chunk_linear_memory.triton import launches
+_KERNEL_FLOPS: dict = {}  # by _kernel_flops' arguments (a plain dict: torch.compile traces it without a warning)
 
-    each = launches(N, T, D, DV, chunk_size=chunk_size, window=window, bias=bias, momentum=momentum)
-    return int(sum(f for _, _, f in each.values()))
+
+def _kernel_flops(*key) -> int:
+    """The chunk kernels' dot FLOPs of a call, forward and backward (their ``launches()``: a loop over the chunks)."""
+    if key not in _KERNEL_FLOPS:
+        from .ops.chunk_linear_memory.triton import launches
+
+        N, T, D, DV, chunk_size, window, bias, momentum = key
+        each = launches(N, T, D, DV, chunk_size=chunk_size, window=window, bias=bias, momentum=momentum)
+        _KERNEL_FLOPS[key] = int(sum(f for _, _, f in each.values()))
+    return _KERNEL_FLOPS[key]
 
 
 def forward_flops(p: Problem) -> float:
