@@ -205,7 +205,14 @@ def compare_float32(fast, reference, problem, oracle, what):
 def fla_float64():
     """fla's naive references compute in float32 (``x.to(torch.float)``, ``x.float()``, ``dtype=torch.float32``);
     inside this context those names mean float64, so they evaluate their definition in float64 (a test checks their
-    outputs' dtype; a float32 evaluation could not pass a float64 tolerance anyway)."""
+    outputs' dtype; a float32 evaluation could not pass a float64 tolerance anyway). fla's op packages are imported
+    before: imported inside, their defaults (``output_dtype=torch.float``) would keep float64 for the process."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("fla") is not None:
+        for package in ("gated_delta_rule", "kda", "simple_gla", "delta_rule"):
+            importlib.import_module(f"fla.ops.{package}")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch, "float", torch.float64)
         m.setattr(torch, "float32", torch.float64)
