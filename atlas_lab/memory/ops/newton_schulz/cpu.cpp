@@ -1,20 +1,26 @@
-// Newton–Schulz iterations on many small matrices, fused per matrix, for the CPU (float32 and float64), with the
-// normalisation and the transpose of ``reference.newton_schulz`` inside.
+// Newton–Schulz iterations on many small matrices for the CPU (float32 and float64), with the normalisation and the
+// transpose of ``reference.newton_schulz`` inside.
 //
 // For each G [r, c] of a batch: X_0 = X / d with X = G (Gᵀ when r > c, so that X is [m, n], m ≤ n) and d = ‖G‖_F + eps
 // (computed by the caller), then k times:   A = X Xᵀ,  B = b A + c A²,  X ← a X + B X;  the result in G's layout.
-// Backward (recomputation): the iterates are recomputed per matrix, then for j = k−1 … 0, with G = ∂L/∂X_{j+1}:
+// Backward (recomputation): the iterates are recomputed, then for j = k−1 … 0, with G = ∂L/∂X_{j+1}:
 //   dB = G X_jᵀ,  E = dB + dBᵀ,  ∂A + ∂Aᵀ = b E + c (E A + A E),  ∂L/∂X_j = a G + B G + (∂A + ∂Aᵀ) X_j
-// (A and B are symmetric); then through X_0 = X / d the element-wise terms of autograd's division backward,
+// (A and B are symmetric; A E is (E A)ᵀ, the same sums in the same order, taken once); then through X_0 = X / d the element-wise terms of autograd's division backward,
 // ∂L/∂X_0 / d and t = −∂L/∂X_0 · ((X / d) / d) (whose sum over a matrix is ∂L/∂d), and ``finish`` adds the norm's
 // term ∂L/∂d · (X / ‖G‖_F), 0 where ‖G‖_F = 0: each element-wise step is the single IEEE operation autograd takes,
 // in its order, so values and gradients equal those of the same normalisation written in PyTorch bit for bit.
 // The PyTorch version of the iterations is ``_NSIterations`` in reference.py; both are tested against autograd through
 // the literal iteration.
 //
-// Every matrix lives in a per-thread buffer whose rows are padded with zeros to a multiple of one vector; the
-// padding stays zero through every product, and each product C = A B runs blocks of up to 4 rows × 2 vectors of C,
-// so every vector of B that is loaded feeds up to 4 fused multiply-adds and 8 of them are in flight.
+// Matrices in lanes: a group of W matrices of the batch (W = 8 float32 or 4 float64: one 32-byte vector) is stored
+// entry by entry, each entry a vector of the W matrices' values (lane l: matrix l of the group), so every product is
+// a product of small matrices whose entries are vectors: no padding, no transposes, register blocks of 4 × 4 entries
+// (16 accumulators, 8 loads for 16 fused multiply-adds), and the symmetric products (X Xᵀ, A²) taken on and above
+// the diagonal only. Every entry is a sum over p in order, one fused multiply-add a term, as in the row-major kernel
+// this replaced, whose values it gives bit for bit but where m ≡ 1 (mod 4): there that kernel's single-row blocks
+// rounded the last row of A = X Xᵀ apart from its last column (A not exactly symmetric), a difference of a few units in
+// the last place after k steps. 32-byte vectors: a group's iterates stay within the first-level cache (64-byte ones
+// doubled the group and ran no faster).
 #include <ATen/ATen.h>
 #include <torch/python.h>  // pybind11 and its Tensor casters; not torch/extension.h, which takes 1.6x as long to compile
 #include <ATen/Parallel.h>
@@ -24,122 +30,120 @@
 
 namespace {
 
-// One vector is the machine's widest register: 64 bytes with AVX-512, else 32 (AVX2). A 64-byte vector type on an
-// AVX2 machine is split by the compiler through the stack, which made the kernel 2x slower than batched matmuls.
-#if defined(__AVX512F__)
-constexpr int kBytes = 64;
-#else
-constexpr int kBytes = 32;
-#endif
-template <typename T> struct Vec { typedef T type __attribute__((vector_size(kBytes))); };
-template <typename T> constexpr int kWidth = kBytes / sizeof(T);
+constexpr int kLaneBytes = 32;
+template <typename T> struct LaneVec { typedef T type __attribute__((vector_size(kLaneBytes))); };
+template <typename T> constexpr int kLanes = kLaneBytes / sizeof(T);
+template <typename T> using V = typename LaneVec<T>::type;
 
-template <typename T> inline typename Vec<T>::type vload(const T* p) {
-  typename Vec<T>::type v;
-  __builtin_memcpy(&v, p, kBytes);
-  return v;
-}
-template <typename T> inline void vstore(T* p, typename Vec<T>::type v) { __builtin_memcpy(p, &v, kBytes); }
-
-inline int padded(int x, int w) { return (x + w - 1) / w * w; }
-
-// C[R, j0 : j0 + NV·w] (= or +=) alpha · A[R, K] @ B[K, j0 : j0 + NV·w], row strides lda and ld: R·NV independent
-// accumulators, so that consecutive fused multiply-adds do not wait on each other.
-template <typename T, bool ACC, int R, int NV>
-inline void product_block(const T* __restrict A, int lda, const T* __restrict B, T* __restrict C, int ld, int K,
-                          T alpha, int j0) {
-  using V = typename Vec<T>::type;
-  V acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+// C[i][j] for i in [i0, i0 + RB), j in [j0, j0 + CB): Σ_{p<K} L[i·li + p·lp] · R[p·rp + j·rj], then
+// C = alpha · acc (ACC false) or C = alpha · acc + C (ACC true); C[i·ci + j].
+template <typename T, bool ACC, int RB, int CB>
+inline void lane_block(const V<T>* __restrict L, int li, int lp, const V<T>* __restrict R, int rp, int rj,
+                       V<T>* __restrict C, int ci, int i0, int j0, int K, T alpha) {
+  V<T> acc[RB][CB];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c) acc[r][c] = V<T>{};
   for (int p = 0; p < K; ++p) {
-    V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = vload(B + p * ld + j0 + v * kWidth<T>);
-    for (int r = 0; r < R; ++r) {
-      const T s = A[r * lda + p];
-      for (int v = 0; v < NV; ++v) acc[r][v] += s * b[v];
-    }
+    V<T> l[RB], x[CB];
+    for (int r = 0; r < RB; ++r) l[r] = L[(i0 + r) * li + p * lp];
+    for (int c = 0; c < CB; ++c) x[c] = R[p * rp + (j0 + c) * rj];
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < CB; ++c) acc[r][c] += l[r] * x[c];
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) {
-      T* c = C + r * ld + j0 + v * kWidth<T>;
-      V out = alpha * acc[r][v];
-      if (ACC) out += vload(c);
-      vstore(c, out);
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c) {
+      V<T>* out = C + (i0 + r) * ci + j0 + c;
+      V<T> o = alpha * acc[r][c];
+      if (ACC) o += *out;
+      *out = o;
     }
 }
 
-// C[R, ld] (= or +=) alpha · A[R, K] @ B[K, ld]; ld is a multiple of the vector width.
-template <typename T, bool ACC, int R>
-inline void product_rows(const T* A, int lda, const T* B, T* C, int ld, int K, T alpha) {
-  int j0 = 0;
-  for (; j0 + 2 * kWidth<T> <= ld; j0 += 2 * kWidth<T>) product_block<T, ACC, R, 2>(A, lda, B, C, ld, K, alpha, j0);
-  if (j0 < ld) product_block<T, ACC, R, 1>(A, lda, B, C, ld, K, alpha, j0);
+template <typename T, bool ACC, int RB>
+inline void lane_rows(const V<T>* L, int li, int lp, const V<T>* R, int rp, int rj, V<T>* C, int ci, int i0, int j0,
+                      int cols, int K, T alpha) {
+  switch (cols) {
+    case 4: lane_block<T, ACC, RB, 4>(L, li, lp, R, rp, rj, C, ci, i0, j0, K, alpha); break;
+    case 3: lane_block<T, ACC, RB, 3>(L, li, lp, R, rp, rj, C, ci, i0, j0, K, alpha); break;
+    case 2: lane_block<T, ACC, RB, 2>(L, li, lp, R, rp, rj, C, ci, i0, j0, K, alpha); break;
+    default: lane_block<T, ACC, RB, 1>(L, li, lp, R, rp, rj, C, ci, i0, j0, K, alpha); break;
+  }
 }
 
-// C[M, ld] (= or +=) alpha · A[M, K] @ B[K, ld]
+// C [M, N] (row stride ci) = alpha · L R (ACC: + C), L(i, p) = L[i·li + p·lp], R(p, j) = R[p·rp + j·rj]. sym: L R is
+// symmetric; only the blocks on and above the diagonal are computed, the others mirrored (the entries (i, j) and
+// (j, i) of a product X Xᵀ or A A are the same sums in the same order).
 template <typename T, bool ACC>
-inline void product(const T* A, int lda, const T* B, T* C, int ld, int M, int K, T alpha = T(1)) {
-  int i = 0;
-  for (; i + 4 <= M; i += 4) product_rows<T, ACC, 4>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
-  if (i + 2 <= M) { product_rows<T, ACC, 2>(A + i * lda, lda, B, C + i * ld, ld, K, alpha); i += 2; }
-  if (i < M) product_rows<T, ACC, 1>(A + i * lda, lda, B, C + i * ld, ld, K, alpha);
+inline void lane_product(const V<T>* L, int li, int lp, const V<T>* R, int rp, int rj, V<T>* C, int ci, int M, int N,
+                         int K, T alpha = T(1), bool sym = false) {
+  for (int i0 = 0; i0 < M; i0 += 4) {
+    const int rows = std::min(4, M - i0);
+    for (int j0 = sym ? i0 : 0; j0 < N; j0 += 4) {
+      const int cols = std::min(4, N - j0);
+      switch (rows) {
+        case 4: lane_rows<T, ACC, 4>(L, li, lp, R, rp, rj, C, ci, i0, j0, cols, K, alpha); break;
+        case 3: lane_rows<T, ACC, 3>(L, li, lp, R, rp, rj, C, ci, i0, j0, cols, K, alpha); break;
+        case 2: lane_rows<T, ACC, 2>(L, li, lp, R, rp, rj, C, ci, i0, j0, cols, K, alpha); break;
+        default: lane_rows<T, ACC, 1>(L, li, lp, R, rp, rj, C, ci, i0, j0, cols, K, alpha); break;
+      }
+    }
+  }
+  if (sym)
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < (i / 4) * 4; ++j) C[i * ci + j] = C[j * ci + i];
 }
 
+// One iteration on a group: A = X Xᵀ, B = b A + c A² (c ≠ 0) or b A, Xn = a X + B X. X, Xn [m, n]; A, B [m, m].
 template <typename T>
-inline void transpose(const T* __restrict X, int ldx, T* __restrict XT, int ldt, int rows, int cols) {
-  for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) XT[j * ldt + i] = X[i * ldx + j];
+inline void lane_iteration(int m, int n, const V<T>* X, V<T>* A, V<T>* B, V<T>* Xn, T a, T b, T c) {
+  lane_product<T, false>(X, n, 1, X, 1, n, A, m, m, m, n, T(1), true);
+  if (c != T(0)) {
+    lane_product<T, false>(A, m, 1, A, m, 1, B, m, m, m, m, c, true);
+    for (int i = 0; i < m * m; ++i) B[i] += b * A[i];
+  } else {
+    for (int i = 0; i < m * m; ++i) B[i] = b * A[i];
+  }
+  for (int i = 0; i < m * n; ++i) Xn[i] = a * X[i];
+  lane_product<T, true>(B, m, 1, X, n, 1, Xn, n, m, n, m);
 }
 
-// The padded layout of one matrix: X [m, np], Xᵀ [n, mp], A and B [m, mp]; t: the caller's matrix is Xᵀ [n, m].
-template <typename T> struct Layout {
-  int m, n, np, mp;
+// The kernel's view of the caller's G [M, r, c]: X [m, n] = G, or Gᵀ when r > c.
+struct Shape {
+  int m, n;
   bool t;
-  Layout(int m_, int n_, bool t_ = false)
-      : m(m_), n(n_), np(padded(n_, kWidth<T>)), mp(padded(m_, kWidth<T>)), t(t_) {}
-  int x() const { return m * np; }
-  int xt() const { return n * mp; }
-  int a() const { return m * mp; }
-  // element (i, j) of X in a caller's matrix of m·n elements
-  int at(int i, int j) const { return t ? j * m + i : i * n + j; }
-  void load(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) dst[i * np + j] = src[at(i, j)];
-  }
-  void load_scaled(const T* src, T* dst, T d) const {  // X / d, the division autograd's forward takes
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) dst[i * np + j] = src[at(i, j)] / d;
-  }
-  void store(const T* src, T* dst) const {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) dst[at(i, j)] = src[i * np + j];
-  }
+  explicit Shape(const at::Tensor& G)
+      : m(G.size(1) > G.size(2) ? G.size(2) : G.size(1)), n(G.size(1) > G.size(2) ? G.size(1) : G.size(2)),
+        t(G.size(1) > G.size(2)) {}
+  int at(int i, int j) const { return t ? j * m + i : i * n + j; }  // X[i, j] in a caller's matrix
+  int size() const { return m * n; }
 };
 
-// One iteration: from X (and its transpose, written to XT) to A, B and Xn = a X + B X.
+// Lane l of X [m, n] (a group's buffer) from matrix src (the caller's layout); the zero matrix for a lane past the
+// batch's end.
 template <typename T>
-inline void iteration(const Layout<T>& L, const T* X, T* XT, T* A, T* B, T* Xn, T a, T b, T c) {
-  transpose(X, L.np, XT, L.mp, L.m, L.n);
-  product<T, false>(X, L.np, XT, A, L.mp, L.m, L.n);
-  if (c != T(0)) {
-    product<T, false>(A, L.mp, A, B, L.mp, L.m, L.m, c);
-    for (int i = 0; i < L.a(); ++i) B[i] += b * A[i];
-  } else {
-    for (int i = 0; i < L.a(); ++i) B[i] = b * A[i];
+inline void lane_load(const Shape& S, V<T>* X, int l, const T* src) {
+  T* x = reinterpret_cast<T*>(X);
+  constexpr int W = kLanes<T>;
+  for (int i = 0; i < S.m; ++i)
+    for (int j = 0; j < S.n; ++j) x[(i * S.n + j) * W + l] = src == nullptr ? T(0) : src[S.at(i, j)];
+}
+
+// The group's W matrices from the batch (from first, count of them) into X, each divided by its d (one vector division
+// an entry; a lane past the batch's end: 0 / 1).
+template <typename T>
+inline void lane_load_scaled(const Shape& S, V<T>* X, const T* src, const T* d, int64_t first, int64_t count,
+                             V<T>& dv) {
+  constexpr int W = kLanes<T>;
+  T* dl = reinterpret_cast<T*>(&dv);
+  for (int l = 0; l < W; ++l) {
+    lane_load<T>(S, X, l, l < count ? src + (first + l) * S.size() : nullptr);
+    dl[l] = l < count ? d[first + l] : T(1);
   }
-  for (int i = 0; i < L.x(); ++i) Xn[i] = a * X[i];
-  product<T, true>(B, L.mp, X, Xn, L.np, L.m, L.m);
+  for (int e = 0; e < S.size(); ++e) X[e] = X[e] / dv;
 }
 
-// Matrices per parallel task: about 4K elements, so that small batches of large matrices still use every thread.
-inline int64_t grain(const at::Tensor& X) { return std::max<int64_t>(1, 4096 / (X.size(1) * X.size(2))); }
-
-// The kernel's layout of the caller's G [M, r, c]: X = G, or Gᵀ when r > c.
-template <typename T> Layout<T> layout(const at::Tensor& G) {
-  const bool t = G.size(1) > G.size(2);
-  return Layout<T>(t ? G.size(2) : G.size(1), t ? G.size(1) : G.size(2), t);
-}
+// Groups per parallel task: about 4K elements a task.
+inline int64_t lane_grain(const Shape& S, int W) { return std::max<int64_t>(1, 4096 / (S.size() * W)); }
 
 void check(const at::Tensor& G, const at::Tensor& d) {
   TORCH_CHECK(G.device().is_cpu() && G.dim() == 3 && G.is_contiguous(), "G must be a contiguous [M, r, c] CPU tensor");
@@ -154,28 +158,36 @@ at::Tensor ns_forward(at::Tensor G, at::Tensor d, int64_t k, double a, double b,
   check(G, d);
   auto out = at::empty_like(G);
   const int64_t M = G.size(0);
+  const Shape S(G);
   AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_forward", [&] {
     using T = scalar_t;
-    const Layout<T> L = layout<T>(G);
+    constexpr int W = kLanes<T>;
     const T* x = G.data_ptr<T>();
     const T* dd = d.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
-      std::vector<T> buffer(2 * L.x() + L.xt() + 2 * L.a(), T(0));
-      T* X1 = buffer.data();
-      T* X2 = X1 + L.x();
-      T* XT = X2 + L.x();
-      T* A = XT + L.xt();
-      T* B = A + L.a();
-      for (int64_t i = begin; i < end; ++i) {
-        T* cur = X1;
-        T* next = X2;
-        L.load_scaled(x + i * L.m * L.n, cur, dd[i]);
+    const int64_t groups = (M + W - 1) / W;
+    at::parallel_for(0, groups, lane_grain(S, W), [&](int64_t begin, int64_t end) {
+      std::vector<V<T>> buffer(2 * S.size() + 2 * S.m * S.m);
+      V<T>* X1 = buffer.data();
+      V<T>* X2 = X1 + S.size();
+      V<T>* A = X2 + S.size();
+      V<T>* B = A + S.m * S.m;
+      for (int64_t gi = begin; gi < end; ++gi) {
+        const int64_t first = gi * W, count = std::min<int64_t>(W, M - first);
+        V<T> dv;
+        lane_load_scaled<T>(S, X1, x, dd, first, count, dv);
+        V<T>* cur = X1;
+        V<T>* next = X2;
         for (int j = 0; j < k; ++j) {
-          iteration<T>(L, cur, XT, A, B, next, a, b, c);
+          lane_iteration<T>(S.m, S.n, cur, A, B, next, a, b, c);
           std::swap(cur, next);
         }
-        L.store(cur, o + i * L.m * L.n);
+        const T* y = reinterpret_cast<const T*>(cur);
+        for (int l = 0; l < count; ++l) {
+          T* dst = o + (first + l) * S.size();
+          for (int i = 0; i < S.m; ++i)
+            for (int j = 0; j < S.n; ++j) dst[S.at(i, j)] = y[(i * S.n + j) * W + l];
+        }
       }
     });
   });
@@ -188,64 +200,85 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
   check(G, d);
   TORCH_CHECK(grad.sizes() == G.sizes() && grad.scalar_type() == G.scalar_type() && grad.is_contiguous(),
               "grad must match G");
-  const bool t = G.size(1) > G.size(2);
-  const int64_t M = G.size(0), m = t ? G.size(2) : G.size(1), n = t ? G.size(1) : G.size(2);
-  auto g1 = at::empty({M, m, n}, G.options());
-  auto td = at::empty({M, m, n}, G.options());
+  const Shape S(G);
+  const int64_t M = G.size(0);
+  auto g1 = at::empty({M, S.m, S.n}, G.options());
+  auto td = at::empty({M, S.m, S.n}, G.options());
   AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_backward", [&] {
     using T = scalar_t;
-    const Layout<T> L = layout<T>(G);
+    constexpr int W = kLanes<T>;
     const T* x = G.data_ptr<T>();
     const T* dd = d.data_ptr<T>();
     const T* gr = grad.data_ptr<T>();
     T* o1 = g1.data_ptr<T>();
     T* o2 = td.data_ptr<T>();
     const T ta = a, tb = b, tc = c;
-    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
-      // X_0..X_k, X_0ᵀ..X_{k-1}ᵀ, A_j, B_j, then dB, E, S and two gradients
-      std::vector<T> buffer((k + 1) * L.x() + k * (L.xt() + 2 * L.a()) + 3 * L.a() + 2 * L.x(), T(0));
-      T* Xs = buffer.data();
-      T* XTs = Xs + (k + 1) * L.x();
-      T* As = XTs + k * L.xt();
-      T* Bs = As + k * L.a();
-      T* dB = Bs + k * L.a();
-      T* E = dB + L.a();
-      T* S = E + L.a();
-      T* g = S + L.a();
-      T* g_next = g + L.x();
-      for (int64_t i = begin; i < end; ++i) {
-        const T di = dd[i];
-        L.load_scaled(x + i * L.m * L.n, Xs, di);
+    const int m = S.m, n = S.n, mm = S.m * S.m, mn = S.size();
+    const int64_t groups = (M + W - 1) / W;
+    at::parallel_for(0, groups, lane_grain(S, W), [&](int64_t begin, int64_t end) {
+      // X_0..X_k, A_j, B_j, then dB, E, S, two gradients and the division's second term
+      std::vector<V<T>> buffer((k + 1) * mn + 2 * k * mm + 3 * mm + 3 * mn);
+      V<T>* Xs = buffer.data();
+      V<T>* As = Xs + (k + 1) * mn;
+      V<T>* Bs = As + k * mm;
+      V<T>* dB = Bs + k * mm;
+      V<T>* E = dB + mm;
+      V<T>* Sm = E + mm;
+      V<T>* g = Sm + mm;
+      V<T>* g_next = g + mn;
+      for (int64_t gi = begin; gi < end; ++gi) {
+        const int64_t first = gi * W, count = std::min<int64_t>(W, M - first);
+        V<T> dv;
+        lane_load_scaled<T>(S, Xs, x, dd, first, count, dv);
+        for (int l = 0; l < W; ++l) lane_load<T>(S, g, l, l < count ? gr + (first + l) * mn : nullptr);
         for (int j = 0; j < k; ++j)
-          iteration<T>(L, Xs + j * L.x(), XTs + j * L.xt(), As + j * L.a(), Bs + j * L.a(), Xs + (j + 1) * L.x(),
-                       ta, tb, tc);
-        L.load(gr + i * L.m * L.n, g);
+          lane_iteration<T>(m, n, Xs + j * mn, As + j * mm, Bs + j * mm, Xs + (j + 1) * mn, ta, tb, tc);
         for (int j = k - 1; j >= 0; --j) {
-          const T* Xj = Xs + j * L.x();
-          const T* A = As + j * L.a();
-          const T* B = Bs + j * L.a();
-          product<T, false>(g, L.np, XTs + j * L.xt(), dB, L.mp, L.m, L.n);
-          for (int r = 0; r < L.m; ++r)
-            for (int s = 0; s < L.m; ++s) E[r * L.mp + s] = dB[r * L.mp + s] + dB[s * L.mp + r];
-          for (int t = 0; t < L.a(); ++t) S[t] = tb * E[t];
-          if (tc != T(0)) {
-            product<T, true>(E, L.mp, A, S, L.mp, L.m, L.m, tc);
-            product<T, true>(A, L.mp, E, S, L.mp, L.m, L.m, tc);
+          const V<T>* Xj = Xs + j * mn;
+          const V<T>* A = As + j * mm;
+          const V<T>* B = Bs + j * mm;
+          lane_product<T, false>(g, n, 1, Xj, 1, n, dB, m, m, m, n);
+          for (int r = 0; r < m; ++r)
+            for (int s = 0; s < m; ++s) E[r * m + s] = dB[r * m + s] + dB[s * m + r];
+          for (int t = 0; t < mm; ++t) Sm[t] = tb * E[t];
+          if (tc != T(0)) {  // E A, then A E = (E A)ᵀ (the same sums in the same order: A, E symmetric)
+            lane_product<T, false>(E, m, 1, A, m, 1, dB, m, m, m, m);
+            for (int r = 0; r < m; ++r)
+              for (int s = 0; s < m; ++s) {
+                V<T> o = tc * dB[r * m + s];
+                o += Sm[r * m + s];
+                Sm[r * m + s] = o;
+              }
+            for (int r = 0; r < m; ++r)
+              for (int s = 0; s < m; ++s) {
+                V<T> o = tc * dB[s * m + r];
+                o += Sm[r * m + s];
+                Sm[r * m + s] = o;
+              }
           }
-          for (int t = 0; t < L.x(); ++t) g_next[t] = ta * g[t];
-          product<T, true>(B, L.mp, g, g_next, L.np, L.m, L.m);
-          product<T, true>(S, L.mp, Xj, g_next, L.np, L.m, L.m);
+          for (int t = 0; t < mn; ++t) g_next[t] = ta * g[t];
+          lane_product<T, true>(B, m, 1, g, n, 1, g_next, n, m, n, m);
+          lane_product<T, true>(Sm, m, 1, Xj, n, 1, g_next, n, m, n, m);
           std::swap(g, g_next);
         }
-        // autograd's division backward: grad / d and −grad · ((X / d) / d), X / d being X_0
-        T* p1 = o1 + i * L.m * L.n;
-        T* p2 = o2 + i * L.m * L.n;
-        for (int r = 0; r < L.m; ++r)
-          for (int s = 0; s < L.n; ++s) {
-            const T gs = g[r * L.np + s];
-            p1[r * L.n + s] = gs / di;
-            p2[r * L.n + s] = -gs * (Xs[r * L.np + s] / di);
+        // autograd's division backward: grad / d and −grad · ((X / d) / d), X / d being X_0, then each lane to its
+        // matrix
+        V<T>* q1 = g_next;
+        V<T>* q2 = g_next + mn;
+        for (int e = 0; e < mn; ++e) {
+          q1[e] = g[e] / dv;
+          q2[e] = -g[e] * (Xs[e] / dv);
+        }
+        const T* s1 = reinterpret_cast<const T*>(q1);
+        const T* s2 = reinterpret_cast<const T*>(q2);
+        for (int l = 0; l < count; ++l) {
+          T* p1 = o1 + (first + l) * mn;
+          T* p2 = o2 + (first + l) * mn;
+          for (int e = 0; e < mn; ++e) {
+            p1[e] = s1[e * W + l];
+            p2[e] = s2[e * W + l];
           }
+        }
       }
     });
   });
@@ -260,13 +293,13 @@ at::Tensor ns_finish(at::Tensor G, at::Tensor norm, at::Tensor g1, at::Tensor gr
   const int64_t M = G.size(0);
   AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_finish", [&] {
     using T = scalar_t;
-    const Layout<T> L = layout<T>(G);
+    const Shape L(G);
     const T* x = G.data_ptr<T>();
     const T* nn = norm.data_ptr<T>();
     const T* gn = grad_norm.data_ptr<T>();
     const T* h = g1.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    at::parallel_for(0, M, grain(G), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, std::max<int64_t>(1, 4096 / L.size()), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t base = i * L.m * L.n;
         const T ni = nn[i], gi = gn[i];
