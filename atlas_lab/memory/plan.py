@@ -147,6 +147,16 @@ def mlp_gap(config, weights: dict) -> str | None:
     return f"weights {', '.join(big)} (more than {MAX_MLP_WEIGHT} entries on chip)" if big else None
 
 
+def kernels_gap(p: Problem) -> str | None:
+    """``triton_gap`` of the call ``p``: for muon, whether its batched Newton–Schulz kernel takes the weights."""
+    return triton_gap(p.config, p.mem, p.bias, p.optimizer, p.form, p.weights, p.dtype, p.device, p.per_token)
+
+
+def muon(p: Problem) -> bool:
+    """Muon with one (a, b, c) for every step: its Newton–Schulz in a kernel (the fused MLP one, or the batched one)."""
+    return declares(p.optimizer, "one_triple", "direction")
+
+
 def muon_kernel_gap(p: Problem) -> str | None:
     """Why muon's fused MLP kernel (ops/chunk_mlp_memory/muon.py) does not compute a call the Triton path covers
     (None when it does): a 2-layer MLP whose weights have no more rows than columns (its Newton–Schulz takes X Xᵀ
@@ -252,8 +262,7 @@ class Candidate(NamedTuple):
 # the candidates, in the order taken where a covering one has no formula (then the first that covers)
 CANDIDATES = {
     "fla": Candidate(lambda p: fla_gap(p)[1] or None, lambda p: predict.fla_cost(p, fla_gap(p)[0])),
-    "triton": Candidate(lambda p: triton_gap(p.config, p.mem, p.bias, p.optimizer, p.form, p.weights, p.dtype,
-                                             p.device, p.per_token), predict.triton_cost),
+    "triton": Candidate(lambda p: kernels_gap(p) or (muon_kernel_gap(p) if muon(p) else None), predict.triton_cost),
     "chunked": Candidate(lambda p: None, predict.chunked_cost),
 }
 
@@ -335,23 +344,21 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
             raise NotImplementedError(f"memorize: impl='fla' does not cover {gap}. {FLA_COVERAGE}")
         return dataclasses.replace(made("fla", f"asked: fla-core's chunk_{op}"), op=op)
     cuda = torch.device(device).type == "cuda"
-    muon = declares(optimizer, "one_triple", "direction")
-    if impl == "triton" or (impl == "auto" and cuda and muon):
-        gap = CANDIDATES["triton"].gap(problem)
-        if gap is None and muon:  # muon: the fused MLP kernel, else the chunked path around the batched NS kernel
-            why = "asked" if impl == "triton" else f"the kernels cover it on CUDA; not fla: {fla_gap(problem)[1]}"
+    ns_kernel = muon(problem) and kernels_gap(problem) is None  # muon's Newton–Schulz in a Triton kernel
+    if impl == "triton":
+        gap = kernels_gap(problem)
+        if gap is None and muon(problem):  # muon: the fused MLP kernel, else the chunked path around the batched NS
             fused = muon_kernel_gap(problem)
             if fused is None:
-                return made("triton", f"{why}: muon on the fused MLP kernel", fused=True)
-            return made("chunked", f"{why}: muon on the chunked path (not the fused MLP kernel: {fused})", triton=True)
+                return made("triton", "asked: muon on the fused MLP kernel", fused=True)
+            return made("chunked", f"asked: muon on the chunked path (not the fused MLP kernel: {fused})", triton=True)
         if gap is None:
             return made("triton", "asked")
-        if impl == "triton":
-            from .ops.limits import COVERAGE
-            raise NotImplementedError(f"memorize: impl='triton' does not cover {gap}. {COVERAGE}")
-        return made("chunked", f"the kernels do not cover {gap}; not fla: {fla_gap(problem)[1]}")
+        from .ops.limits import COVERAGE
+        raise NotImplementedError(f"memorize: impl='triton' does not cover {gap}. {COVERAGE}")
     if not cuda:
         return made("chunked", f"on {torch.device(device).type}: the chunked path ({form})")
     path, why, predictions = choose(problem)
-    how = made(path, why, predictions=predictions)
+    how = made(path, why, predictions=predictions, fused=ns_kernel and path == "triton",
+               triton=ns_kernel and path == "chunked")
     return dataclasses.replace(how, op=fla_gap(problem)[0]) if path == "fla" else how

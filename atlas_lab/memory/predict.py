@@ -120,7 +120,8 @@ def triton_launches(p: Problem) -> int:
 
 
 def chunked_launches(p: Problem) -> int | None:
-    """The chunked path (chunked.py) on the linear memory; None for another form or memory (no formula yet).
+    """The chunked path (chunked.py) on the linear memory, and on the 2-layer MLP (``mlp_launches``, per chunk); None
+    for another form or memory (no formula yet).
 
     delta rule, n WY blocks of T·n_h steps: α per head 4 + f + 47·n forward, (1 + 40·n, or −10 + 83·n with α) + 3·f
     backward (f: gradients at a per-token point, ``rule.scaled``); α per key channel (blocks of 16) 5 + 51·n and
@@ -128,6 +129,8 @@ def chunked_launches(p: Problem) -> int | None:
     linear form, n chunks: 1 + 43·n + 38·X forward; (−3 − 9·α + η) + (19 + 40·α + 2·η)·n + X·(91 + 4·n) backward"""
     from .components import declares
 
+    if declares(p.mem, "two_layer", "forward") and p.form in ("linear", "transformed"):
+        return mlp_launches(p, MLP_CHUNKED, math.ceil(p.shapes.T / p.config.chunk_size))
     if not declares(p.mem, "linear_map", "forward"):
         return None
     a, e, X = "alpha" in p.grads, "eta" in p.grads, shaped(p)
@@ -145,6 +148,33 @@ def chunked_launches(p: Problem) -> int | None:
         backward = (-3 - 9 * a + e) + (19 + 40 * a + 2 * e) * n + X * (91 + 4 * n)
         return forward + backward
     return None
+
+
+# The MLP memory's launches (2-layer MLP, ``two_layer``), fixed + per unit by its optimiser: counted on the shipped
+# presets (``gpu_model --paths ttt_mlp titans omeganet atlas dot``) at the study's sizes; φ adds its own operators
+# (MLP_PHI). The Triton path: the MLP kernel (or muon's fused one) and the closed form's rows per group of equal chunks
+# (P); the chunked path: per chunk. (optimiser family, the gates that take gradients) -> (fixed, per unit)
+MLP_TRITON = {"gd": {frozenset({"eta"}): (1, 23), None: (1, 50)}, "momentum": {None: (-9, 123)},
+              "muon": {None: (-3, 84)}}
+MLP_CHUNKED = {"gd": {frozenset({"eta"}): (-13, 167), None: (1, 207)}, "momentum": {None: (-88, 355)},
+               "muon": {None: (18, 1603)}}
+MLP_PHI = {"identity": 0, "taylor": 48, "polynomial": 108}  # φ(q), φ(k) and their gradients (counted at p = 2)
+
+
+def _mlp_family(p: Problem) -> str:
+    from .components import declares
+
+    if declares(p.optimizer, "direction", "update"):
+        return "muon"
+    return "momentum" if p.optimizer.state_shape((1, 1)) is not None else "gd"
+
+
+def mlp_launches(p: Problem, table: dict, units: int) -> int:
+    """Launches of a 2-layer MLP memory's call: MLP_PHI[φ] + fixed + per unit · units (the table's row for the
+    optimiser's family and the gates that take gradients; their nearest where none is counted)."""
+    rows = table[_mlp_family(p)]
+    fixed, per = rows.get(p.grads & {"alpha", "eta", "theta", "gamma"}, rows[None])
+    return MLP_PHI.get(repr(p.fmap).split("(")[0], MLP_PHI["polynomial"]) + fixed + per * units
 
 
 def fla_launches(p: Problem, op: str) -> int:
@@ -193,16 +223,38 @@ def forward_flops(p: Problem) -> float:
     return (p.flops or 0.0) * B * T * H
 
 
+def _mlp_kernel_flops(p: Problem) -> int:
+    """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes)."""
+    from .plan import kernel_bias
+
+    B, T, H, d_k, d_v = p.shapes
+    (hidden, D), family = p.weights["W1"], _mlp_family(p)
+    key = ("mlp", family, B * H, T, D, hidden, d_v, p.config.chunk_size, p.config.window, kernel_bias(p.bias),
+           getattr(p.optimizer, "ns_steps", 0))
+    if key not in _KERNEL_FLOPS:
+        options = dict(chunk_size=p.config.chunk_size, window=p.config.window, bias=kernel_bias(p.bias))
+        if family == "muon":
+            from .ops.chunk_mlp_memory.muon import launches
+            each = launches(B * H, T, D, hidden, d_v, steps=p.optimizer.ns_steps, **options)
+        else:
+            from .ops.chunk_mlp_memory.triton import launches
+            each = launches(B * H, T, D, hidden, d_v, momentum=family == "momentum", **options)
+        _KERNEL_FLOPS[key] = int(sum(f for _, _, f in each.values()))
+    return _KERNEL_FLOPS[key]
+
+
 def triton_cost(p: Problem) -> Cost | None:
-    """The linear memory's chunk kernels: their launches, two scans of ⌈T / chunk⌉ chunks, their dots (the kernel's
-    ``launches()``); None for another memory (the MLP kernels: no formula yet)."""
+    """The chunk kernels: their launches, their walks (the linear memory's two scans, the MLP kernels' two programs:
+    ⌈T / chunk⌉ chunks each), their dots (the kernels' ``launches()``); None for another memory."""
     from .components import declares
     from .plan import kernel_bias
 
-    if not declares(p.mem, "linear_map", "forward"):
-        return None
     B, T, H, d_k, d_v = p.shapes
     NC = math.ceil(T / p.config.chunk_size)
+    if declares(p.mem, "two_layer", "forward"):
+        return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)), 2 * NC, _mlp_kernel_flops(p))
+    if not declares(p.mem, "linear_map", "forward"):
+        return None
     momentum = p.optimizer.state_shape((1, 1)) is not None
     flops = _kernel_flops(B * H, T, p.D, d_v + int(p.config.normalize), p.config.chunk_size, p.config.window,
                           kernel_bias(p.bias), momentum)
