@@ -84,7 +84,7 @@ ui: $(VENV)/.installed
 # pip fails instead of swapping it.
 BENCH_PEERS ?= titans-pytorch==0.5.5 fla-core
 BENCHMARKS  := memory_ops newton_schulz_cpu titans_layer deltanet models memory_scaling streaming_memory long_context swa \
-               launches chunk_read prepare fit_steps
+               launches chunk_read prepare fit_steps cpu_step
 
 $(VENV)/.bench-peers: $(VENV)/.installed
 	$(PY) -m pip install -c $(VENV)/torch-constraints.txt $(BENCH_PEERS)
