@@ -28,6 +28,7 @@ from torch import nn
 
 from atlas_lab.data import MQARDataModule
 from atlas_lab.lit.module import SequenceModel
+from atlas_lab.models import PRESETS
 
 VARIANTS = ["transformer", "atlas", "atlas:read=chunk", "titans", "omeganet"]
 ATLAS_TARGET = 15.0  # issue 52: atlas (per-token reads) at most this many transformer steps on one thread
@@ -38,13 +39,16 @@ TINY = dict(repeats=1, sizes=dict(d_model=32, n_layers=2, n_heads=2, memory_head
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """'atlas:read=chunk,chunk_size=8' -> ('atlas', {'read': 'chunk', 'chunk_size': 8}) (values read as YAML)."""
+    """'atlas:read=chunk,chunk_size=8' -> ('atlas', {'read': 'chunk', 'chunk_size': 8}) (values read as YAML).
+    ValueError, naming what is wrong, for an unknown preset or an option without '='."""
     preset, _, options = text.partition(":")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     memory = {}
     for item in filter(None, options.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"cpu_step.py: --variants {text}: expected preset:key=value[,key=value], got {item!r}")
+            raise ValueError(f"expected preset:key=value[,key=value], got {item!r}")
         memory[key] = yaml.safe_load(value)
     return preset, memory
 
@@ -97,6 +101,11 @@ def main(argv=None):
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
                     help="presets, with memory options after a colon: atlas:read=chunk")
     args = apply_tiny(ap.parse_args(argv), dict(repeats=TINY["repeats"]))
+    for variant in args.variants:
+        try:
+            parse_variant(variant)
+        except ValueError as e:
+            ap.error(f"--variants {variant}: {e}")
     if args.threads is None:
         args.threads = 1
     threads = set_threads(args.threads)
