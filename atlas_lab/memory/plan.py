@@ -124,7 +124,7 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
     if form not in ("linear", "delta_rule"):  # the kernels' closed form: a rule linear in the gradients
         return f"optimizer {optimizer!r}"
     if declares(mem, "two_layer", "forward"):  # the MLP kernel: r(k) + W2 σ(W1 φ(k))
-        return mlp_gap(config, weights)
+        return mlp_gap(config, weights, "gd" if optimizer.state_shape((1, 1)) is None else "momentum", dtype)
     if not declares(mem, "linear_map", "forward"):
         return f"memory {mem!r} with optimizer {optimizer!r}"
     if weights["W"][1] > MAX_FEATURES:
@@ -134,17 +134,20 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
     return None
 
 
-def mlp_gap(config, weights: dict) -> str | None:
-    """Why the MLP chunk kernel (ops/chunk_mlp_memory) does not compute a 2-layer MLP memory's call (None when it
-    does): it walks a chunk's window of b + c − 1 keys with the weights whole on chip."""
-    from .ops.limits import MAX_MLP_KEYS, MAX_MLP_WEIGHT
+def mlp_gap(config, weights: dict, family: str, dtype) -> str | None:
+    """Why an MLP chunk kernel (ops/chunk_mlp_memory; family: gd, momentum or muon) does not compute a 2-layer MLP
+    memory's call in ``dtype`` (None when it does): it walks a chunk's window of b + c − 1 keys with the weights whole
+    on chip, within one block's shared memory on sm_90 (``MLP_ENTRIES``)."""
+    from .ops.limits import MAX_MLP_KEYS, MLP_ENTRIES, padded
 
     if config.window is None:
         return "window=None with an MLP memory (its kernel walks windows of chunk_size + c − 1 keys)"
     if config.chunk_size + config.window - 1 > MAX_MLP_KEYS:
         return f"chunk_size + window − 1 = {config.chunk_size + config.window - 1} keys (more than {MAX_MLP_KEYS})"
-    big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if o * i > MAX_MLP_WEIGHT]
-    return f"weights {', '.join(big)} (more than {MAX_MLP_WEIGHT} entries on chip)" if big else None
+    entries = MLP_ENTRIES[family] * (2 if dtype in (torch.float16, torch.bfloat16) else 1)
+    big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if padded(o) * padded(i) > entries]
+    return (f"weights {', '.join(big)} in {str(dtype).removeprefix('torch.')} (more than {entries} padded entries: "
+            f"the {family} kernel's backward would exceed an sm_90 block's shared memory)") if big else None
 
 
 def kernels_gap(p: Problem) -> str | None:
@@ -164,7 +167,8 @@ def muon_kernel_gap(p: Problem) -> str | None:
     if not declares(p.mem, "two_layer", "forward"):
         return f"memory {p.mem!r}"
     tall = [f"{n} {o} × {i}" for n, (o, i) in p.weights.items() if o > i]
-    return f"weights {', '.join(tall)} (more rows than columns)" if tall else mlp_gap(p.config, p.weights)
+    return f"weights {', '.join(tall)} (more rows than columns)" if tall else mlp_gap(p.config, p.weights, "muon",
+                                                                                        p.dtype)
 
 
 FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read token, no normalisation: the l2 bias at "

@@ -252,7 +252,8 @@ def triton_cost(p: Problem) -> Cost | None:
     B, T, H, d_k, d_v = p.shapes
     NC = math.ceil(T / p.config.chunk_size)
     if declares(p.mem, "two_layer", "forward"):
-        return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)), 2 * NC, _mlp_kernel_flops(p))
+        low = 12 * (p.dtype not in (torch.float32, torch.float64))  # the casts of 16-bit inputs and their gradients
+        return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)) + low, 2 * NC, _mlp_kernel_flops(p))
     if not declares(p.mem, "linear_map", "forward"):
         return None
     momentum = p.optimizer.state_shape((1, 1)) is not None
