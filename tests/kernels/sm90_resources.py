@@ -86,6 +86,37 @@ def ns_resources(R, C, dtype, prec) -> dict[str, tuple[int, int, int]]:
             for name in ("newton_schulz_fwd_kernel", "newton_schulz_bwd_kernel")}
 
 
+MLP_CASES = [  # D, hidden, d_v, chunk, window, optimiser, bias, dtype: titans, omeganet and atlas at the study's sizes
+    # (head dim 16; polynomial φ: D 153; atlas's in 16-bit operands), and the largest blocks limits.MLP_ENTRIES admits
+    (16, 64, 16, 16, 1, "momentum", "l2", "float32"), (153, 64, 16, 16, 8, "gd", "l2", "float32"),
+    (153, 64, 16, 16, 8, "muon", "l2", "bfloat16"), (256, 64, 32, 16, 17, "gd", "l2", "float32"),
+    (128, 64, 32, 16, 17, "momentum", "l2", "float32"), (128, 64, 16, 16, 8, "muon", "l2", "float32"),
+]
+MLP_INTS = {"T", "L", "m0", "offset", "b", "c", "NC"}
+MLP_INPUTS = {"Q", "K", "V", "GAMMA", "A", "M", "S", "CW", "CS", "W10", "W20", "S10", "S20", "WE10", "WE20", "Y",
+              "W1T", "W2T", "S1T", "S2T", "WE1T", "WE2T", "DY"}
+
+
+def mlp_resources(D, HD, DV, chunk, window, optimizer, bias, dtype, prec) -> dict[str, tuple[int, int, int]]:
+    """{kernel: (shared memory, registers, spill stack)} of an MLP kernel's two launches (gd and momentum:
+    chunk_mlp_memory; muon: chunk_mlp_muon, 5 quintic steps) with the options its autograd function takes."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    name = "muon" if optimizer == "muon" else "triton"
+    kernels = importlib.import_module(f"atlas_lab.memory.ops.chunk_mlp_memory.{name}")
+    if optimizer == "muon":
+        opts = kernels.launch_options(D, HD, DV, chunk, window, bias, "gelu", getattr(torch, dtype), False, 5,
+                                      "quintic", prec)
+        names = ("chunk_mlp_muon_fwd_kernel", "chunk_mlp_muon_bwd_kernel")
+    else:
+        opts = kernels.launch_options(D, HD, DV, chunk, window, bias, optimizer == "momentum", "gelu",
+                                      getattr(torch, dtype), False, prec)
+        names = ("chunk_mlp_memory_fwd_kernel", "chunk_mlp_memory_bwd_kernel")
+    types = {**{n: "i32" for n in MLP_INTS}, **{n: pointer(dtype) for n in MLP_INPUTS}}
+    return {k: compile_for_sm90(getattr(kernels, k), types, opts, opts["num_warps"], opts["num_stages"]) for k in names}
+
+
 def main(argv: list[str]) -> int:
     cases = [(int(a), int(b), int(c), d, e, f) for a, b, c, d, e, f in zip(*[iter(argv)] * 6)] or CASES
     over = 0
@@ -102,6 +133,15 @@ def main(argv: list[str]) -> int:
         for name, (shared, regs, stack) in ns_resources(R, C, dtype, "tf32").items():
             over += shared > SHARED_LIMIT
             print(f"| {R} | {C} | {dtype} | tf32 | {name} | {shared:,} | {regs} | {stack:,} |", flush=True)
+    print("\n| D | hidden | d_v | chunk | window | optimiser | bias | dtype | dots | kernel | shared memory (bytes) | "
+          "registers | spill stack (bytes) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for case in MLP_CASES:
+        prec = "tf32" if case[-1] == "float32" else "ieee"
+        for name, (shared, regs, stack) in mlp_resources(*case, prec).items():
+            over += shared > SHARED_LIMIT
+            print("| " + " | ".join(map(str, case)) + f" | {prec} | {name} | {shared:,} | {regs} | {stack:,} |",
+                  flush=True)
     return 1 if over else 0
 
 
