@@ -727,10 +727,25 @@ def point_name(label: str) -> str:
     return label[len("preset="):] if label.startswith("preset=") and " " not in label else label
 
 
-def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=None, routes: dict | None = None):
+@contextlib.contextmanager
+def as_measured():
+    """The model as the tree the H200 table was measured on ran it where it differs from today's on CUDA: ShortConv
+    in its shifted form (K multiply-adds) on every device (today one depthwise conv1d off the CPU)."""
+    from atlas_lab.layers.conv import ShortConv
+
+    shifts = ShortConv.shifts
+    ShortConv.shifts = lambda self, device: True
+    try:
+        yield
+    finally:
+        ShortConv.shifts = shifts
+
+
+def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=None, routes: dict | None = None,
+                 measured: bool = False):
     """(name, {L: totals}) of each configuration of a sweep file (changed by ``sets`` as ``atlas-lab sweep --set``
     does; ``presets``: only those names) at ``lengths`` (default: its training lengths), one at a time;
-    ``routes``: {name: path} asked instead of the plan's choice."""
+    ``routes``: {name: path} asked instead of the plan's choice; measured: counted ``as_measured``."""
     from atlas_lab.sweep.estimate import study_points
     from atlas_lab.sweep.spec import load_sweep
 
@@ -741,7 +756,9 @@ def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=N
         if presets and name not in presets:
             continue
         route = (routes or {}).get(name)
-        yield name, count_point(point.overrides, [str(b) for b in spec.base], lengths, {"*": route} if route else None)
+        with as_measured() if measured else contextlib.nullcontext():
+            yield name, count_point(point.overrides, [str(b) for b in spec.base], lengths,
+                                    {"*": route} if route else None)
 
 
 def int_keys(by_L: dict) -> dict:
@@ -766,7 +783,7 @@ def record(path: Path | None = None, sweep: str = SWEEP, sets: tuple[str, ...] =
             common.write_json(path, rec, quiet=True)
 
     t = time.perf_counter()
-    for name, by_L in sweep_counts(SWEEP, (), list(MEASURED), LENGTHS, MEASURED_ROUTES):
+    for name, by_L in sweep_counts(SWEEP, (), list(MEASURED), LENGTHS, MEASURED_ROUTES, measured=True):
         done("fit_counts", name, by_L, t)
         t = time.perf_counter()
     rec["fit"] = fit_report(measured_points(rec["fit_counts"]))
@@ -839,9 +856,9 @@ def main(argv=None) -> int:
     moved = {n: r for n, r in MEASURED_ROUTES.items() if n in rec["fit_counts"] and rec["fit_counts"][n] !=
              {L: {k: v for k, v in c.items() if k in rec["fit_counts"][n][L]} for L, c in
               rec["counts"].get(n, {}).items()}}
-    measured = {f"{n} ({moved[n]})" if n in moved else n: by_L for n, by_L in MEASURED.items()}
-    rows = predicted_rows({**rec["counts"], **{f"{n} ({r})": rec["fit_counts"][n] for n, r in moved.items()}},
-                          constants, rate, measured=measured)
+    measured = {f"{n} (as measured: {moved[n]})" if n in moved else n: by_L for n, by_L in MEASURED.items()}
+    rows = predicted_rows({**rec["counts"], **{f"{n} (as measured: {r})": rec["fit_counts"][n]
+                                               for n, r in moved.items()}}, constants, rate, measured=measured)
     print_rows(f"one training step on a GPU, predicted: {args.sweep} at its sizes (× tf.: ÷ the transformer's; "
                f"tf32 at {args.tf32_rate:.0f} TFLOP/s; measured: the H200 table)", rows)
     for line in bound_check(rec["counts"], constants):
@@ -849,7 +866,8 @@ def main(argv=None) -> int:
     print_targets(rows, rate)
     for name, route in MEASURED_ROUTES.items():
         today = {r["L"]: r["step_s"] for r in rows if r["name"] == name}
-        then = {r["L"]: r["step_s"] for r in rows if r["name"] == (f"{name} ({route})" if name in moved else name)}
+        then = {r["L"]: r["step_s"] for r in rows
+                if r["name"] == (f"{name} (as measured: {route})" if name in moved else name)}
         ratios = [today[L] / then[L] for L in today if L in then]
         if ratios:
             log(f"{name}: the plan's route today ÷ the {route} route measured, on the model: "

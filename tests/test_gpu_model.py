@@ -204,7 +204,7 @@ def test_the_plans_constants_are_this_fit():
     from atlas_lab.memory import predict
 
     counts = dict(gpu_model.sweep_counts(gpu_model.SWEEP, (), list(gpu_model.MEASURED), gpu_model.LENGTHS,
-                                         gpu_model.MEASURED_ROUTES))
+                                         gpu_model.MEASURED_ROUTES, measured=True))
     fitted = gpu_model.fit(gpu_model.measured_points(counts))
     for name, mine in (("C0", predict.C0), ("C_launch", predict.C_LAUNCH), ("R", predict.R),
                        ("C_walk", predict.C_WALK)):

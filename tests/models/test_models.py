@@ -221,6 +221,12 @@ def test_short_conv_is_the_causal_depthwise_conv1d_and_streams():
     first, cache = conv(x[:, :4])
     second, _ = conv(x[:, 4:], cache)
     torch.testing.assert_close(torch.cat([first, second], 1), y)
+    # the form taken off the CPU (one depthwise conv1d): the same values and gradients
+    padded = torch.cat([x.new_zeros(2, 3, 6), x], 1)
+    other = conv.convolved(padded)
+    torch.testing.assert_close(other, y)
+    for g, e in zip(torch.autograd.grad(other, (x, conv.weight, conv.bias), gy), expected_grads):
+        torch.testing.assert_close(g, e)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
