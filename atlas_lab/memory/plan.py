@@ -340,15 +340,15 @@ def plan(config, shapes: Shapes, dtype=torch.float32, device="cpu", impl: str = 
         return Plan(path, form, block, carried, flops, reason + (f"; {why}" if why else ""), row, ns=ns,
                     predictions=predictions)
 
-    if impl in ("reference", "chunked"):
-        return made(impl, "asked")
+    cuda = torch.device(device).type == "cuda"
+    ns_kernel = muon(problem) and kernels_gap(problem) is None  # muon's Newton–Schulz in a Triton kernel
+    if impl in ("reference", "chunked"):  # chunked on CUDA: muon's batched Newton–Schulz kernel where it covers
+        return made(impl, "asked", triton=impl == "chunked" and cuda and ns_kernel)
     if impl == "fla":
         op, gap = fla_gap(problem)
         if op is None:
             raise NotImplementedError(f"memorize: impl='fla' does not cover {gap}. {FLA_COVERAGE}")
         return dataclasses.replace(made("fla", f"asked: fla-core's chunk_{op}"), op=op)
-    cuda = torch.device(device).type == "cuda"
-    ns_kernel = muon(problem) and kernels_gap(problem) is None  # muon's Newton–Schulz in a Triton kernel
     if impl == "triton":
         gap = kernels_gap(problem)
         if gap is None and muon(problem):  # muon: the fused MLP kernel, else the chunked path around the batched NS
