@@ -47,7 +47,7 @@ from .config import Resolved
 from .delta_rule import delta_rule_applies, delta_rule_block
 from .ops.newton_schulz import cpu as newton_schulz_cpu
 from .optimizers import period
-from .predict import Problem
+from .predict import Problem, kernel_bias
 
 IMPLS = ("reference", "chunked", "triton", "fla", "auto")
 CARRIED = {"token": "eval_weights", "start": "eval_weights", "chunk": "pending"}  # mid-chunk, by read (§4.1)
@@ -202,15 +202,6 @@ def fla_op(config, mem, bias, optimizer, rule, specs: dict, acts: dict, D: int) 
     if kernel_bias(bias) == "dot" and not per_channel:
         return "simple_gla", ""
     return None, f"bias {bias!r}" + (" with α per channel" if per_channel else "")
-
-
-def kernel_bias(bias) -> str | None:
-    """The chunk kernel's gradient form of an attentional bias: l2 (∇ℓ = y − v) or dot (∇ℓ = −v); None: neither."""
-    if declares(bias, "delta_rule", "loss"):
-        return "l2"
-    if declares(bias, "linear_attention", "loss"):
-        return "dot"
-    return None
 
 
 def acting(specs: dict, given: dict | None = None) -> dict[str, bool]:

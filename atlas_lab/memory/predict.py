@@ -86,6 +86,17 @@ class Cost(NamedTuple):
         return C_LAUNCH * self.launches + C_WALK * self.walk + self.flops / R
 
 
+def kernel_bias(bias) -> str | None:
+    """The chunk kernels' gradient form of an attentional bias: l2 (∇ℓ = y − v) or dot (∇ℓ = −v); None: neither."""
+    from .components import declares
+
+    if declares(bias, "delta_rule", "loss"):
+        return "l2"
+    if declares(bias, "linear_attention", "loss"):
+        return "dot"
+    return None
+
+
 def grads_of(specs: dict) -> frozenset:
     """The gates a layer learns (a tensor that takes a gradient): learned, or a learned decay per head."""
     return frozenset(g for g, spec in specs.items() if spec.used and spec.value in ("learned", "head_decay"))
@@ -107,8 +118,6 @@ def triton_launches(p: Problem) -> int:
     """The linear memory's chunk kernels (dispatch.memorize_triton): forward 2 + 14·P (3 kernels, the closed form's
     rows per group of equal chunks) + 30·X (φ); backward 10 + 14·α (l2) or 7 + α·(23 + 29·(P − 1)) + η·(2 + 7·(P − 1))
     (dot), + 84·X, + 6 for inputs below float32 (their casts)."""
-    from .plan import kernel_bias
-
     a, e, X = "alpha" in p.grads, "eta" in p.grads, shaped(p)
     P = _parts(p.shapes.T, p.config.chunk_size)
     forward = 2 + 14 * P + 30 * X
@@ -225,8 +234,6 @@ def forward_flops(p: Problem) -> float:
 
 def _mlp_kernel_flops(p: Problem) -> int:
     """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes)."""
-    from .plan import kernel_bias
-
     B, T, H, d_k, d_v = p.shapes
     (hidden, D), family = p.weights["W1"], _mlp_family(p)
     key = ("mlp", family, B * H, T, D, hidden, d_v, p.config.chunk_size, p.config.window, kernel_bias(p.bias),
@@ -247,8 +254,6 @@ def triton_cost(p: Problem) -> Cost | None:
     """The chunk kernels: their launches, their walks (the linear memory's two scans, the MLP kernels' two programs:
     ⌈T / chunk⌉ chunks each), their dots (the kernels' ``launches()``); None for another memory."""
     from .components import declares
-    from .plan import kernel_bias
-
     B, T, H, d_k, d_v = p.shapes
     NC = math.ceil(T / p.config.chunk_size)
     if declares(p.mem, "two_layer", "forward"):
