@@ -1,21 +1,25 @@
-"""The Triton path of ``memorize`` (docs/memory.md §5.3): a linear memory with an optimiser linear in the gradients
-(gd, momentum), bias l2 or dot, any window and feature map (φ is applied in PyTorch), normalize=True, on the chunk
-kernels (``ops.chunk_linear_memory``: each chunk's products in parallel around one walk over chunk states), forward
-and backward. The plan (memory/plan.py: ``triton_gap``, ops/limits.py: ``COVERAGE``) decides which calls come here
-(muon runs on the chunked path with the plan's Newton–Schulz variant, the batched Triton launch on CUDA).
-"""
-from __future__ import annotations
+"""The Triton path of ``memorize`` (docs/memory.md §5.3), forward and backward on the chunk kernels, φ applied in
+PyTorch:
+
+- a linear memory with an optimiser linear in the gradients (gd, momentum), bias l2 or dot, any window, normalize=True:
+  ``ops.chunk_linear_memory`` (each chunk's products in parallel around one walk over chunk states);
+- a 2-layer MLP memory with gd or momentum: ``ops.chunk_mlp_memory`` (one program per sequence walks the chunks), and
+  with muon ``chunk_mlp_muon`` (its Newton–Schulz inside).
+
+The plan (memory/plan.py: ``triton_gap``, ``muon_kernel_gap``; ops/limits.py: ``COVERAGE``) decides which calls come
+here (muon otherwise runs on the chunked path with the plan's Newton–Schulz variant, the batched Triton launch on CUDA).
+"""from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
 from .call import Call, Carried, Result
-from .ops.chunk_linear_memory.triton import chunk_linear_memory, chunk_linear_memory_fwd_kernel
 from .components import declares
+from .ops.chunk_linear_memory.triton import chunk_linear_memory, chunk_linear_memory_fwd_kernel
 from .ops.chunk_mlp_memory.muon import chunk_mlp_muon
 from .ops.chunk_mlp_memory.triton import chunk_mlp_memory
-from .plan import kernel_bias
+from .predict import kernel_bias
 
 INTERPRETED = isinstance(chunk_linear_memory_fwd_kernel, InterpretedFunction)  # TRITON_INTERPRET=1 when imported
 
