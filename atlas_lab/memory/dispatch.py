@@ -8,7 +8,8 @@ PyTorch:
 
 The plan (memory/plan.py: ``triton_gap``, ``muon_kernel_gap``; ops/limits.py: ``COVERAGE``) decides which calls come
 here (muon otherwise runs on the chunked path with the plan's Newton–Schulz variant, the batched Triton launch on CUDA).
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
