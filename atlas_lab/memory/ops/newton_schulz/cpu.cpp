@@ -128,6 +128,89 @@ inline void lane_load(const Shape& S, V<T>* X, int l, const T* src) {
     for (int j = 0; j < S.n; ++j) x[(i * S.n + j) * W + l] = src == nullptr ? T(0) : src[S.at(i, j)];
 }
 
+// The W × W block r[l][q] -> r[q][l] of W vectors (each its own inverse).
+template <typename T>
+inline void transpose_block(V<T>* r) {
+  if constexpr (kLanes<T> == 8) {
+    V<T> a[8], b[8];
+    for (int k = 0; k < 4; ++k) {
+      a[2 * k] = __builtin_shufflevector(r[2 * k], r[2 * k + 1], 0, 8, 1, 9, 2, 10, 3, 11);
+      a[2 * k + 1] = __builtin_shufflevector(r[2 * k], r[2 * k + 1], 4, 12, 5, 13, 6, 14, 7, 15);
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 2; ++k) {  // rows 4h..4h+3, entries 4k..4k+3
+        b[4 * h + 2 * k] = __builtin_shufflevector(a[4 * h + k], a[4 * h + 2 + k], 0, 1, 8, 9, 2, 3, 10, 11);
+        b[4 * h + 2 * k + 1] = __builtin_shufflevector(a[4 * h + k], a[4 * h + 2 + k], 4, 5, 12, 13, 6, 7, 14, 15);
+      }
+    for (int q = 0; q < 4; ++q) {
+      r[2 * q] = __builtin_shufflevector(b[q], b[4 + q], 0, 1, 2, 3, 8, 9, 10, 11);
+      r[2 * q + 1] = __builtin_shufflevector(b[q], b[4 + q], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+  } else {
+    static_assert(kLanes<T> == 4, "lanes: 8 float32 or 4 float64");
+    const V<T> a0 = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5), a1 = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
+    const V<T> a2 = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5), a3 = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
+    r[0] = __builtin_shufflevector(a0, a2, 0, 1, 4, 5);
+    r[1] = __builtin_shufflevector(a0, a2, 2, 3, 6, 7);
+    r[2] = __builtin_shufflevector(a1, a3, 0, 1, 4, 5);
+    r[3] = __builtin_shufflevector(a1, a3, 2, 3, 6, 7);
+  }
+}
+
+// The kernel's entry of the caller's entry e: X[i, j] is at j·m + i in a transposed caller's matrix, else at i·n + j.
+inline int kernel_entry(const Shape& S, int e) { return S.t ? (e % S.m) * S.n + e / S.m : e; }
+
+// X (the group's buffer) from a whole group of W matrices at src (m·n entries each, the caller's layout): W entries
+// of the W matrices at a time, loaded as rows and transposed into lanes (the rest entry by entry).
+template <typename T>
+inline void lane_gather(const Shape& S, V<T>* X, const T* src) {
+  constexpr int W = kLanes<T>;
+  const int mn = S.size();
+  int e = 0;
+  for (; e + W <= mn; e += W) {
+    V<T> r[W];
+    for (int l = 0; l < W; ++l) __builtin_memcpy(&r[l], src + l * mn + e, sizeof(V<T>));
+    transpose_block<T>(r);
+    for (int q = 0; q < W; ++q) X[kernel_entry(S, e + q)] = r[q];
+  }
+  for (; e < mn; ++e)
+    for (int l = 0; l < W; ++l) X[kernel_entry(S, e)][l] = src[l * mn + e];
+}
+
+// The inverse of lane_gather: a whole group's W matrices from X to dst (caller's layout; kernel_order: the kernel's).
+template <typename T>
+inline void lane_scatter(const Shape& S, const V<T>* X, T* dst, bool kernel_order) {
+  constexpr int W = kLanes<T>;
+  const int mn = S.size();
+  int e = 0;
+  for (; e + W <= mn; e += W) {
+    V<T> r[W];
+    for (int q = 0; q < W; ++q) r[q] = X[kernel_order ? e + q : kernel_entry(S, e + q)];
+    transpose_block<T>(r);
+    for (int l = 0; l < W; ++l) __builtin_memcpy(dst + l * mn + e, &r[l], sizeof(V<T>));
+  }
+  for (; e < mn; ++e)
+    for (int l = 0; l < W; ++l) dst[l * mn + e] = X[kernel_order ? e : kernel_entry(S, e)][l];
+}
+
+// A group of count ≤ W matrices from src into X (a lane past the batch's end: the zero matrix).
+template <typename T>
+inline void lane_read(const Shape& S, V<T>* X, const T* src, int64_t count) {
+  constexpr int W = kLanes<T>;
+  if (count == W) return lane_gather<T>(S, X, src);
+  for (int l = 0; l < W; ++l) lane_load<T>(S, X, l, l < count ? src + l * S.size() : nullptr);
+}
+
+// A group of count ≤ W matrices from X to dst (caller's layout; kernel_order: the kernel's).
+template <typename T>
+inline void lane_write(const Shape& S, const V<T>* X, T* dst, int64_t count, bool kernel_order) {
+  constexpr int W = kLanes<T>;
+  if (count == W) return lane_scatter<T>(S, X, dst, kernel_order);
+  const T* x = reinterpret_cast<const T*>(X);
+  for (int l = 0; l < count; ++l)
+    for (int e = 0; e < S.size(); ++e) dst[l * S.size() + e] = x[(kernel_order ? e : kernel_entry(S, e)) * W + l];
+}
+
 // The group's W matrices from the batch (from first, count of them) into X, each divided by its d (one vector division
 // an entry; a lane past the batch's end: 0 / 1).
 template <typename T>
@@ -135,10 +218,8 @@ inline void lane_load_scaled(const Shape& S, V<T>* X, const T* src, const T* d, 
                              V<T>& dv) {
   constexpr int W = kLanes<T>;
   T* dl = reinterpret_cast<T*>(&dv);
-  for (int l = 0; l < W; ++l) {
-    lane_load<T>(S, X, l, l < count ? src + (first + l) * S.size() : nullptr);
-    dl[l] = l < count ? d[first + l] : T(1);
-  }
+  for (int l = 0; l < W; ++l) dl[l] = l < count ? d[first + l] : T(1);
+  lane_read<T>(S, X, src + first * S.size(), count);
   for (int e = 0; e < S.size(); ++e) X[e] = X[e] / dv;
 }
 
@@ -182,12 +263,7 @@ at::Tensor ns_forward(at::Tensor G, at::Tensor d, int64_t k, double a, double b,
           lane_iteration<T>(S.m, S.n, cur, A, B, next, a, b, c);
           std::swap(cur, next);
         }
-        const T* y = reinterpret_cast<const T*>(cur);
-        for (int l = 0; l < count; ++l) {
-          T* dst = o + (first + l) * S.size();
-          for (int i = 0; i < S.m; ++i)
-            for (int j = 0; j < S.n; ++j) dst[S.at(i, j)] = y[(i * S.n + j) * W + l];
-        }
+        lane_write<T>(S, cur, o + first * S.size(), count, false);
       }
     });
   });
@@ -230,7 +306,7 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
         const int64_t first = gi * W, count = std::min<int64_t>(W, M - first);
         V<T> dv;
         lane_load_scaled<T>(S, Xs, x, dd, first, count, dv);
-        for (int l = 0; l < W; ++l) lane_load<T>(S, g, l, l < count ? gr + (first + l) * mn : nullptr);
+        lane_read<T>(S, g, gr + first * mn, count);
         for (int j = 0; j < k; ++j)
           lane_iteration<T>(m, n, Xs + j * mn, As + j * mm, Bs + j * mm, Xs + (j + 1) * mn, ta, tb, tc);
         for (int j = k - 1; j >= 0; --j) {
@@ -269,16 +345,8 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
           q1[e] = g[e] / dv;
           q2[e] = -g[e] * (Xs[e] / dv);
         }
-        const T* s1 = reinterpret_cast<const T*>(q1);
-        const T* s2 = reinterpret_cast<const T*>(q2);
-        for (int l = 0; l < count; ++l) {
-          T* p1 = o1 + (first + l) * mn;
-          T* p2 = o2 + (first + l) * mn;
-          for (int e = 0; e < mn; ++e) {
-            p1[e] = s1[e * W + l];
-            p2[e] = s2[e * W + l];
-          }
-        }
+        lane_write<T>(S, q1, o1 + first * mn, count, true);
+        lane_write<T>(S, q2, o2 + first * mn, count, true);
       }
     });
   });
