@@ -91,6 +91,8 @@ MLP_CASES = [  # D, hidden, d_v, chunk, window, optimiser, bias, dtype: titans, 
     (16, 64, 16, 16, 1, "momentum", "l2", "float32"), (153, 64, 16, 16, 8, "gd", "l2", "float32"),
     (153, 64, 16, 16, 8, "muon", "l2", "bfloat16"), (256, 64, 32, 16, 17, "gd", "l2", "float32"),
     (128, 64, 32, 16, 17, "momentum", "l2", "float32"), (128, 64, 16, 16, 8, "muon", "l2", "float32"),
+    (256, 128, 32, 16, 17, "gd", "l2", "bfloat16"), (256, 64, 32, 16, 17, "momentum", "l2", "bfloat16"),
+    (256, 64, 32, 16, 17, "muon", "l2", "bfloat16"),
 ]
 MLP_INTS = {"T", "L", "m0", "offset", "b", "c", "NC"}
 MLP_INPUTS = {"Q", "K", "V", "GAMMA", "A", "M", "S", "CW", "CS", "W10", "W20", "S10", "S20", "WE10", "WE20", "Y",
