@@ -512,8 +512,8 @@ def model_rows(rec: dict, result: dict, refit: bool) -> dict:
     fitted = gm.Constants(**report["constants"]) if report else None
     for r in rows:
         if "launches" in r:
-            r["predicted"] = h200 and h200.predict(r["launches"], r["flops"])
-            r["refitted"] = fitted and fitted.predict(r["launches"], r["flops"])
+            r["predicted"] = h200 and h200.predict(r["launches"], r["flops"], walk=r.get("walk", 0))
+            r["refitted"] = fitted and fitted.predict(r["launches"], r["flops"], walk=r.get("walk", 0))
     return dict(h200=rec.get("fit"), refit=report, rows=rows, counted=sorted(rec.get("seconds", {})))
 
 
