@@ -270,7 +270,8 @@ at::Tensor ns_forward(at::Tensor G, at::Tensor d, int64_t k, double a, double b,
   return out;
 }
 
-// From G, d and ∂L/∂NS_k (G's layout): (∂L/∂X_0 / d, −∂L/∂X_0 · ((X / d) / d)), both [M, m, n] in the kernel's layout.
+// From G, d and ∂L/∂NS_k (G's layout): ∂L/∂X_0 / d in G's layout and −∂L/∂X_0 · ((X / d) / d) [M, m, n] in the
+// kernel's (as autograd laid out the term it summed).
 std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad, int64_t k, double a, double b,
                                     double c) {
   check(G, d);
@@ -278,7 +279,7 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
               "grad must match G");
   const Shape S(G);
   const int64_t M = G.size(0);
-  auto g1 = at::empty({M, S.m, S.n}, G.options());
+  auto g1 = at::empty_like(G);
   auto td = at::empty({M, S.m, S.n}, G.options());
   AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "ns_backward", [&] {
     using T = scalar_t;
@@ -345,7 +346,7 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
           q1[e] = g[e] / dv;
           q2[e] = -g[e] * (Xs[e] / dv);
         }
-        lane_write<T>(S, q1, o1 + first * mn, count, true);
+        lane_write<T>(S, q1, o1 + first * mn, count, false);
         lane_write<T>(S, q2, o2 + first * mn, count, true);
       }
     });
@@ -353,8 +354,8 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
   return {g1, td};
 }
 
-// ∂L/∂G in G's layout: g1 + ∂L/∂‖G‖ · (X / ‖G‖), the second term 0 where ‖G‖ = 0 (autograd's norm backward, then its
-// sum of the two paths: a product, then an addition, never fused into one).
+// ∂L/∂G in G's layout: g1 (G's layout) + ∂L/∂‖G‖ · (X / ‖G‖), the second term 0 where ‖G‖ = 0 (autograd's norm
+// backward, then its sum of the two paths: a product, then an addition in a loop of its own, never fused into one).
 at::Tensor ns_finish(at::Tensor G, at::Tensor norm, at::Tensor g1, at::Tensor grad_norm) {
   check(G, norm);
   auto out = at::empty_like(G);
@@ -372,11 +373,7 @@ at::Tensor ns_finish(at::Tensor G, at::Tensor norm, at::Tensor g1, at::Tensor gr
         const int64_t base = i * L.m * L.n;
         const T ni = nn[i], gi = gn[i];
         for (int64_t e = 0; e < L.m * L.n; ++e) o[base + e] = gi * (ni == T(0) ? T(0) : x[base + e] / ni);
-        for (int r = 0; r < L.m; ++r)
-          for (int s = 0; s < L.n; ++s) {
-            T* oe = o + base + L.at(r, s);
-            *oe = h[base + r * L.n + s] + *oe;
-          }
+        for (int64_t e = 0; e < L.m * L.n; ++e) o[base + e] = h[base + e] + o[base + e];
       }
     });
   });
@@ -385,6 +382,6 @@ at::Tensor ns_finish(at::Tensor G, at::Tensor norm, at::Tensor g1, at::Tensor gr
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("forward", &ns_forward, "NS_k(G / d) for G [M, r, c], d [M]");
-  module.def("backward", &ns_backward, "(dL/dX_0 / d, -dL/dX_0 (X_0 / d)) in the kernel's layout");
+  module.def("backward", &ns_backward, "(dL/dX_0 / d in G's layout, -dL/dX_0 (X_0 / d) in the kernel's)");
   module.def("finish", &ns_finish, "dL/dG from g1 and dL/d|G|");
 }
