@@ -89,6 +89,28 @@ def test_mlp_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, act
                     str(options))
 
 
+@pytest.mark.parametrize("momentum", [False, True])
+def test_mlp_kernel_at_the_studys_sizes(momentum):
+    """omeganet's memory at sweeps/mqar_gpu.yaml's sizes (polynomial φ of head dim 16: D 153, hidden 64, d_v 16,
+    chunks of 16, a window of 8; blocks of 256 features and 32 keys), two sequences of 80 tokens, against the twin."""
+    options = dict(offset=0, chunk_size=16, window=8, bias="l2", activation="gelu")
+    x = inputs(N=2, T=80, m0=0, D=153, HD=64, DV=16, b=16, momentum=momentum)
+    oracle = results(chunk_mlp_memory_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(results(chunk_mlp_memory, options), results(chunk_mlp_memory_naive, options), x, oracle,
+                    str(options))
+
+
+def test_muon_kernel_at_the_studys_sizes():
+    """atlas's memory at the study's sizes (W1 64 × 153, W2 16 × 64, chunks of 16, a window of 8), one sequence of
+    40 tokens, 3 cubic Newton–Schulz steps, against the twin."""
+    options = dict(offset=0, chunk_size=16, window=8, bias="l2", activation="gelu", ns_steps=3,
+                   ns_coefficients="cubic")
+    x = muon_inputs(N=1, T=40, m0=0, D=153, HD=64, DV=16, b=16)
+    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
+                    str(options))
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
 @pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
 def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkeypatch):
