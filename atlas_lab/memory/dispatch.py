@@ -62,8 +62,25 @@ def memorize_triton(call: Call) -> Result:
 
 
 def _memorize_mlp(x, st, m, co) -> Result:
-    """M(k) = r(k) + W2 σ(W1 φ(k)) on ``chunk_mlp_memory``: the residual r taken out of the values (l2: δ2 = M(k) − v
-    = W2 σ(W1 φ(k)) − (v − k)) and added to the read-out."""
+    """M(k) = r(k) + W2 σ(W1 φ(k)) (gated: r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k))) on ``chunk_mlp_memory`` (muon:
+    ``chunk_mlp_muon``): the residual r taken out of the values (l2: δ2 = M(k) − v = W2 σ(W1 φ(k)) − (v − k)) and
+    added to the read-out."""
+    gated = m.mem.gated
+
+    def layers(w):  # the kernels' (first layer, second layer): a gated memory's W2 and W3 stacked as one first layer
+        return (torch.cat([w["W2"], w["W3"]], 1), w["W1"]) if gated else (w["W1"], w["W2"])
+
+    def named(first, second):
+        if not gated:
+            return {"W1": first, "W2": second}
+        gate, value = first.chunk(2, 1)
+        return {"W1": second, "W2": gate, "W3": value}
+
+    return _mlp_call(x, st, m, co, layers, named)
+
+
+def _mlp_call(x, st, m, co, layers, named) -> Result:
+    """``_memorize_mlp``'s call of the kernel, ``layers`` and ``named`` mapping the memory's weights to the kernels'."""
     W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
     residual = m.mem.residual and x.k.shape[-1] == x.v.shape[-1]
     l2 = kernel_bias(m.bias) == "l2"
@@ -77,9 +94,8 @@ def _memorize_mlp(x, st, m, co) -> Result:
             ns_steps=m.optimizer.ns_steps, ns_coefficients=m.optimizer.ns_coefficients, **options)
     else:
         y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
-            *inputs, co["a"], co["Cw"], W["W1"], W["W2"], We["W1"], We["W2"], m=co.get("m"), s=co.get("s"),
-            Cs=co.get("Cs"), S1=S["W1"] if S is not None else None, S2=S["W2"] if S is not None else None, **options)
+            *inputs, co["a"], co["Cw"], *layers(W), *layers(We), m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"),
+            **(dict(zip(("S1", "S2"), layers(S))) if S is not None else {}), gated=m.mem.gated, **options)
     offset = (st.offset + x.q.shape[1]) % m.chunk_size
-    return Result(y + x.q if residual else y, Carried({"W1": W1, "W2": W2},
-                                                     None if S is None else {"W1": S1, "W2": S2},
-                                                     {"W1": E1, "W2": E2} if offset else None, offset, None))
+    return Result(y + x.q if residual else y, Carried(named(W1, W2), None if S is None else named(S1, S2),
+                                                     named(E1, E2) if offset else None, offset, None))

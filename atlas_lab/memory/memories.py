@@ -182,6 +182,8 @@ class MLPMemory(Memory):
         dy = bias.grad(self._output(x, z), v)
         return layer_norm_backward(z, dy) if self.output_norm else dy
 
+    gated = False  # the first layer a gated pair (GatedMLPMemory)
+
     @property
     def two_layer(self) -> bool:
         """M(k) = r(k) + W2 σ(W1 φ(k)): the MLP chunk kernel's memory (ops/chunk_mlp_memory; depth 2, no output
@@ -221,6 +223,13 @@ class GatedMLPMemory(MLPMemory):
     def shapes(self, D, d_k, d_v):
         h = self.expansion * d_v
         return {"W1": (d_v, h), "W2": (h, D), "W3": (h, D)}
+
+    gated = True
+
+    @property
+    def two_layer(self) -> bool:
+        """M(k) = r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k)): the MLP chunk kernel's gated memory (no output norm)."""
+        return not self.output_norm
 
     def __repr__(self):
         return f"gated_mlp(E={self.expansion}{',LN' if self.output_norm else ''})"

@@ -124,7 +124,8 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
     if form not in ("linear", "delta_rule"):  # the kernels' closed form: a rule linear in the gradients
         return f"optimizer {optimizer!r}"
     if declares(mem, "two_layer", "forward"):  # the MLP kernel: r(k) + W2 σ(W1 φ(k))
-        return mlp_gap(config, weights, "gd" if optimizer.state_shape((1, 1)) is None else "momentum", dtype)
+        return mlp_gap(config, weights, "gd" if optimizer.state_shape((1, 1)) is None else "momentum", dtype,
+                       mem.gated)
     if not declares(mem, "linear_map", "forward"):
         return f"memory {mem!r} with optimizer {optimizer!r}"
     if weights["W"][1] > MAX_FEATURES:
@@ -134,10 +135,11 @@ def triton_gap(config, mem, bias, optimizer, form: str, weights: dict, dtype, de
     return None
 
 
-def mlp_gap(config, weights: dict, family: str, dtype) -> str | None:
+def mlp_gap(config, weights: dict, family: str, dtype, gated: bool = False) -> str | None:
     """Why an MLP chunk kernel (ops/chunk_mlp_memory; family: gd, momentum or muon) does not compute a 2-layer MLP
     memory's call in ``dtype`` (None when it does): it walks a chunk's window of b + c − 1 keys with the weights whole
-    on chip, within one block's shared memory on sm_90 (``MLP_ENTRIES``)."""
+    on chip, within one block's shared memory on sm_90 (``MLP_ENTRIES``; a gated pair W2, W3 held as one block of
+    twice the rows)."""
     from .ops.limits import MAX_MLP_KEYS, MLP_ENTRIES, padded
 
     if config.window is None:
@@ -145,7 +147,9 @@ def mlp_gap(config, weights: dict, family: str, dtype) -> str | None:
     if config.chunk_size + config.window - 1 > MAX_MLP_KEYS:
         return f"chunk_size + window − 1 = {config.chunk_size + config.window - 1} keys (more than {MAX_MLP_KEYS})"
     entries = MLP_ENTRIES[family] * (2 if dtype in (torch.float16, torch.bfloat16) else 1)
-    big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if padded(o) * padded(i) > entries]
+    pair = ("W2", "W3") if gated else ()
+    big = [f"{n} {o} × {i}" for n, (o, i) in weights.items() if padded(o) * padded(i) * (2 if n in pair else 1)
+           > entries]
     return (f"weights {', '.join(big)} in {str(dtype).removeprefix('torch.')} (more than {entries} padded entries: "
             f"the {family} kernel's backward would exceed an sm_90 block's shared memory)") if big else None
 
@@ -164,7 +168,7 @@ def muon_kernel_gap(p: Problem) -> str | None:
     """Why muon's fused MLP kernel (ops/chunk_mlp_memory/muon.py) does not compute a call the Triton path covers
     (None when it does): a 2-layer MLP whose weights have no more rows than columns (its Newton–Schulz takes X Xᵀ
     of the matrix as it is), within the MLP kernel's sizes (``mlp_gap``)."""
-    if not declares(p.mem, "two_layer", "forward"):
+    if not declares(p.mem, "two_layer", "forward") or p.mem.gated:
         return f"memory {p.mem!r}"
     tall = [f"{n} {o} × {i}" for n, (o, i) in p.weights.items() if o > i]
     return f"weights {', '.join(tall)} (more rows than columns)" if tall else mlp_gap(p.config, p.weights, "muon",

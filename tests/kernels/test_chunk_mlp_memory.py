@@ -28,8 +28,9 @@ DEVICE = "cpu" if INTERPRETED else "cuda"
 STATE = ("W1", "W2", "S1", "S2")
 
 
-def inputs(N, T, m0, D, HD, DV, b, momentum, seed=0):
-    """Random kernel inputs in float32 on DEVICE, drawn on the CPU (every device sees the same numbers)."""
+def inputs(N, T, m0, D, HD, DV, b, momentum, seed=0, gated=False):
+    """Random kernel inputs in float32 on DEVICE, drawn on the CPU (every device sees the same numbers); gated: a
+    first layer of 2·HD rows (the gate's, then the value's)."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*s, scale=1.0, lo=None):
@@ -38,10 +39,10 @@ def inputs(N, T, m0, D, HD, DV, b, momentum, seed=0):
 
     x = dict(q=r(N, T, D), k=r(N, m0 + T, D, scale=D ** -0.5), v=r(N, m0 + T, DV, scale=0.5),
              gamma=r(N, m0 + T, lo=0.2), a=r(N, T, lo=0.8), Cw=r(N, T, b, scale=0.3),
-             W1=r(N, HD, D, scale=D ** -0.5), W2=r(N, DV, HD, scale=HD ** -0.5),
-             We1=r(N, HD, D, scale=D ** -0.5), We2=r(N, DV, HD, scale=HD ** -0.5))
+             W1=r(N, HD1 := HD * (1 + gated), D, scale=D ** -0.5), W2=r(N, DV, HD, scale=HD ** -0.5),
+             We1=r(N, HD1, D, scale=D ** -0.5), We2=r(N, DV, HD, scale=HD ** -0.5))
     if momentum:
-        x.update(m=r(N, T, lo=0.0), s=r(N, T, lo=0.0), Cs=r(N, T, b, scale=0.3), S1=r(N, HD, D, scale=0.1),
+        x.update(m=r(N, T, lo=0.0), s=r(N, T, lo=0.0), Cs=r(N, T, b, scale=0.3), S1=r(N, HD1, D, scale=0.1),
                  S2=r(N, DV, HD, scale=0.1))
     return x
 
@@ -89,6 +90,24 @@ def test_mlp_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, act
                     str(options))
 
 
+GATED_CASES = {  # (momentum, bias, window, offset, activation, shape): a gated first layer (Atlas++'s memory)
+    "online": (False, "l2", 1, 0, "gelu", dict(N=2, T=9, m0=0, D=5, HD=12, DV=6, b=3)),
+    "window-mid-chunk": (True, "l2", 3, 1, "silu", dict(N=2, T=11, m0=2, D=20, HD=12, DV=6, b=4)),
+    "dot": (True, "dot", 2, 2, "tanh", dict(N=1, T=10, m0=1, D=7, HD=16, DV=3, b=4)),
+}
+
+
+@pytest.mark.parametrize("momentum,bias,window,offset,activation,shape", GATED_CASES.values(), ids=GATED_CASES)
+def test_gated_mlp_kernel_matches_its_pytorch_twin(momentum, bias, window, offset, activation, shape):
+    """h = σ(W_a u) ⊙ W_b u: the kernel against its twin within the error model, as ungated."""
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
+                   gated=True)
+    x = inputs(**shape, momentum=momentum, gated=True)
+    oracle = results(chunk_mlp_memory_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(results(chunk_mlp_memory, options), results(chunk_mlp_memory_naive, options), x, oracle,
+                    str(options))
+
+
 @pytest.mark.parametrize("momentum", [False, True])
 def test_mlp_kernel_at_the_studys_sizes(momentum):
     """omeganet's memory at sweeps/mqar_gpu.yaml's sizes (polynomial φ of head dim 16: D 153, hidden 64, d_v 16,
@@ -115,8 +134,8 @@ def test_muon_kernel_at_the_studys_sizes():
 @pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
 def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkeypatch):
     """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
-    chunks of 16, D = H = d_v = 16, windows of 1 and 17 keys, the cache holding the first chunk's c − 1 keys before
-    it)."""
+    chunks of 16, D = H = d_v = 16, windows of 1 (a gated first layer) and 17 keys, the cache holding the first
+    chunk's c − 1 keys before it)."""
     from triton.runtime import interpreter
 
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.triton")
@@ -139,11 +158,14 @@ def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkey
             return launch
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
-    expected = launches(2, 64, 16, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum, m0=window - 1)
+    gated = window == 1  # the online case with a gated first layer (32 rows: blocks filled exactly)
+    expected = launches(2, 64, 16, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum, m0=window - 1,
+                        gated=gated)
     for name in expected:
         monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
-    x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum)
-    results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu"))(x)
+    x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum, gated=gated)
+    results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu",
+                                   gated=gated))(x)
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
 
 
@@ -252,6 +274,17 @@ def test_mlp_memory_matches_reference(bias, window, optimizer, feature_map, impl
     """T = 11 with chunks of 4 (an odd tail); windows online, inside a chunk and across chunks; the residual r(k) = k
     (d_k = d_v), learnt φ coefficients; against the token loop and the chunked path."""
     triton_vs(impl, attentional_bias=bias, window=window, optimizer=optimizer, feature_map=feature_map)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("bias,window,optimizer", [("l2", 3, "momentum"), ("dot", 2, "gd")])
+def test_gated_mlp_memory_matches_reference(bias, window, optimizer, impl):
+    """Atlas++'s memory (r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k))) with gd or momentum on the MLP kernel: its W2, W3 one
+    stacked first layer there, against the token loop and the chunked path."""
+    options = dict(attentional_bias=bias, window=window, optimizer=optimizer, feature_map="polynomial")
+    assert plan(MemoryConfig(architecture="gated_mlp", **options), Shapes(2, 11, 2, 4, 4), torch.float32, "cuda"
+                ).path == "triton"
+    triton_vs(impl, architecture="gated_mlp", **options)
 
 
 CUBIC = {"name": "muon", "ns_coefficients": "cubic", "ns_steps": 3}

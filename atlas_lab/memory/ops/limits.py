@@ -7,10 +7,11 @@ the Newton–Schulz kernel a matrix of ≤ MAX_ROWS × MAX_COLS after its transp
 MAX_FEATURES, MAX_CHUNK = 256, 64
 MAX_ROWS, MAX_COLS = 128, 512
 # The MLP kernels: a chunk's window keys (b + c − 1), and the entries of a weight matrix (each side padded to a power
-# of two, ≥ 16) whose backward fits one block's shared memory on sm_90 (232,448 bytes) with 4-byte dot operands, by
-# optimiser; 2-byte operands take twice as many. Compiled for sm_90 (tests/kernels/sm90_resources.py, tf32), the
-# backward at 64 × 256 (D 153, H 64, d_v 16, chunk 16, window 8): gd 209 KB, momentum 317 KB, muon 274 KB; at 64 × 128:
-# momentum 170 KB, muon 152 KB; muon in bfloat16 at 64 × 256: 127 KB
+# of two, ≥ 16; a gated pair counts twice: one block of twice the rows) whose backward fits one block's shared memory
+# on sm_90 (232,448 bytes) with 4-byte dot operands, by optimiser; 2-byte operands take twice as many. Compiled for
+# sm_90 (tests/kernels/sm90_resources.py, tf32), the backward at 64 × 256 (D 153, H 64, d_v 16, chunk 16, window 8):
+# gd 209 KB, momentum 317 KB, muon 274 KB; at 64 × 128: momentum 170 KB, muon 152 KB; muon in bfloat16 at 64 × 256:
+# 127 KB
 MAX_MLP_KEYS = 32
 MLP_ENTRIES = {"gd": 64 * 256, "momentum": 64 * 128, "muon": 64 * 128}
 
@@ -21,7 +22,8 @@ def padded(n: int) -> int:
 
 COVERAGE = ("impl='triton' covers architecture 'linear' with an optimiser linear in the gradients (gd, momentum; "
             f"attentional_bias 'l2' or 'dot', any window and feature map, D ≤ {MAX_FEATURES}, chunk_size ≤ "
-            f"{MAX_CHUNK}); architecture 'mlp' of depth 2 without output_norm with the same optimisers and biases "
+            f"{MAX_CHUNK}); architecture 'mlp' of depth 2 or 'gated_mlp', without output_norm, with the same "
+            "optimisers and biases "
             f"(a window c with chunk_size + c − 1 ≤ {MAX_MLP_KEYS}, any feature map and activation, each weight's "
             f"padded entries ≤ {MLP_ENTRIES['gd']} with gd, {MLP_ENTRIES['momentum']} with momentum, twice that in "
             "16-bit); and optimizer 'muon' with architecture 'linear', 'mlp' or "

@@ -122,8 +122,9 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
         rmask = offs_t < n
         last = offs_t == n - 1
         cmask = rmask[:, None] & rmask[None, :]
-        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, False, BK, BH,
+            DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         C2 = dot(cs, gam, DT, PREC)  # C' [BT, BK]
@@ -204,8 +205,9 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         rmask = offs_t < n
         last = offs_t == n - 1
         cmask = rmask[:, None] & rmask[None, :]
-        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, False, BK, BH,
+            DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         C2 = dot(cs, gam, DT, PREC)
@@ -275,7 +277,8 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
             dC2 += tl.where((offs_t == j)[:, None], tl.sum(d1 * uS, axis=1)[None, :], 0.0)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
-        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2, DT, PREC)
+        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, False,
+                                          BK, BH, DT, PREC)
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
             dE2 += X2

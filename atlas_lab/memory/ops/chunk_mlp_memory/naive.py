@@ -25,9 +25,25 @@ def activation_grad(name: str, z: torch.Tensor) -> torch.Tensor:
     return 1 - torch.tanh(z) ** 2
 
 
+def hidden(activation: str, z: torch.Tensor, H: int, gated: bool):
+    """h from the first layer's pre-activations z [..., H1]: σ(z), or gated σ(z_a) ⊙ z_b (z = [z_a, z_b])."""
+    if not gated:
+        return ACTIVATIONS[activation](z)
+    za, zb = z.split(H, -1)
+    return ACTIVATIONS[activation](za) * zb
+
+
+def first_factor(activation: str, z: torch.Tensor, back: torch.Tensor, gated: bool):
+    """δ1 [..., H1] from back = W̃2ᵀ δ2 [..., H]: back ⊙ σ'(z), or gated [back ⊙ z_b ⊙ σ'(z_a), back ⊙ σ(z_a)]."""
+    if not gated:
+        return back * activation_grad(activation, z)
+    za, zb = z.split(back.shape[-1], -1)
+    return torch.cat([back * zb * activation_grad(activation, za), back * ACTIVATIONS[activation](za)], -1)
+
+
 def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_size, window, bias,
-                           activation, m=None, s=None, Cs=None, S1=None, S2=None):
-    act = ACTIVATIONS[activation]
+                           activation, m=None, s=None, Cs=None, S1=None, S2=None, gated=False):
+    H = W2.shape[-1]
     N, T, _ = q.shape
     L = k.shape[1]
     momentum = S1 is not None
@@ -39,9 +55,9 @@ def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, c
         lo = max(first - window + 1, 0)
         u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
         z = u @ E1.mT
-        h = act(z)
+        h = hidden(activation, z, H, gated)
         d2 = h @ E2.mT - vv if bias == "l2" else -vv
-        d1 = (d2 @ E2) * activation_grad(activation, z)
+        d1 = first_factor(activation, z, d2 @ E2, gated)
         pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
         idx = torch.arange(lo, first + n, device=q.device)
         band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
@@ -51,7 +67,7 @@ def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, c
         zq = ac * (qc @ W1.mT) + (C_y * (qc @ u_y.mT)) @ d1_y
         if momentum:
             zq = zq + m[:, t0:t0 + n, None] * (qc @ S1.mT)
-        hq = act(zq)
+        hq = hidden(activation, zq, H, gated)
         y = ac * (hq @ W2.mT) + (C_y * (hq @ h_y.mT)) @ d2_y
         if momentum:
             y = y + m[:, t0:t0 + n, None] * (hq @ S2.mT)

@@ -2,8 +2,11 @@
 weights on chip, forward; one walks them back, recomputing each chunk from its start weights (docs/memory.md §5.3).
 
 Memory M_W(u) = W2 σ(W1 u), W1: [H, D], W2: [d_v, H] (u = φ(k), queries φ(q): the feature map and the residual
-r(k) are applied outside). Chunk of n tokens starting at W_p = (W1, W2) (S_p = (S1, S2) for momentum), every
-gradient at W̃ (= W_p, except for the first chunk of a call that continues a chunk: the input We):
+r(k) are applied outside); or gated (``GATED``, Atlas++'s memory): W1 = [W_a; W_b] [2H, D] one stacked first layer,
+h = σ(W_a u) ⊙ W_b u, its factor δ1 = [(W2ᵀ δ2) ⊙ W_b u ⊙ σ'(W_a u), (W2ᵀ δ2) ⊙ σ(W_a u)] (``_hidden``,
+``_hidden_back``); every product below is the same with that h and δ1.
+Chunk of n tokens starting at W_p = (W1, W2) (S_p = (S1, S2) for momentum), every gradient at W̃ (= W_p, except
+for the first chunk of a call that continues a chunk: the input We):
 
     z_i = W̃1 u_i,  h_i = σ(z_i),  δ2_i = W̃2 h_i − v_i (l2) or −v_i (dot),  δ1_i = (W̃2ᵀ δ2_i) ⊙ σ'(z_i)
                                                    for the chunk's tokens and the c−1 before them (its window keys)
@@ -107,11 +110,71 @@ def _last(x, last):
 
 
 @triton.jit
+def _halves(x, R: tl.constexpr, BH: tl.constexpr):
+    """A gated first layer's [R, 2·BH] block as its two halves [R, BH]: the gate's, then the value's."""
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, BH]), (0, 2, 1)))
+
+
+@triton.jit
+def _joined(a, b, R: tl.constexpr, BH: tl.constexpr):
+    """``_halves``' inverse: [R, BH] twice -> [R, 2·BH]."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), [R, 2 * BH])
+
+
+@triton.jit
+def _first(P, offs_h1, offs_d, HD: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, GATED: tl.constexpr):
+    """(pointers, mask) of a first-layer matrix [HD1, D] (HD1 = HD, or 2·HD gated: the gate's rows, then the value's)
+    as its block [BH1, BD] (gated: the gate's HD rows in the first BH, the value's in the next BH)."""
+    if GATED:
+        row = tl.where(offs_h1 < BH, offs_h1, HD + offs_h1 - BH)
+        valid = tl.where(offs_h1 < BH, offs_h1 < HD, offs_h1 - BH < HD)
+    else:
+        row = offs_h1
+        valid = offs_h1 < HD
+    return P + row[:, None] * D + offs_d[None, :], valid[:, None] & (offs_d < D)[None, :]
+
+
+@triton.jit
+def _load1(P, offs_h1, offs_d, HD: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, GATED: tl.constexpr):
+    at, mask = _first(P, offs_h1, offs_d, HD, D, BH, GATED)
+    return tl.load(at, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store1(P, x, offs_h1, offs_d, HD: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, GATED: tl.constexpr):
+    at, mask = _first(P, offs_h1, offs_d, HD, D, BH, GATED)
+    tl.store(at, x.to(P.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _hidden(z, ACT: tl.constexpr, GATED: tl.constexpr, R: tl.constexpr, BH: tl.constexpr):
+    """The hidden units h [R, BH] from the first layer's pre-activations z [R, BH1], and what their derivatives take:
+    (h, s, σ'(·), σ''(·), g): h = σ(z) (s = h, g = 1), or gated h = σ(z_a) ⊙ z_b (s = σ(z_a), g = z_b)."""
+    if GATED:
+        za, zb = _halves(z, R, BH)
+        s, ds, dds = _act(za, ACT)
+        return s * zb, s, ds, dds, zb
+    else:
+        s, ds, dds = _act(z, ACT)
+        return s, s, ds, dds, s
+
+
+@triton.jit
+def _hidden_back(gh, back, s, ds, dds, g, GATED: tl.constexpr, R: tl.constexpr, BH: tl.constexpr):
+    """∂z [R, BH1] from ∂h [R, BH] (and, for the factors, ``back`` = W̃2ᵀ δ2 times ∂δ1's part: see _factors_back)."""
+    if GATED:
+        return _joined(gh * g * ds, gh * s, R, BH)
+    else:
+        return gh * ds
+
+
+@triton.jit
 def _factors(K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v,
-             D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, DT: tl.constexpr,
-             PREC: tl.constexpr):
+             D: tl.constexpr, DV: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
+             BK: tl.constexpr, BH: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """A chunk's window keys (index, mask, band [BT, BK], Γ on it) and its gradient factors at W̃ = (E1, E2):
-    u [BK, BD], z, h = σ(z), σ'(z), σ''(z) [BK, BH], δ2 [BK, BV], W̃2ᵀ δ2 and δ1 [BK, BH]."""
+    u [BK, BD], h and ``_hidden``'s (s, σ', σ'', g) [BK, BH], δ2 [BK, BV], W̃2ᵀ δ2 [BK, BH] and δ1 [BK, BH1]: (W̃2ᵀ δ2)
+    ⊙ σ'(z), or gated [(W̃2ᵀ δ2) ⊙ z_b ⊙ σ'(z_a), (W̃2ᵀ δ2) ⊙ σ(z_a)]."""
     first = m0 + t0
     lo = tl.maximum(first - c + 1, 0)
     idx = lo + offs_k
@@ -121,13 +184,13 @@ def _factors(K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, 
     band = (idx[None, :] <= pos[:, None]) & (idx[None, :] > pos[:, None] - c) & (offs_t < n)[:, None] & kmask[None, :]
     gam = tl.where(band, g[None, :], 0.0)
     u = _rows(K, idx, kmask, offs_d, D)
-    z = dot(u, tl.trans(E1), DT, PREC)
-    h, dh, ddh = _act(z, ACT)
+    h, s, ds, dds, gate = _hidden(dot(u, tl.trans(E1), DT, PREC), ACT, GATED, BK, BH)
     d2 = -_rows(V, idx, kmask, offs_v, DV)
     if L2:
         d2 += dot(h, tl.trans(E2), DT, PREC)
     back = dot(d2, E2, DT, PREC)
-    return idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, back * dh
+    return idx, kmask, band, gam, u, h, s, ds, dds, gate, d2, back, _hidden_back(back, back, s, ds, dds, gate, GATED,
+                                                                                  BK, BH)
 
 
 @triton.jit
@@ -144,18 +207,24 @@ def _causal(C, idx, pos, u, h, d1, d2):
 
 
 @triton.jit
-def _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2: tl.constexpr, DT: tl.constexpr,
-                  PREC: tl.constexpr):
-    """``_factors`` backward, from ∂δ1, ∂δ2, ∂h, ∂u [BK, ·] of the chunk's other uses: (∂δ2 in all — ∂v = −∂δ2 —,
-    ∂u in all, ∂W̃1, ∂W̃2), through δ1 = (W̃2ᵀ δ2) ⊙ σ'(z), δ2 = W̃2 h − v (l2), h = σ(z), z = W̃1 u."""
-    gback = gd1 * dh
-    gz = gd1 * back * ddh
+def _factors_back(gd1, gd2, gh, gu, u, h, s, ds, dds, g, d2, back, E1, E2, L2: tl.constexpr, GATED: tl.constexpr,
+                  BK: tl.constexpr, BH: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``_factors`` backward, from ∂δ1 [BK, BH1], ∂δ2, ∂h, ∂u [BK, ·] of the chunk's other uses: (∂δ2 in all — ∂v =
+    −∂δ2 —, ∂u in all, ∂W̃1, ∂W̃2), through δ1 (``_factors``), δ2 = W̃2 h − v (l2), h (``_hidden``), z = W̃1 u."""
+    if GATED:
+        ga, gb = _halves(gd1, BK, BH)
+        gback = ga * g * ds + gb * s
+    else:
+        gback = gd1 * ds
     gd2 += dot(gback, tl.trans(E2), DT, PREC)
     dE2 = dot(tl.trans(d2), gback, DT, PREC)
     if L2:
         gh += dot(gd2, E2, DT, PREC)
         dE2 += dot(tl.trans(gd2), h, DT, PREC)
-    gz += gh * dh
+    if GATED:
+        gz = _joined((gh * g + gb * back) * ds + ga * back * g * dds, gh * s + ga * back * ds, BK, BH)
+    else:
+        gz = gh * ds + gd1 * back * dds
     gu += dot(gz, E1, DT, PREC)
     return gd2, gu, dot(tl.trans(gz), u, DT, PREC), dE2
 
@@ -169,36 +238,39 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
                                 D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                                 BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                                 MOMENTUM: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
-                                DT: tl.constexpr, PREC: tl.constexpr):
+                                GATED: tl.constexpr, HD1: tl.constexpr, BH1: tl.constexpr, DT: tl.constexpr,
+                                PREC: tl.constexpr):
     i_n = tl.program_id(0)
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
     offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    offs_h1 = tl.arange(0, BH1)  # the first layer's rows (gated: the gate's block, then the value's)
     Q, A, M, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, M + i_n * T, S + i_n * T, CW + i_n * T * b, \
         CS + i_n * T * b, Y + i_n * T * DV
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
-    W1 = _matrix(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    W1 = _load1(W10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
     W2 = _matrix(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     E1, E2 = W1, W2
     if EVAL:  # the first chunk continues one: its gradients at the given W̃
-        E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     S1, S2 = W1 * 0.0, W2 * 0.0
     if MOMENTUM:
-        S1 = _matrix(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        S1 = _load1(S10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         S2 = _matrix(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for ci in range(NC):
         at = i_n * NC + ci
-        _store(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
+        _store1(W1H + at * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)  # the checkpoints the backward takes
         _store(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
         if MOMENTUM:
-            _store(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
+            _store1(S1H + at * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
             _store(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
         last = offs_t == n - 1
-        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, GATED, BK, BH,
+            DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
         C = dot(cw, gam, DT, PREC)  # [BT, BK]
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -209,7 +281,7 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
         if MOMENTUM:
             m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
             zq += m[:, None] * dot(uq, tl.trans(S1), DT, PREC)
-        hq, _, _ = _act(zq, ACT)
+        hq, _, _, _, _ = _hidden(zq, ACT, GATED, BT, BH)
         y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC) + dot(C_y * dot(hq, tl.trans(h_y), DT, PREC), d2_y, DT,
                                                                 PREC)
         if MOMENTUM:
@@ -228,14 +300,14 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
             W2n += m_n * S2
             S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
             S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
-        _store(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (a state continued mid-chunk)
+        _store1(WE1T + i_n * HD1 * D, E1, offs_h1, offs_d, HD, D, BH, GATED)  # W̃ of the last chunk (continued)
         _store(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
         W1, W2 = W1n, W2n
         E1, E2 = W1, W2
-    _store(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
+    _store1(W1T + i_n * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)
     _store(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
     if MOMENTUM:
-        _store(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
+        _store1(S1T + i_n * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
         _store(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
 
 
@@ -249,41 +321,44 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
                                 D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                                 BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                                 MOMENTUM: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
-                                DT: tl.constexpr, PREC: tl.constexpr):
+                                GATED: tl.constexpr, HD1: tl.constexpr, BH1: tl.constexpr, DT: tl.constexpr,
+                                PREC: tl.constexpr):
     i_n = tl.program_id(0)
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
     offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    offs_h1 = tl.arange(0, BH1)  # the first layer's rows (gated: the gate's block, then the value's)
     Q, A, M, S, CW, CS, DY = Q + i_n * T * D, A + i_n * T, M + i_n * T, S + i_n * T, CW + i_n * T * b, \
         CS + i_n * T * b, DY + i_n * T * DV
     DQ, DA, DM, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DM + i_n * T, DS + i_n * T, DCW + i_n * T * b, \
         DCS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
-    G1 = _matrix(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
+    G1 = _load1(GW1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W_end of the chunk being walked
     G2 = _matrix(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     H1, H2 = G1 * 0.0, G2 * 0.0  # ∂L/∂S_end
     if MOMENTUM:
-        H1 = _matrix(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)
+        H1 = _load1(GS1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         H2 = _matrix(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    X1 = _matrix(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
+    X1 = _load1(GE1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W̃ of the last chunk (its output)
     X2 = _matrix(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for cj in range(NC):
         ci = NC - 1 - cj
         at = i_n * NC + ci
-        W1 = _matrix(W1H + at * HD * D, offs_h, offs_d, HD, D)
+        W1 = _load1(W1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         W2 = _matrix(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
         E1, E2 = W1, W2
         if EVAL:
             if ci == 0:
-                E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+                E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
                 E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
         last = offs_t == n - 1
         cmask = rmask[:, None] & rmask[None, :]
-        idx, kmask, band, gam, u, z, h, dh, ddh, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, DT, PREC)
+        idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, GATED, BK, BH,
+            DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         C = dot(cw, gam, DT, PREC)
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -295,7 +370,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         P1 = dot(uq, tl.trans(u), DT, PREC)
         zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(Cr * P1, d1, DT, PREC)
         if MOMENTUM:
-            S1 = _matrix(S1H + at * HD * D, offs_h, offs_d, HD, D)
+            S1 = _load1(S1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
             S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
             m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
             m_n = tl.sum(tl.where(last, m, 0.0))
@@ -303,7 +378,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
             cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
             cs_n = _last(dot(cs, gam, DT, PREC), last)
             zq += m[:, None] * dot(uq, tl.trans(S1), DT, PREC)
-        hq, dhq, _ = _act(zq, ACT)
+        hq, sq, dsq, _, gq = _hidden(zq, ACT, GATED, BT, BH)
         P2 = dot(hq, tl.trans(h), DT, PREC)
         dy = _rows(DY, rows, rmask, offs_v, DV)
         # the read-out's second layer: y = a W2 hq + m S2 hq + (C ⊙ P2) δ2
@@ -319,7 +394,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
             dm = tl.sum(dy * dot(hq, tl.trans(S2), DT, PREC), axis=1)
             dS2 = dot(tl.trans(dy * m[:, None]), hq, DT, PREC)
         # its first layer: zq = a W1 uq + m S1 uq + (C ⊙ P1) δ1
-        gzq = ghq * dhq
+        gzq = _hidden_back(ghq, ghq, sq, dsq, dsq, gq, GATED, BT, BH)
         E1y = dot(gzq, tl.trans(d1), DT, PREC)
         duq = a[:, None] * dot(gzq, W1, DT, PREC) + dot(Cr * E1y, u, DT, PREC)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
@@ -359,7 +434,8 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
             dCs = tl.where(last[:, None], (tl.sum(d1 * uH1, axis=1) + tl.sum(d2 * hH2, axis=1))[None, :], 0.0)
             dgam += dot(tl.trans(cs), dCs, DT, PREC)
             dcs = dot(dCs, tl.trans(gam), DT, PREC)
-        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, dh, ddh, d2, back, E1, E2, L2, DT, PREC)
+        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, GATED,
+                                          BK, BH, DT, PREC)
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
             dE2 += X2
@@ -378,13 +454,13 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         G1, G2 = dW1 + dE1, dW2 + dE2
         if EVAL:  # the first chunk's W̃ is the input We, not W_p
             if ci == 0:
-                _store(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
+                _store1(DWE10 + i_n * HD1 * D, dE1, offs_h1, offs_d, HD, D, BH, GATED)
                 _store(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
                 G1, G2 = dW1, dW2
-    _store(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
+    _store1(DW10 + i_n * HD1 * D, G1, offs_h1, offs_d, HD, D, BH, GATED)
     _store(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
     if MOMENTUM:
-        _store(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
+        _store1(DS10 + i_n * HD1 * D, H1, offs_h1, offs_d, HD, D, BH, GATED)
         _store(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
 
 
@@ -403,49 +479,54 @@ def chunk_count(T, chunk_size, offset):
     return triton.cdiv(T + offset, chunk_size)
 
 
-def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0):
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0, gated=False):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
-    tokens, D features, HD hidden units, d_v = DV. FLOPs are 2·m·n·k of every ``tl.dot`` at the problem's own sizes
-    (a chunk's n tokens and k window keys; the padding of blocks to powers of two left out)."""
+    tokens, D features, HD hidden units (a gated first layer: 2·HD rows), d_v = DV. FLOPs are 2·m·n·k of every
+    ``tl.dot`` at the problem's own sizes (a chunk's n tokens and k window keys; the padding of blocks left out)."""
     NC = chunk_count(T, chunk_size, offset)
     mom, l2, H, V = int(momentum), int(bias == "l2"), HD, DV
+    H1 = H * (1 + int(gated))  # the first layer's rows
     fwd = bwd = 0
     for ci in range(NC):
         t0 = max(ci * chunk_size - offset, 0)
         n = min(ci * chunk_size - offset + chunk_size, T) - t0
         first = m0 + t0
         k = first + n - max(first - window + 1, 0)
-        factors = k * H * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+        factors = k * H1 * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
         mixing = (1 + mom) * n * n * k  # C (and C')
-        read = (1 + mom) * n * (H * D + V * H) + n * k * (D + H) + n * k * (H + V)
-        ends = (1 + mom) * k * (H * D + V * H)
+        read = (1 + mom) * n * (H1 * D + V * H) + n * k * (D + H1) + n * k * (H + V)
+        ends = (1 + mom) * k * (H1 * D + V * H)
         fwd += 2 * (factors + mixing + read + ends)
-        recomputed = factors + mixing + (1 + mom) * n * H * D + n * k * (D + H) + n * k * H
-        read_back = n * k * (2 * V + 4 * H + 2 * D) + 3 * (1 + mom) * n * (V * H + H * D)
-        factors_back = 2 * (1 + l2) * k * H * V + 2 * k * H * D
+        recomputed = factors + mixing + (1 + mom) * n * H1 * D + n * k * (D + H1) + n * k * H
+        read_back = n * k * (2 * V + 2 * H + 2 * H1 + 2 * D) + 3 * (1 + mom) * n * (V * H + H1 * D)
+        factors_back = 2 * (1 + l2) * k * H * V + 2 * k * H1 * D
         bwd += 2 * (recomputed + read_back + 2 * ends + 2 * mixing + factors_back)
     return {"chunk_mlp_memory_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_memory_bwd_kernel": ((N,), N, N * bwd)}
 
 
-def launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, dtype, evaluated, prec=None) -> dict:
-    """The constexprs, num_warps and num_stages of both launches of one call."""
+def launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, dtype, evaluated, prec=None,
+                   gated=False) -> dict:
+    """The constexprs, num_warps and num_stages of both launches of one call (gated: a gated first layer)."""
     cfg = _config(D, HD, DV, chunk_size, window)
+    BH1 = cfg["BH"] * (1 + int(gated))
     return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
-                MOMENTUM=momentum, L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, DT=DTYPES[dtype],
-                PREC=dot_precision(dtype) if prec is None else prec, num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"])
+                MOMENTUM=momentum, L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, GATED=gated,
+                HD1=HD * (1 + int(gated)), BH1=BH1, DT=DTYPES[dtype],
+                PREC=dot_precision(dtype) if prec is None else prec,
+                num_warps=4 if BH1 * cfg["BD"] <= 4096 else 8, num_stages=cfg["num_stages"])
 
 
 class ChunkMLPMemoryFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gamma, a, m, s, Cw, Cs, W1, W2, S1, S2, We1, We2, offset, chunk_size, window, bias,
-                activation, momentum, evaluated):
+                activation, momentum, evaluated, gated):
         N, T, D = q.shape
-        L, DV, HD = k.shape[1], v.shape[-1], W1.shape[1]
+        L, DV, HD = k.shape[1], v.shape[-1], W2.shape[-1]
         m0, NC = L - T, chunk_count(T, chunk_size, offset)
-        opts = launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, q.dtype, evaluated)
+        opts = launch_options(D, HD, DV, chunk_size, window, bias, momentum, activation, q.dtype, evaluated,
+                              gated=gated)
         f32 = dict(dtype=torch.float32, device=q.device)
-        W1H, W2H = torch.empty(N, NC, HD, D, **f32), torch.empty(N, NC, DV, HD, **f32)
+        W1H, W2H = torch.empty(N, NC, W1.shape[1], D, **f32), torch.empty(N, NC, DV, HD, **f32)
         S1H, S2H = (torch.empty_like(W1H), torch.empty_like(W2H)) if momentum else (W1H, W2H)
         y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
         W1T, W2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, W1, W2))
@@ -485,13 +566,14 @@ class ChunkMLPMemoryFunction(torch.autograd.Function):
                 dCs.to(like) if momentum else None, dW1.to(We1.dtype), dW2.to(We2.dtype),
                 dS1.to(We1.dtype) if momentum else None, dS2.to(We2.dtype) if momentum else None,
                 dWe1.to(We1.dtype) if evaluated else None, dWe2.to(We2.dtype) if evaluated else None,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 @torch.compiler.disable  # a compiled graph calls it as it is (a graph break): its launches are fused already
 def chunk_mlp_memory(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_size, window, bias, activation,
-                     m=None, s=None, Cs=None, S1=None, S2=None):
-    """A 2-layer MLP memory over T new tokens in one forward and one backward launch (the module docstring).
+                     m=None, s=None, Cs=None, S1=None, S2=None, gated=False):
+    """A 2-layer MLP memory over T new tokens in one forward and one backward launch (the module docstring); gated:
+    the first layer a gated pair, W1 [N, 2H, D] the gate's H rows then the value's, h = σ(W1_a u) ⊙ W1_b u.
 
     q: φ(q) [N, T, D]; k: φ(k) [N, L, D] and v [N, L, d_v] (less the residual r(k) with l2) for the window cache
     followed by the new tokens; gamma [N, L]; a [N, T], Cw [N, T, b]: per-token rows of each chunk's closed form
@@ -508,5 +590,5 @@ def chunk_mlp_memory(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_s
     evaluated = offset > 0
     args = [x.contiguous() for x in (q, k, v, gamma, a, m, s, Cw, Cs, W1, W2, S1, S2, We1, We2)]
     y, W1T, W2T, S1T, S2T, WE1, WE2 = ChunkMLPMemoryFunction.apply(*args, offset, chunk_size, window, bias,
-                                                                   activation, momentum, evaluated)
+                                                                   activation, momentum, evaluated, gated)
     return y, W1T, W2T, (S1T if momentum else None), (S2T if momentum else None), WE1, WE2
