@@ -184,6 +184,7 @@ def test_the_plans_launch_and_walk_formulas_are_the_counted_ones(preset, path, d
             assert abs(cost.flops - counted["flops"]) / predict.R < 0.01 * cost.seconds, (cost, counted["flops"])
 
 
+@pytest.mark.slow  # 13–22 s; the formulas against the counter stay in the default suite
 def test_the_plans_constants_are_this_fit():
     """predict.py's constants are the fit of the H200 table to this tree's counts (the measured presets on their
     measured routes), as written there to four significant digits."""

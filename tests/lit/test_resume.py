@@ -179,7 +179,8 @@ def corpus(tmp_path_factory) -> str:
     return prepared_corpus(tmp_path_factory.mktemp("corpus"), 60)
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 63 s; the default suite resumes fits stopped by a signal (test_a_fit_stopped_by_a_signal_…)
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_streaming_fit_resumed_at_any_step_is_the_uninterrupted_fit(tmp_path, corpus, workers):
     from atlas_lab.data.stream import StreamingLMDataModule
 

@@ -149,6 +149,7 @@ def test_a_worker_whose_command_died_while_it_started_claims_nothing(workdir):
     assert sorted(t.state.name for t in load().get_trials()) == ["WAITING", "WAITING"]
 
 
+@pytest.mark.slow  # 47 s; a journal torn at its end: test_journal_repair
 def test_a_torn_journal_record_is_skipped_and_the_study_resumes(workdir):
     """A study of 1 complete trial; then a write cut short (half a record, no line end) and complete records
     appended after it, the first on the same line, as Optuna's own journal writer leaves them (here the study's

@@ -149,6 +149,7 @@ def test_median_pruner_prunes_a_hopeless_trial(workdir):
     assert len(by_lr[1e-9].intermediate_values) < 6
 
 
+@pytest.mark.slow  # 52 s; pruning: test_median_pruner_prunes_a_hopeless_trial
 def test_the_end_of_fit_validation_is_neither_reported_nor_pruned(workdir):
     """A trial of 12 steps validates on schedule after steps 4, 8 and 12 (epochs of 4 batches); one of 2 steps ends
     before its first scheduled validation, so the fit validates once more at its end (ValidateAtEnd). The median
