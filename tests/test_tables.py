@@ -181,7 +181,8 @@ def test_presets_cut_nothing(width, monkeypatch):
         assert len(parts) > 1 and [squeeze(c) for c in parts[0]["columns"]] == ["preset", "layers"]
 
 
-@pytest.mark.parametrize("columns", [None, "80", "120"])
+@pytest.mark.parametrize("columns", [pytest.param(None, marks=pytest.mark.slow), "80",
+                                     pytest.param("120", marks=pytest.mark.slow)])  # 4–13 s each
 def test_the_presets_command_in_a_pipe_fits_80_columns_or_COLUMNS(columns):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
     env |= {"COLUMNS": columns} if columns else {}

@@ -122,6 +122,7 @@ def test_an_mqar_fit_resumed_at_any_step_is_the_uninterrupted_fit(tmp_path, unin
     assert_resumed_is_uninterrupted(record(tmp_path / "r"), uninterrupted_mqar, end_validation(stop, MQAR_BATCHES))
 
 
+@pytest.mark.slow  # 14 s; resuming a stopped fit: test_a_fit_stopped_by_a_signal_… [SIGKILL]
 def test_a_fit_of_one_epoch_resumed_for_a_second_is_the_fit_of_two(tmp_path, uninterrupted_mqar):
     """Bounded by epochs alone (max_steps -1): one epoch, then resumed with max_epochs 2. Also: a run of one epoch
     names its checkpoint epoch=0."""
@@ -153,7 +154,7 @@ def test_without_validate_at_end_the_resumed_run_is_the_uninterrupted_run(tmp_pa
     assert_resumed_is_uninterrupted(record(tmp_path / "r"), record(tmp_path / "u"))
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("signal_name", [pytest.param("SIGTERM", marks=pytest.mark.slow), "SIGKILL"])  # 20–25 s each
 def test_a_fit_stopped_by_a_signal_resumes_as_if_never_stopped(tmp_path, uninterrupted_mqar, signal_name):
     """A real signal to the fit's process after step 15: SIGTERM lets the batch end, writes last.ckpt there, ends
     the MLflow run KILLED and exits 143; SIGKILL leaves the checkpoint of the validation at step 12, and the resumed
