@@ -372,3 +372,32 @@ def compiles_as_eager(f, *inputs) -> None:
     y.backward()
     y_c.backward()
     assert torch.equal(y, y_c) and all(torch.equal(a.grad, b.grad) for a, b in zip(eager, compiled))
+
+
+def dot_counter(monkeypatch, module, names) -> dict:
+    """{kernel name: 2·m·n·k summed over every tl.dot one launch of it runs}, filled as the kernels ``names`` of
+    ``module`` run under Triton's interpreter (its dot and the kernels patched through ``monkeypatch``)."""
+    from triton.runtime import interpreter
+
+    count, counted = [0], {}
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def counting_dot(self, a, b, *args):
+        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
+        return create_dot(self, a, b, *args)
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                before = count[0]
+                self.kernel[grid](*args, **kw)
+                counted[self.name] = count[0] - before
+            return launch
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
+    for name in names:
+        monkeypatch.setattr(module, name, Counted(name, getattr(module, name)))
+    return counted

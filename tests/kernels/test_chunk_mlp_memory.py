@@ -18,7 +18,7 @@ from atlas_lab.memory.ops.chunk_mlp_memory.muon import chunk_mlp_muon
 from atlas_lab.memory.ops.chunk_mlp_memory.naive import chunk_mlp_muon_naive
 from atlas_lab.memory.ops.chunk_mlp_memory.triton import launches
 from atlas_lab.memory.plan import Shapes, plan
-from helpers import compare_float32, make_problem, run
+from helpers import compare_float32, dot_counter, make_problem, run
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
@@ -136,33 +136,11 @@ def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkey
     """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
     chunks of 16, D = H = d_v = 16, windows of 1 (a gated first layer) and 17 keys, the cache holding the first
     chunk's c − 1 keys before it)."""
-    from triton.runtime import interpreter
-
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.triton")
-    count, counted = [0], {}
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def counting_dot(self, a, b, *args):
-        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
-        return create_dot(self, a, b, *args)
-
-    class Counted:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                before = count[0]
-                self.kernel[grid](*args, **kw)
-                counted[self.name] = count[0] - before
-            return launch
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
     gated = window == 1  # the online case with a gated first layer (32 rows: blocks filled exactly)
     expected = launches(2, 64, 16, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum, m0=window - 1,
                         gated=gated)
-    for name in expected:
-        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    counted = dot_counter(monkeypatch, kernels, expected)
     x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum, gated=gated)
     results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu",
                                    gated=gated))(x)
@@ -219,31 +197,9 @@ def test_muon_kernel_matches_its_pytorch_twin(bias, window, offset, activation, 
 def test_muon_launches_counts_the_dots_the_kernel_runs(monkeypatch):
     """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot (blocks filled exactly: chunks of 16, D 32,
     H = d_v = 16, a window of 17 keys with the first chunk's 16 before it in the cache, two quintic steps)."""
-    from triton.runtime import interpreter
-
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
-    count, counted = [0], {}
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def counting_dot(self, a, b, *args):
-        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
-        return create_dot(self, a, b, *args)
-
-    class Counted:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                before = count[0]
-                self.kernel[grid](*args, **kw)
-                counted[self.name] = count[0] - before
-            return launch
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
     expected = kernels.launches(1, 32, 32, 16, 16, chunk_size=16, window=17, bias="l2", steps=2, m0=16)
-    for name in expected:
-        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    counted = dot_counter(monkeypatch, kernels, expected)
     options = dict(offset=0, chunk_size=16, window=17, bias="l2", activation="gelu", ns_steps=2,
                    ns_coefficients="quintic")
     muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16))

@@ -22,7 +22,8 @@ from atlas_lab.memory.ops import chunk_linear_memory, chunk_linear_memory_naive,
 from atlas_lab.memory.ops.chunk_linear_memory.triton import launches, launches_table
 from atlas_lab.memory.ops.dots import dot_precision
 from atlas_lab.memory.ops.newton_schulz.triton import ns_precision
-from helpers import SPREAD, U32, compare_float32, compiles_as_eager, float32_spread, make_problem, rel_err, run
+from helpers import (SPREAD, U32, compare_float32, compiles_as_eager, dot_counter, float32_spread, make_problem,
+                     rel_err, run)
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
@@ -288,31 +289,9 @@ def test_launches_counts_the_dots_the_kernels_run(window, bias, momentum, monkey
     chunks of 16 = BT, D = d_v = 16, windows of 1 and 17 keys over chunks of 16)."""
     import importlib
 
-    from triton.runtime import interpreter
-
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_linear_memory.triton")
-    count, counted = [0], {}
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def counting_dot(self, a, b, *args):
-        count[0] += 2 * a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
-        return create_dot(self, a, b, *args)
-
-    class Counted:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                before = count[0]
-                self.kernel[grid](*args, **kw)
-                counted[self.name] = count[0] - before
-            return launch
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
     expected = launches(2, 64, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum)
-    for name in expected:
-        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    counted = dot_counter(monkeypatch, kernels, expected)
     x = chunk_inputs(N=2, T=64, m0=0, D=16, DV=16, b=16, momentum=momentum)
     chunk_run(chunk_linear_memory, x, offset=0, chunk_size=16, window=window, bias=bias)
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}

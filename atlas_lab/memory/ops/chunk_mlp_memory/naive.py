@@ -41,33 +41,37 @@ def first_factor(activation: str, z: torch.Tensor, back: torch.Tensor, gated: bo
     return torch.cat([back * zb * activation_grad(activation, za), back * ACTIVATIONS[activation](za)], -1)
 
 
+def window_factors(q, k, v, gamma, E1, E2, t0, n, window, bias, activation, gated):
+    """A chunk's window keys u, their h, δ2, δ1 at W̃ = (E1, E2) and Γ [N, n, keys] (the chunk: n tokens from t0)."""
+    T, L, H = q.shape[1], k.shape[1], E2.shape[-1]
+    first = L - T + t0
+    lo = max(first - window + 1, 0)
+    u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
+    z = u @ E1.mT
+    h = hidden(activation, z, H, gated)
+    d2 = h @ E2.mT - vv if bias == "l2" else -vv
+    d1 = first_factor(activation, z, d2 @ E2, gated)
+    pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
+    idx = torch.arange(lo, first + n, device=q.device)
+    return u, h, d2, d1, torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)
+
+
 def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, chunk_size, window, bias,
                            activation, m=None, s=None, Cs=None, S1=None, S2=None, gated=False):
-    H = W2.shape[-1]
-    N, T, _ = q.shape
-    L = k.shape[1]
+    T = q.shape[1]
     momentum = S1 is not None
     ys, t0 = [], 0
     E1, E2 = (We1, We2) if offset else (W1, W2)  # W̃ of the first chunk: an input only where it continues one
     while t0 < T:
         n = min(chunk_size - (offset if t0 == 0 else 0), T - t0)
-        first = L - T + t0
-        lo = max(first - window + 1, 0)
-        u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
-        z = u @ E1.mT
-        h = hidden(activation, z, H, gated)
-        d2 = h @ E2.mT - vv if bias == "l2" else -vv
-        d1 = first_factor(activation, z, d2 @ E2, gated)
-        pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
-        idx = torch.arange(lo, first + n, device=q.device)
-        band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
+        u, h, d2, d1, band = window_factors(q, k, v, gamma, E1, E2, t0, n, window, bias, activation, gated)
         C = Cw[:, t0:t0 + n, :n] @ band
         qc, ac = q[:, t0:t0 + n], a[:, t0:t0 + n, None]
         C_y, u_y, h_y, d1_y, d2_y = causal_operands(C, u, h, d1, d2)  # a later key's NaN stays out of earlier rows
         zq = ac * (qc @ W1.mT) + (C_y * (qc @ u_y.mT)) @ d1_y
         if momentum:
             zq = zq + m[:, t0:t0 + n, None] * (qc @ S1.mT)
-        hq = hidden(activation, zq, H, gated)
+        hq = hidden(activation, zq, W2.shape[-1], gated)
         y = ac * (hq @ W2.mT) + (C_y * (hq @ h_y.mT)) @ d2_y
         if momentum:
             y = y + m[:, t0:t0 + n, None] * (hq @ S2.mT)
@@ -94,22 +98,12 @@ def chunk_mlp_muon_naive(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2,
     from ..newton_schulz.reference import newton_schulz
 
     act = ACTIVATIONS[activation]
-    N, T, _ = q.shape
-    L = k.shape[1]
+    T = q.shape[1]
     ys, t0 = [], 0
     E1, E2 = (We1, We2) if offset else (W1, W2)
     while t0 < T:
         n = min(chunk_size - (offset if t0 == 0 else 0), T - t0)
-        first = L - T + t0
-        lo = max(first - window + 1, 0)
-        u, g, vv = k[:, lo:first + n], gamma[:, lo:first + n], v[:, lo:first + n]
-        z = u @ E1.mT
-        h = act(z)
-        d2 = h @ E2.mT - vv if bias == "l2" else -vv
-        d1 = (d2 @ E2) * activation_grad(activation, z)
-        pos = torch.arange(first, first + n, device=q.device).unsqueeze(-1)
-        idx = torch.arange(lo, first + n, device=q.device)
-        band = torch.where((idx <= pos) & (idx > pos - window), g.unsqueeze(-2), 0.0)  # Γ [N, n, keys]
+        u, h, d2, d1, band = window_factors(q, k, v, gamma, E1, E2, t0, n, window, bias, activation, False)
         Cs_ = Cs[:, t0:t0 + n, :n] @ band  # [N, n, keys]
         cw, st, at = Cw[:, t0:t0 + n, :n], s[:, t0:t0 + n, None, None], a[:, t0:t0 + n, None, None]
 

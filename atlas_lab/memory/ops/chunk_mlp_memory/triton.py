@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..chunk_linear_memory.triton import _chunk, chunk_count
 from ..dots import DTYPES, dot, dot_precision
 
 ACTS = ("gelu", "silu", "relu", "tanh")
@@ -74,13 +75,6 @@ def _act(z, ACT: tl.constexpr):
         e = tl.exp(-2.0 * tl.abs(z))
         th = tl.where(z >= 0, 1.0, -1.0) * (1.0 - e) / (1.0 + e)
         return th, 1.0 - th * th, -2.0 * th * (1.0 - th * th)
-
-
-@triton.jit
-def _chunk(ci, b, offset, T):
-    """First token t0 and length n of chunk ci (the first one is b − offset tokens long)."""
-    t0 = tl.maximum(ci * b - offset, 0)
-    return t0, tl.minimum(ci * b - offset + b, T) - t0
 
 
 @triton.jit
@@ -473,10 +467,6 @@ def _config(D, HD, DV, b, window):
     BD, BH = max(16, p2(D)), max(16, p2(HD))
     return dict(BT=max(16, p2(b)), BK=max(16, p2(b + window - 1)), BD=BD, BH=BH, BV=max(16, p2(DV)),
                 num_warps=4 if BH * BD <= 4096 else 8, num_stages=1)
-
-
-def chunk_count(T, chunk_size, offset):
-    return triton.cdiv(T + offset, chunk_size)
 
 
 def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0, gated=False):
