@@ -86,14 +86,25 @@ def _rows(X, idx, mask, offs, W):
 
 @triton.jit
 def _load_state(P, offs_v, offs_d, DV, D):
+    """A row-major [DV, D] matrix at P (0 outside), as fp32."""
     mask = (offs_v < DV)[:, None] & (offs_d < D)[None, :]
     return tl.load(P + offs_v[:, None] * D + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _store_state(P, x, offs_v, offs_d, DV, D):
+    """x into the rows < DV and columns < D of a row-major [·, D] matrix at P, in its dtype."""
     mask = (offs_v < DV)[:, None] & (offs_d < D)[None, :]
     tl.store(P + offs_v[:, None] * D + offs_d[None, :], x.to(P.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _key_grads(DK, DVV, DGAMMA, idx, kmask, band, du, ddelta, dgam, offs_d, offs_v, D, DV):
+    """A chunk's window keys' gradients added to those of the chunks that share them (``tl.atomic_add``): ∂φ(k) += du
+    [keys, D], ∂v −= ∂δ [keys, DV], ∂γ += Σ_t ∂Γ[t, i] on the band."""
+    tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], du, mask=kmask[:, None] & (offs_d < D)[None, :])
+    tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -ddelta, mask=kmask[:, None] & (offs_v < DV)[None, :])
+    tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=kmask)
 
 
 @triton.jit
@@ -459,10 +470,7 @@ def chunk_linear_memory_bwd_kernel(
             dcs += dot(dCs, tl.trans(gam), DT, PREC)
         if L2:  # δ = W̃ u − v
             du += dot(ddelta, We, DT, PREC)
-        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], du, mask=imask[:, None] & (offs_d < D)[None, :])
-        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -ddelta,
-                      mask=imask[:, None] & (offs_v < DV)[None, :])
-        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=imask)
+        _key_grads(DK, DVV, DGAMMA, idx, imask, band, du, ddelta, dgam, offs_d, offs_v, D, DV)
     tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq, mask=qmask)
     tl.store(DA + rows, da, mask=rmask)
     tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)

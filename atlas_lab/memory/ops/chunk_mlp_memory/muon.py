@@ -35,7 +35,8 @@ import triton.language as tl
 
 from ..dots import DTYPES, dot, dot_precision
 from ..newton_schulz.reference import NS_COEFFICIENTS
-from .triton import ACTS, _act, _chunk, _factors, _factors_back, _last, _matrix, _rows, _store, chunk_count
+from ..chunk_linear_memory.triton import _chunk, _key_grads, _load_state, _store_state, chunk_count
+from .triton import ACTS, _act, _factors, _factors_back, _last, _rows
 
 
 
@@ -86,6 +87,51 @@ def _ns_back(S, G, SCR, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEP
     return G / r - S * (tl.sum(G * S) / (r * r * tl.maximum(norm, 1e-30)))
 
 
+@triton.jit
+def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, STEPS: tl.constexpr, NS_A: tl.constexpr,
+           NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """One weight matrix's per-token terms over a chunk, added to ``acc`` [BT, R] and ``ends`` [R, C]:
+    Σ_j Cw[:, j] (x_in D_jᵀ) (the read-out's) and Σ_j Cw[n, j] D_j (the end weights'), D_j = NS_k(S_j),
+    S_j = s_j S_p + Σ_i C'[j, i] d_i x_iᵀ. x_in [BT, C]: the layer's inputs at the chunk's tokens; d [BK, R], x [BK, C]:
+    the window keys' factors; sc: the momentum's s."""
+    for j in range(0, n):
+        cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
+        Dj = _ns(s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        acc += cw_j[:, None] * dot(x_in, tl.trans(Dj), DT, PREC)
+        ends += tl.sum(tl.where(last, cw_j, 0.0)) * Dj
+    return acc, ends
+
+
+@triton.jit
+def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, offs_r, offs_c,
+                BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr,
+                NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``_layer`` backward for one weight matrix, g [BT, R] the gradient of its read-out terms, G and H those of the
+    end weights and momentum: the D_j again, ∂D_j = (Cw[:, j] ⊙ g)ᵀ x_in + Cw[n, j] G, ∂S_j = NS_k'(S_j)ᵀ ∂D_j (+ H at
+    j = n). Adds to ∂x_in, ∂Cw, ∂C', ∂s; returns them with ∂S_p [BR, BC], ∂d [BK, BR] and ∂x [BK, BC]."""
+    dS = tl.zeros([BR, BC], dtype=tl.float32)
+    gd = tl.zeros([BK, BR], dtype=tl.float32)
+    gx = tl.zeros([BK, BC], dtype=tl.float32)
+    for j in range(0, n):
+        cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
+        col = offs_t[None, :] == j
+        Sj = s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC)
+        Dj = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dx_in += cw_j[:, None] * dot(g, Dj, DT, PREC)
+        dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
+        dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
+        dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
+        dSj = _ns_back(Sj, dD, SCR, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj += (j == n - 1).to(tl.float32) * H
+        dS += s_j * dSj
+        ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
+        xS = dot(x, tl.trans(dSj), DT, PREC)  # [BK, BR]
+        gd += cs_j[:, None] * xS
+        gx += cs_j[:, None] * dot(d, dSj, DT, PREC)
+        dC2 += tl.where((offs_t == j)[:, None], tl.sum(d * xS, axis=1)[None, :], 0.0)
+    return dx_in, dcw, dC2, ds, dS, gd, gx
+
+
 # ---------------------------------------------------------------- the forward walk
 
 @triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
@@ -103,20 +149,20 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
     Q, A, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
         Y + i_n * T * DV
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
-    W1 = _matrix(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
-    W2 = _matrix(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    S1 = _matrix(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
-    S2 = _matrix(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    W1 = _load_state(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    W2 = _load_state(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    S1 = _load_state(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    S2 = _load_state(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     E1, E2 = W1, W2
     if EVAL:  # the first chunk continues one: its gradients at the given W̃
-        E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
-        E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        E1 = _load_state(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for ci in range(NC):
         at = i_n * NC + ci
-        _store(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
-        _store(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
-        _store(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
-        _store(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
+        _store_state(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
+        _store_state(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
+        _store_state(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
+        _store_state(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
@@ -129,36 +175,26 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         C2 = dot(cs, gam, DT, PREC)  # C' [BT, BK]
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-        sg = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
+        sc = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
         a_n = tl.sum(tl.where(last, a, 0.0))
         uq = _rows(Q, rows, rmask, offs_d, D)
-        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC)
-        W1n = a_n * W1
-        for j in range(0, n):
-            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
-            D1 = _ns(s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            zq += cw_j[:, None] * dot(uq, tl.trans(D1), DT, PREC)
-            W1n += tl.sum(tl.where(last, cw_j, 0.0)) * D1
+        zq, W1n = _layer(a[:, None] * dot(uq, tl.trans(W1), DT, PREC), a_n * W1, uq, S1, d1, u, cw, C2, sc, n, last,
+                         offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         hq, _, _ = _act(zq, ACT)
-        y = a[:, None] * dot(hq, tl.trans(W2), DT, PREC)
-        W2n = a_n * W2
-        for j in range(0, n):
-            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
-            D2 = _ns(s_j * S2 + dot(tl.trans(d2 * cs_j[:, None]), h, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            y += cw_j[:, None] * dot(hq, tl.trans(D2), DT, PREC)
-            W2n += tl.sum(tl.where(last, cw_j, 0.0)) * D2
-        _store(Y + t0 * DV, y, offs_t, offs_v, n, DV)
-        cs_n, s_n = _last(C2, last), tl.sum(tl.where(last, sg, 0.0))
+        y, W2n = _layer(a[:, None] * dot(hq, tl.trans(W2), DT, PREC), a_n * W2, hq, S2, d2, h, cw, C2, sc, n, last,
+                        offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        _store_state(Y + t0 * DV, y, offs_t, offs_v, n, DV)
+        cs_n, s_n = _last(C2, last), tl.sum(tl.where(last, sc, 0.0))
         S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
         S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
-        _store(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (a state continued mid-chunk)
-        _store(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
+        _store_state(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (continued mid-chunk)
+        _store_state(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
         W1, W2 = W1n, W2n
         E1, E2 = W1, W2
-    _store(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
-    _store(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
-    _store(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
-    _store(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
+    _store_state(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
+    _store_state(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
+    _store_state(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
+    _store_state(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
 
 
 # ---------------------------------------------------------------- the backward walk
@@ -182,24 +218,24 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
     SCR1, SCR2 = SCR1 + i_n * STEPS * BH * BD, SCR2 + i_n * STEPS * BV * BH
-    G1 = _matrix(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
-    G2 = _matrix(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    H1 = _matrix(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂S_end
-    H2 = _matrix(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    X1 = _matrix(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
-    X2 = _matrix(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    G1 = _load_state(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
+    G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    H1 = _load_state(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂S_end
+    H2 = _load_state(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    X1 = _load_state(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
+    X2 = _load_state(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for cj in range(NC):
         ci = NC - 1 - cj
         at = i_n * NC + ci
-        W1 = _matrix(W1H + at * HD * D, offs_h, offs_d, HD, D)
-        W2 = _matrix(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
-        S1 = _matrix(S1H + at * HD * D, offs_h, offs_d, HD, D)
-        S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        W1 = _load_state(W1H + at * HD * D, offs_h, offs_d, HD, D)
+        W2 = _load_state(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        S1 = _load_state(S1H + at * HD * D, offs_h, offs_d, HD, D)
+        S2 = _load_state(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
         E1, E2 = W1, W2
         if EVAL:
             if ci == 0:
-                E1 = _matrix(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
-                E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+                E1 = _load_state(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+                E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
@@ -212,69 +248,28 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
         C2 = dot(cs, gam, DT, PREC)
         a = tl.load(A + rows, mask=rmask, other=0.0).to(tl.float32)
-        sg = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
+        sc = tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32)
         a_n = tl.sum(tl.where(last, a, 0.0))
         uq = _rows(Q, rows, rmask, offs_d, D)
         dy = _rows(DY, rows, rmask, offs_v, DV)
-        zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC)  # the forward's first layer, again
-        for j in range(0, n):
-            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
-            D1 = _ns(s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            zq += cw_j[:, None] * dot(uq, tl.trans(D1), DT, PREC)
+        zq, _ = _layer(a[:, None] * dot(uq, tl.trans(W1), DT, PREC), W1, uq, S1, d1, u, cw, C2, sc, n, last, offs_t,
+                       STEPS, NS_A, NS_B, NS_C, DT, PREC)  # the forward's first layer, again
         hq, dhq, _ = _act(zq, ACT)
         # the second layer: y = a W2 hq + Σ_j Cw[:, j] D2_j hq;  W2_end = a_n W2 + Σ_j Cw[n, j] D2_j
-        ghq = a[:, None] * dot(dy, W2, DT, PREC)
         da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
         da += tl.where(last, tl.sum(G1 * W1) + tl.sum(G2 * W2), 0.0)
         dW2 = dot(tl.trans(dy * a[:, None]), hq, DT, PREC) + a_n * G2
-        dcw = tl.zeros([BT, BT], dtype=tl.float32)
-        dC2 = tl.zeros([BT, BK], dtype=tl.float32)
-        ds = tl.zeros([BT], dtype=tl.float32)
-        gd1 = tl.zeros([BK, BH], dtype=tl.float32)
-        gd2 = tl.zeros([BK, BV], dtype=tl.float32)
-        gh = tl.zeros([BK, BH], dtype=tl.float32)
-        gu = tl.zeros([BK, BD], dtype=tl.float32)
-        dS1 = tl.zeros([BH, BD], dtype=tl.float32)
-        dS2 = tl.zeros([BV, BH], dtype=tl.float32)
-        for j in range(0, n):
-            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
-            col = offs_t[None, :] == j
-            Sj = s_j * S2 + dot(tl.trans(d2 * cs_j[:, None]), h, DT, PREC)
-            D2 = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            ghq += cw_j[:, None] * dot(dy, D2, DT, PREC)
-            dcw += tl.where(col, tl.sum(dy * dot(hq, tl.trans(D2), DT, PREC), axis=1)[:, None], 0.0)
-            dcw += tl.where(col & last[:, None], tl.sum(G2 * D2), 0.0)
-            dD = dot(tl.trans(dy * cw_j[:, None]), hq, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G2
-            dSj = _ns_back(Sj, dD, SCR2, offs_v, offs_h, BV, BH, STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            dSj += (j == n - 1).to(tl.float32) * H2
-            dS2 += s_j * dSj
-            ds += tl.where(offs_t == j, tl.sum(dSj * S2), 0.0)
-            hS = dot(h, tl.trans(dSj), DT, PREC)  # [BK, BV]
-            gd2 += cs_j[:, None] * hS
-            gh += cs_j[:, None] * dot(d2, dSj, DT, PREC)
-            dC2 += tl.where((offs_t == j)[:, None], tl.sum(d2 * hS, axis=1)[None, :], 0.0)
+        ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
+            a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
+            tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
+            C2, sc, n, last, offs_t, SCR2, offs_v, offs_h, BV, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
         gzq = ghq * dhq
-        duq = a[:, None] * dot(gzq, W1, DT, PREC)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
-        for j in range(0, n):
-            cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sg, 0.0)), _col(cw, j, offs_t)
-            col = offs_t[None, :] == j
-            Sj = s_j * S1 + dot(tl.trans(d1 * cs_j[:, None]), u, DT, PREC)
-            D1 = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            duq += cw_j[:, None] * dot(gzq, D1, DT, PREC)
-            dcw += tl.where(col, tl.sum(gzq * dot(uq, tl.trans(D1), DT, PREC), axis=1)[:, None], 0.0)
-            dcw += tl.where(col & last[:, None], tl.sum(G1 * D1), 0.0)
-            dD = dot(tl.trans(gzq * cw_j[:, None]), uq, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G1
-            dSj = _ns_back(Sj, dD, SCR1, offs_h, offs_d, BH, BD, STEPS, NS_A, NS_B, NS_C, DT, PREC)
-            dSj += (j == n - 1).to(tl.float32) * H1
-            dS1 += s_j * dSj
-            ds += tl.where(offs_t == j, tl.sum(dSj * S1), 0.0)
-            uS = dot(u, tl.trans(dSj), DT, PREC)  # [BK, BH]
-            gd1 += cs_j[:, None] * uS
-            gu += cs_j[:, None] * dot(d1, dSj, DT, PREC)
-            dC2 += tl.where((offs_t == j)[:, None], tl.sum(d1 * uS, axis=1)[None, :], 0.0)
+        duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
+            a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
+            SCR1, offs_h, offs_d, BH, BD, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
         gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, False,
@@ -282,10 +277,8 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
             dE2 += X2
-        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], gu, mask=kmask[:, None] & (offs_d < D)[None, :])
-        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -gd2, mask=kmask[:, None] & (offs_v < DV)[None, :])
-        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=kmask)
-        _store(DQ + t0 * D, duq, offs_t, offs_d, n, D)
+        _key_grads(DK, DVV, DGAMMA, idx, kmask, band, gu, gd2, dgam, offs_d, offs_v, D, DV)
+        _store_state(DQ + t0 * D, duq, offs_t, offs_d, n, D)
         tl.store(DA + rows, da, mask=rmask)
         tl.store(DS + rows, ds, mask=rmask)
         tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
@@ -293,14 +286,14 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         G1, G2 = dW1 + dE1, dW2 + dE2
         if EVAL:  # the first chunk's W̃ is the input We, not W_p
             if ci == 0:
-                _store(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
-                _store(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
+                _store_state(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
+                _store_state(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
                 G1, G2 = dW1, dW2
         H1, H2 = dS1, dS2
-    _store(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
-    _store(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
-    _store(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
-    _store(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
+    _store_state(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
+    _store_state(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
+    _store_state(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
+    _store_state(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
 
 
 # ---------------------------------------------------------------- launches

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..chunk_linear_memory.triton import _chunk, chunk_count
+from ..chunk_linear_memory.triton import _chunk, _key_grads, _load_state, _store_state, chunk_count
 from ..dots import DTYPES, dot, dot_precision
 
 ACTS = ("gelu", "silu", "relu", "tanh")
@@ -82,19 +82,6 @@ def _rows(X, idx, mask, offs, W):
     """X[idx, offs] of a row-major [·, W] tensor (0 outside), as fp32."""
     return tl.load(X + idx[:, None] * W + offs[None, :], mask=mask[:, None] & (offs < W)[None, :],
                    other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _matrix(P, offs_r, offs_c, R, C):
-    """A row-major [R, C] matrix at P (0 outside), as fp32."""
-    return tl.load(P + offs_r[:, None] * C + offs_c[None, :], mask=(offs_r < R)[:, None] & (offs_c < C)[None, :],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _store(P, x, offs_r, offs_c, R, C):
-    tl.store(P + offs_r[:, None] * C + offs_c[None, :], x.to(P.dtype.element_ty),
-             mask=(offs_r < R)[:, None] & (offs_c < C)[None, :])
 
 
 @triton.jit
@@ -154,8 +141,8 @@ def _hidden(z, ACT: tl.constexpr, GATED: tl.constexpr, R: tl.constexpr, BH: tl.c
 
 
 @triton.jit
-def _hidden_back(gh, back, s, ds, dds, g, GATED: tl.constexpr, R: tl.constexpr, BH: tl.constexpr):
-    """∂z [R, BH1] from ∂h [R, BH] (and, for the factors, ``back`` = W̃2ᵀ δ2 times ∂δ1's part: see _factors_back)."""
+def _hidden_back(gh, s, ds, g, GATED: tl.constexpr, R: tl.constexpr, BH: tl.constexpr):
+    """∂z [R, BH1] from ∂h [R, BH] (``_hidden``'s s, σ', g); with ∂h = W̃2ᵀ δ2 it is the factor δ1."""
     if GATED:
         return _joined(gh * g * ds, gh * s, R, BH)
     else:
@@ -183,8 +170,7 @@ def _factors(K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, 
     if L2:
         d2 += dot(h, tl.trans(E2), DT, PREC)
     back = dot(d2, E2, DT, PREC)
-    return idx, kmask, band, gam, u, h, s, ds, dds, gate, d2, back, _hidden_back(back, back, s, ds, dds, gate, GATED,
-                                                                                  BK, BH)
+    return idx, kmask, band, gam, u, h, s, ds, dds, gate, d2, back, _hidden_back(back, s, ds, gate, GATED, BK, BH)
 
 
 @triton.jit
@@ -242,22 +228,22 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
         CS + i_n * T * b, Y + i_n * T * DV
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     W1 = _load1(W10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-    W2 = _matrix(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    W2 = _load_state(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     E1, E2 = W1, W2
     if EVAL:  # the first chunk continues one: its gradients at the given W̃
         E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-        E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     S1, S2 = W1 * 0.0, W2 * 0.0
     if MOMENTUM:
         S1 = _load1(S10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-        S2 = _matrix(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        S2 = _load_state(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for ci in range(NC):
         at = i_n * NC + ci
         _store1(W1H + at * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)  # the checkpoints the backward takes
-        _store(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
+        _store_state(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
         if MOMENTUM:
             _store1(S1H + at * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
-            _store(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
+            _store_state(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
@@ -280,7 +266,7 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
                                                                 PREC)
         if MOMENTUM:
             y += m[:, None] * dot(hq, tl.trans(S2), DT, PREC)
-        _store(Y + t0 * DV, y, offs_t, offs_v, n, DV)
+        _store_state(Y + t0 * DV, y, offs_t, offs_v, n, DV)
         c_n = _last(C, last)  # [BK]
         a_n = tl.sum(tl.where(last, a, 0.0))
         W1n = a_n * W1 + dot(tl.trans(d1 * c_n[:, None]), u, DT, PREC)
@@ -295,14 +281,14 @@ def chunk_mlp_memory_fwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, W10, W20, S10, 
             S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
             S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
         _store1(WE1T + i_n * HD1 * D, E1, offs_h1, offs_d, HD, D, BH, GATED)  # W̃ of the last chunk (continued)
-        _store(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
+        _store_state(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
         W1, W2 = W1n, W2n
         E1, E2 = W1, W2
     _store1(W1T + i_n * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)
-    _store(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
+    _store_state(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
     if MOMENTUM:
         _store1(S1T + i_n * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
-        _store(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
+        _store_state(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
 
 
 # ---------------------------------------------------------------- the backward walk
@@ -328,23 +314,23 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
     G1 = _load1(GW1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W_end of the chunk being walked
-    G2 = _matrix(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     H1, H2 = G1 * 0.0, G2 * 0.0  # ∂L/∂S_end
     if MOMENTUM:
         H1 = _load1(GS1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-        H2 = _matrix(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+        H2 = _load_state(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     X1 = _load1(GE1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W̃ of the last chunk (its output)
-    X2 = _matrix(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+    X2 = _load_state(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for cj in range(NC):
         ci = NC - 1 - cj
         at = i_n * NC + ci
         W1 = _load1(W1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-        W2 = _matrix(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
+        W2 = _load_state(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
         E1, E2 = W1, W2
         if EVAL:
             if ci == 0:
                 E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-                E2 = _matrix(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
+                E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
         rmask = offs_t < n
@@ -365,7 +351,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         zq = a[:, None] * dot(uq, tl.trans(W1), DT, PREC) + dot(Cr * P1, d1, DT, PREC)
         if MOMENTUM:
             S1 = _load1(S1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
-            S2 = _matrix(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
+            S2 = _load_state(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
             m = tl.load(M + rows, mask=rmask, other=0.0).to(tl.float32)
             m_n = tl.sum(tl.where(last, m, 0.0))
             s_n = tl.sum(tl.where(last, tl.load(S + rows, mask=rmask, other=0.0).to(tl.float32), 0.0))
@@ -388,7 +374,7 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
             dm = tl.sum(dy * dot(hq, tl.trans(S2), DT, PREC), axis=1)
             dS2 = dot(tl.trans(dy * m[:, None]), hq, DT, PREC)
         # its first layer: zq = a W1 uq + m S1 uq + (C ⊙ P1) δ1
-        gzq = _hidden_back(ghq, ghq, sq, dsq, dsq, gq, GATED, BT, BH)
+        gzq = _hidden_back(ghq, sq, dsq, gq, GATED, BT, BH)
         E1y = dot(gzq, tl.trans(d1), DT, PREC)
         duq = a[:, None] * dot(gzq, W1, DT, PREC) + dot(Cr * E1y, u, DT, PREC)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
@@ -433,11 +419,8 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
             dE2 += X2
-        kd = kmask[:, None] & (offs_d < D)[None, :]
-        tl.atomic_add(DK + idx[:, None] * D + offs_d[None, :], gu, mask=kd)
-        tl.atomic_add(DVV + idx[:, None] * DV + offs_v[None, :], -gd2, mask=kmask[:, None] & (offs_v < DV)[None, :])
-        tl.atomic_add(DGAMMA + idx, tl.sum(tl.where(band, dgam, 0.0), axis=0), mask=kmask)
-        _store(DQ + t0 * D, duq, offs_t, offs_d, n, D)
+        _key_grads(DK, DVV, DGAMMA, idx, kmask, band, gu, gd2, dgam, offs_d, offs_v, D, DV)
+        _store_state(DQ + t0 * D, duq, offs_t, offs_d, n, D)
         tl.store(DA + rows, da, mask=rmask)
         tl.store(DCW + rows[:, None] * b + offs_t[None, :], dcw, mask=cmask)
         if MOMENTUM:
@@ -449,13 +432,13 @@ def chunk_mlp_memory_bwd_kernel(Q, K, V, GAMMA, A, M, S, CW, CS, WE10, WE20, W1H
         if EVAL:  # the first chunk's W̃ is the input We, not W_p
             if ci == 0:
                 _store1(DWE10 + i_n * HD1 * D, dE1, offs_h1, offs_d, HD, D, BH, GATED)
-                _store(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
+                _store_state(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
                 G1, G2 = dW1, dW2
     _store1(DW10 + i_n * HD1 * D, G1, offs_h1, offs_d, HD, D, BH, GATED)
-    _store(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
+    _store_state(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
     if MOMENTUM:
         _store1(DS10 + i_n * HD1 * D, H1, offs_h1, offs_d, HD, D, BH, GATED)
-        _store(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
+        _store_state(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
 
 
 # ---------------------------------------------------------------- launches
