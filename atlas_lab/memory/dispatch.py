@@ -65,7 +65,7 @@ def _memorize_mlp(x, st, m, co) -> Result:
     """M(k) = r(k) + W2 σ(W1 φ(k)) (gated: r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k))) on ``chunk_mlp_memory`` (muon:
     ``chunk_mlp_muon``): the residual r taken out of the values (l2: δ2 = M(k) − v = W2 σ(W1 φ(k)) − (v − k)) and
     added to the read-out."""
-    gated = m.mem.gated
+    gated = m.mem.gated  # the plan sends muon here with the ungated MLP only (plan.muon_kernel_gap)
 
     def layers(w):  # the kernels' (first layer, second layer): a gated memory's W2 and W3 stacked as one first layer
         return (torch.cat([w["W2"], w["W3"]], 1), w["W1"]) if gated else (w["W1"], w["W2"])
@@ -76,11 +76,6 @@ def _memorize_mlp(x, st, m, co) -> Result:
         gate, value = first.chunk(2, 1)
         return {"W1": second, "W2": gate, "W3": value}
 
-    return _mlp_call(x, st, m, co, layers, named)
-
-
-def _mlp_call(x, st, m, co, layers, named) -> Result:
-    """``_memorize_mlp``'s call of the kernel, ``layers`` and ``named`` mapping the memory's weights to the kernels'."""
     W, S, W_eval = st.weights, st.optimizer_state, st.eval_weights
     residual = m.mem.residual and x.k.shape[-1] == x.v.shape[-1]
     l2 = kernel_bias(m.bias) == "l2"
@@ -90,12 +85,12 @@ def _mlp_call(x, st, m, co, layers, named) -> Result:
                    activation=m.mem.activation)
     if declares(m.optimizer, "one_triple", "direction"):  # muon: the fused kernel, Newton–Schulz inside
         y, W1, W2, S1, S2, E1, E2 = chunk_mlp_muon(
-            *inputs, co["a"], co["s"], co["Cw"], co["Cs"], W["W1"], W["W2"], S["W1"], S["W2"], We["W1"], We["W2"],
+            *inputs, co["a"], co["s"], co["Cw"], co["Cs"], *layers(W), *layers(S), *layers(We),
             ns_steps=m.optimizer.ns_steps, ns_coefficients=m.optimizer.ns_coefficients, **options)
     else:
         y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
             *inputs, co["a"], co["Cw"], *layers(W), *layers(We), m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"),
-            **(dict(zip(("S1", "S2"), layers(S))) if S is not None else {}), gated=m.mem.gated, **options)
+            **(dict(zip(("S1", "S2"), layers(S))) if S is not None else {}), gated=gated, **options)
     offset = (st.offset + x.q.shape[1]) % m.chunk_size
     return Result(y + x.q if residual else y, Carried(named(W1, W2), None if S is None else named(S1, S2),
                                                      named(E1, E2) if offset else None, offset, None))
