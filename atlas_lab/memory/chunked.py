@@ -60,11 +60,40 @@ def combine(C, G):
     (δ [N, L, out], u [N, L, in]) or a tensor [N, L, *shape]. Returns [N, n, *shape].
     """
     if isinstance(G, tuple):  # one GEMM per sample: [(t, out), L] @ [L, in]
-        C, delta, u = causal_operands(C, *G)
-        N, n, L = C.shape
-        scaled = C.unsqueeze(-1) * delta.unsqueeze(1)  # [N, n, L, out]
-        return (scaled.transpose(1, 2).reshape(N, L, -1).mT @ u).view(N, n, delta.shape[-1], u.shape[-1])
+        return _FactorCombine.apply(*causal_operands(C, *G))
     return causal_matmul(C, G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])
+
+
+class _FactorCombine(torch.autograd.Function):
+    """Σ_i C[t, i] δ_i u_iᵀ for every t: C [N, n, L], δ [N, L, out], u [N, L, in] -> [N, n, out, in], one GEMM per
+    sample, [(t, out), L] @ [L, in], over the products P[i, t, o] = C[t, i] δ_i[o] written in the GEMM's order
+    ([N, L, n, out]; autograd's C ⊙ δ would lay them out [N, n, L, out] and copy them for the GEMM). Backward:
+    autograd's, operation by operation on the same operands and layouts (the GEMM's two products; ∂C and ∂δ as the
+    product's backward sums them over [N, n, L, out]), so the values are those of the composed expression bit for
+    bit."""
+
+    @staticmethod
+    def forward(ctx, C, delta, u):
+        N, n, L = C.shape
+        P = (C.mT.contiguous().unsqueeze(-1) * delta.unsqueeze(2)).view(N, L, -1).mT  # [N, n·out, L]
+        ctx.save_for_backward(C, delta, u, P)
+        return (P @ u).view(N, n, delta.shape[-1], u.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        C, delta, u, P = ctx.saved_tensors
+        N, n, L = C.shape
+        grad = grad.reshape(N, n * delta.shape[-1], u.shape[-1])
+        dC = dDelta = dU = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dP = (grad @ u.mT).mT.reshape(N, L, n, -1).transpose(1, 2)  # [N, n, L, out]
+            if ctx.needs_input_grad[0]:
+                dC = (dP * delta.unsqueeze(1)).sum(-1)
+            if ctx.needs_input_grad[1]:
+                dDelta = (dP * C.unsqueeze(-1)).sum(1)
+        if ctx.needs_input_grad[2]:
+            dU = P.mT @ grad
+        return dC, dDelta, dU
 
 
 def chunk_windows(x, spans):

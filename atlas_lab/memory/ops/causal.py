@@ -46,9 +46,11 @@ def strictly_lower(n: int, device=None) -> torch.Tensor:
 def non_finite_tokens(y: torch.Tensor) -> torch.Tensor:
     """[N, L] bool: True where token i's entries y[:, i] hold a NaN or an inf. y: [N, L, ...].
 
-    max |y| over the token's entries is NaN or inf exactly then (max propagates NaN): two kernels and a compare, where
-    isfinite + all take five. Detached: a flag, never part of the graph."""
-    return ~(y.detach().flatten(2).abs().amax(-1) < torch.inf)
+    The token's max is NaN or +inf, or its min NaN or −inf, exactly then (max and min propagate NaN): two reductions
+    that read y once each, without the copy of y's size that max |y| or isfinite make. Detached: a flag, never part of
+    the graph."""
+    y = y.detach().flatten(2)
+    return ~((y.amax(-1) < torch.inf) & (y.amin(-1) > -torch.inf))
 
 
 def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
