@@ -22,8 +22,12 @@ chip, and its contributions Cw[:, j] (D_j uq) to every read-out and Cw[n, j] D_j
     ∂S_p = Σ_j s_j ∂S_j,  ∂s_j = ⟨∂S_j, S_p⟩,  ∂δ_i += Σ_j C'[j, i] ∂S_j x_i,  ∂x_i += Σ_j C'[j, i] ∂S_jᵀ δ_i,
     ∂C'[j, i] = δ_iᵀ ∂S_j x_i
 
-then ``triton.py``'s factors backward. The iterates X_0 … X_{k−1} of the token being taken back are kept in a
-scratch buffer per program (global memory: [k, rows, cols] for each weight matrix).
+then ``triton.py``'s factors backward. The forward keeps the first layer's read-out zq [N, T, H], so the backward
+forms the first layer's D_j for their own gradients only, and each D_j once: its iterates X_0 … X_{k−1} and each
+step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k, rows, cols] and [k, 2, rows, rows]
+for each weight matrix) that its k steps back read; there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with E = ∂B + ∂Bᵀ (A and E
+symmetric), one product where ∂B A + A ∂B took two. Dots a token and weight matrix R × C:
+forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back.
 
 Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step.
 """
@@ -53,36 +57,57 @@ def _col(x, j, offs):
 
 
 @triton.jit
+def _ns_step(X, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """One Newton–Schulz step: A = X Xᵀ, B = bA + cA², returns (A, B, aX + B X)."""
+    A = dot(X, tl.trans(X), DT, PREC)
+    B = NS_B * A + NS_C * dot(A, A, DT, PREC)
+    return A, B, NS_A * X + dot(B, X, DT, PREC)
+
+
+@triton.jit
 def _ns(X, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
         PREC: tl.constexpr):
     """NS_k(X) of one matrix [BR, BC] with rows ≤ columns (zero padding stays zero)."""
     X = X / (tl.sqrt(tl.sum(X * X)) + 1e-7)
     for _ in tl.static_range(STEPS):
-        A = dot(X, tl.trans(X), DT, PREC)
-        X = NS_A * X + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), X, DT, PREC)
+        _, _, X = _ns_step(X, NS_A, NS_B, NS_C, DT, PREC)
     return X
 
 
 @triton.jit
-def _ns_back(S, G, SCR, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
+def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S): per step from the last (A, B symmetric), ∂B = G Xᵀ, ∂A = b ∂B +
-    c (∂B A + A ∂B), G ← a G + B G + (∂A + ∂Aᵀ) X; then the normalisation's. SCR: [STEPS, BR, BC] of this program."""
-    at = offs_r[:, None] * BC + offs_c[None, :]
-    norm = tl.sqrt(tl.sum(S * S))
-    X = S / (norm + 1e-7)
+    """``_ns``, keeping each step's X in SCR [STEPS, BR, BC] and its A, B in SCQ [STEPS, 2, BR, BR] (this program's
+    scratch) for ``_ns_back``."""
+    at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
+    X = X / (tl.sqrt(tl.sum(X * X)) + 1e-7)
     for j in tl.static_range(STEPS):
         tl.store(SCR + j * BR * BC + at, X)
-        A = dot(X, tl.trans(X), DT, PREC)
-        X = NS_A * X + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), X, DT, PREC)
+        A, B, X = _ns_step(X, NS_A, NS_B, NS_C, DT, PREC)
+        tl.store(SCQ + 2 * j * BR * BR + aq, A)
+        tl.store(SCQ + (2 * j + 1) * BR * BR + aq, B)
     tl.debug_barrier()  # the iterates stored by every thread, before any reads them back
+    return X
+
+
+@triton.jit
+def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
+             NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S), the iterates as ``_ns_keep`` left them: per step from the last (A, B
+    symmetric), ∂B = G Xᵀ, E = ∂B + ∂Bᵀ, ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ), G ← aG + BG + (∂A + ∂Aᵀ) X; then the
+    normalisation's."""
+    at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
     for jj in tl.static_range(STEPS):
-        X = tl.load(SCR + (STEPS - 1 - jj) * BR * BC + at)
-        A = dot(X, tl.trans(X), DT, PREC)
+        j = STEPS - 1 - jj
+        X = tl.load(SCR + j * BR * BC + at)
+        A = tl.load(SCQ + 2 * j * BR * BR + aq)
+        B = tl.load(SCQ + (2 * j + 1) * BR * BR + aq)
         dB = dot(G, tl.trans(X), DT, PREC)
-        dA = NS_B * dB + NS_C * (dot(dB, A, DT, PREC) + dot(A, dB, DT, PREC))
-        G = NS_A * G + dot(NS_B * A + NS_C * dot(A, A, DT, PREC), G, DT, PREC) + dot(dA + tl.trans(dA), X, DT, PREC)
+        E = dB + tl.trans(dB)
+        F = dot(E, A, DT, PREC)
+        G = NS_A * G + dot(B, G, DT, PREC) + dot(NS_B * E + NS_C * (F + tl.trans(F)), X, DT, PREC)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
+    norm = tl.sqrt(tl.sum(S * S))
     r = norm + 1e-7
     return G / r - S * (tl.sum(G * S) / (r * r * tl.maximum(norm, 1e-30)))
 
@@ -103,7 +128,7 @@ def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, STEPS: tl.cons
 
 
 @triton.jit
-def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, offs_r, offs_c,
+def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCQ, offs_r, offs_c,
                 BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr,
                 NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """``_layer`` backward for one weight matrix, g [BT, R] the gradient of its read-out terms, G and H those of the
@@ -116,12 +141,12 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
         cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
         col = offs_t[None, :] == j
         Sj = s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC)
-        Dj = _ns(Sj, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        Dj = _ns_keep(Sj, SCR, SCQ, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dx_in += cw_j[:, None] * dot(g, Dj, DT, PREC)
         dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
         dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
         dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
-        dSj = _ns_back(Sj, dD, SCR, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dSj += (j == n - 1).to(tl.float32) * H
         dS += s_j * dSj
         ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
@@ -136,7 +161,7 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
 
 @triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
 def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, WE10, WE20,
-                              Y, W1T, W2T, S1T, S2T, WE1T, WE2T, W1H, W2H, S1H, S2H,
+                              Y, ZQ, W1T, W2T, S1T, S2T, WE1T, WE2T, W1H, W2H, S1H, S2H,
                               T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
@@ -148,7 +173,7 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
     offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
     Q, A, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
         Y + i_n * T * DV
-    K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
+    K, V, GAMMA, ZQ = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L, ZQ + i_n * T * HD
     W1 = _load_state(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
     W2 = _load_state(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     S1 = _load_state(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
@@ -180,6 +205,7 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
         uq = _rows(Q, rows, rmask, offs_d, D)
         zq, W1n = _layer(a[:, None] * dot(uq, tl.trans(W1), DT, PREC), a_n * W1, uq, S1, d1, u, cw, C2, sc, n, last,
                          offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        _store_state(ZQ + t0 * HD, zq, offs_t, offs_h, n, HD)  # the first layer's read-out, for the backward
         hq, _, _ = _act(zq, ACT)
         y, W2n = _layer(a[:, None] * dot(hq, tl.trans(W2), DT, PREC), a_n * W2, hq, S2, d2, h, cw, C2, sc, n, last,
                         offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
@@ -200,10 +226,10 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
 # ---------------------------------------------------------------- the backward walk
 
 @triton.jit(do_not_specialize=["T", "L", "m0", "offset", "b", "c", "NC"])
-def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H, S1H, S2H, DY,
+def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H, S1H, S2H, ZQ, DY,
                               GW1, GW2, GS1, GS2, GE1, GE2,
                               DQ, DK, DVV, DGAMMA, DA, DS, DCW, DCS, DW10, DW20, DS10, DS20, DWE10, DWE20,
-                              SCR1, SCR2, T, L, m0, offset, b, c, NC,
+                              SCR1, SCR2, SCQ1, SCQ2, T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                               L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, STEPS: tl.constexpr,
@@ -214,10 +240,12 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
     offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
     Q, A, S, CW, CS, DY = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
         DY + i_n * T * DV
+    ZQ = ZQ + i_n * T * HD
     DQ, DA, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DS + i_n * T, DCW + i_n * T * b, DCS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
     SCR1, SCR2 = SCR1 + i_n * STEPS * BH * BD, SCR2 + i_n * STEPS * BV * BH
+    SCQ1, SCQ2 = SCQ1 + i_n * STEPS * 2 * BH * BH, SCQ2 + i_n * STEPS * 2 * BV * BV
     G1 = _load_state(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
     G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     H1 = _load_state(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂S_end
@@ -252,9 +280,7 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         a_n = tl.sum(tl.where(last, a, 0.0))
         uq = _rows(Q, rows, rmask, offs_d, D)
         dy = _rows(DY, rows, rmask, offs_v, DV)
-        zq, _ = _layer(a[:, None] * dot(uq, tl.trans(W1), DT, PREC), W1, uq, S1, d1, u, cw, C2, sc, n, last, offs_t,
-                       STEPS, NS_A, NS_B, NS_C, DT, PREC)  # the forward's first layer, again
-        hq, dhq, _ = _act(zq, ACT)
+        hq, dhq, _ = _act(_rows(ZQ, rows, rmask, offs_h, HD), ACT)  # the forward's first layer read-out
         # the second layer: y = a W2 hq + Σ_j Cw[:, j] D2_j hq;  W2_end = a_n W2 + Σ_j Cw[n, j] D2_j
         da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
         da += tl.where(last, tl.sum(G1 * W1) + tl.sum(G2 * W2), 0.0)
@@ -262,14 +288,14 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
             a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
             tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
-            C2, sc, n, last, offs_t, SCR2, offs_v, offs_h, BV, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
         gzq = ghq * dhq
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
         duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
             a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
-            SCR1, offs_h, offs_d, BH, BD, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            SCR1, SCQ1, offs_h, offs_d, BH, BD, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
         gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, False,
@@ -312,8 +338,8 @@ def ns_flops(R, C, steps):
 
 
 def ns_back_flops(R, C, steps):
-    """``_ns_back``'s: the iterates again, then per step A, A², ∂B, ∂B A, A ∂B, B G, (∂A + ∂Aᵀ) X."""
-    return ns_flops(R, C, steps) + 2 * steps * (4 * R * R * C + 3 * R ** 3)
+    """``_ns_back``'s: per step ∂B = G Xᵀ, E A, B G, (∂A + ∂Aᵀ) X."""
+    return 2 * steps * (3 * R * R * C + R ** 3)
 
 
 def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0):
@@ -333,9 +359,9 @@ def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=
         fwd += 2 * (factors + n * n * k + n * (H * D + V * H) + n * per_token + k * (H * D + V * H)) + n * (ns1 + ns2)
         layer1 = 3 * n * H * D + n * (3 * k * H * D + 3 * n * H * D)  # ∂uq, ∂a, ∂W1; per token S_j, ∂uq, ∂Cw, ∂D, ∂S
         layer2 = 3 * n * V * H + n * (3 * k * V * H + 3 * n * V * H)
-        recomputed = factors + n * n * k + n * D * H + n * (k * H * D + n * D * H)  # C', zq
+        recomputed = factors + n * n * k  # C'; the D_j again in ``_layer_back``
         bwd += 2 * (recomputed + layer1 + layer2 + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H * D) \
-            + n * (2 * ns1 + ns_back_flops(H, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
+            + n * (ns1 + ns_back_flops(H, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
     return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
 
 
@@ -362,18 +388,18 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         W1H, W2H = torch.empty(N, NC, HD, D, **f32), torch.empty(N, NC, DV, HD, **f32)
         S1H, S2H = torch.empty_like(W1H), torch.empty_like(W2H)
-        y = torch.empty(N, T, DV, dtype=q.dtype, device=q.device)
+        y, zq = torch.empty(N, T, DV, dtype=q.dtype, device=q.device), torch.empty(N, T, HD, **f32)
         W1T, W2T, S1T, S2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, S1, S2, W1, W2))
         chunk_mlp_muon_fwd_kernel[(N,)](
-            q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, W1T, W2T, S1T, S2T, WE1, WE2,
+            q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, zq, W1T, W2T, S1T, S2T, WE1, WE2,
             W1H, W2H, S1H, S2H, T, L, L - T, offset, chunk_size, window, NC, **opts)
-        ctx.save_for_backward(q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H)
+        ctx.save_for_backward(q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq)
         ctx.args = (offset, chunk_size, window, evaluated, NC, opts)
         return y, W1T, W2T, S1T, S2T, WE1, WE2
 
     @staticmethod
     def backward(ctx, dy, dW1T, dW2T, dS1T, dS2T, dWE1, dWE2):
-        q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H = ctx.saved_tensors
+        q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq = ctx.saved_tensors
         offset, chunk_size, window, evaluated, NC, opts = ctx.args
         N, T, D = q.shape
         L, DV = k.shape[1], v.shape[-1]
@@ -388,10 +414,10 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         dgamma, da, ds = torch.zeros(N, L, **f32), torch.empty(N, T, **f32), torch.empty(N, T, **f32)
         dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
         dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
-        scratch = [torch.empty(N, opts["STEPS"], r, c_, **f32) for r, c_ in ((opts["BH"], opts["BD"]),
-                                                                             (opts["BV"], opts["BH"]))]
+        BD, BH, BV, steps = opts["BD"], opts["BH"], opts["BV"], opts["STEPS"]
+        scratch = [torch.empty(N, steps, *shape, **f32) for shape in ((BH, BD), (BV, BH), (2, BH, BH), (2, BV, BV))]
         chunk_mlp_muon_bwd_kernel[(N,)](
-            q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, dy.to(q.dtype).contiguous(), *G,
+            q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq, dy.to(q.dtype).contiguous(), *G,
             dq, dk, dv, dgamma, da, ds, dCw, dCs, *dW, *scratch, T, L, L - T, offset, chunk_size, window, NC, **opts)
         dW1, dW2, dS1, dS2, dWe1, dWe2 = dW
         like = a.dtype
