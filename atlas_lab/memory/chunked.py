@@ -87,8 +87,8 @@ class _FactorCombine(torch.autograd.Function):
         dC = dDelta = dU = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             dP = (grad @ u.mT).mT.reshape(N, L, n, -1).transpose(1, 2)  # [N, n, L, out]
-            if ctx.needs_input_grad[0]:
-                dC = (dP * delta.unsqueeze(1)).sum(-1)
+            if ctx.needs_input_grad[0]:  # δ with its tokens contiguous, as dP has them: the same products, vectorised
+                dC = (dP * delta.mT.contiguous().mT.unsqueeze(1)).sum(-1)
             if ctx.needs_input_grad[1]:
                 dDelta = (dP * C.unsqueeze(-1)).sum(1)
         if ctx.needs_input_grad[2]:
