@@ -50,10 +50,11 @@ inline void lane_block(const V<T>* __restrict L, int li, int lp, const V<T>* __r
     for (int r = 0; r < RB; ++r)
       for (int c = 0; c < CB; ++c) acc[r][c] += l[r] * x[c];
   }
+  const bool scale = alpha != T(1);  // 1 · x is x: the multiplication only where it changes a value
   for (int r = 0; r < RB; ++r)
     for (int c = 0; c < CB; ++c) {
       V<T>* out = C + (i0 + r) * ci + j0 + c;
-      V<T> o = alpha * acc[r][c];
+      V<T> o = scale ? alpha * acc[r][c] : acc[r][c];
       if (ACC) o += *out;
       *out = o;
     }
@@ -93,9 +94,10 @@ inline void lane_product(const V<T>* L, int li, int lp, const V<T>* R, int rp, i
       for (int j = 0; j < (i / 4) * 4; ++j) C[i * ci + j] = C[j * ci + i];
 }
 
-// One iteration on a group: A = X Xᵀ, B = b A + c A² (c ≠ 0) or b A, Xn = a X + B X. X, Xn [m, n]; A, B [m, m].
+// One iteration on a group: A = X Xᵀ, B = b A + c A² (c ≠ 0) or b A, Xn = a X + B X (next: false leaves Xn out, as the
+// backward's recomputation does for X_k, which it never reads). X, Xn [m, n]; A, B [m, m].
 template <typename T>
-inline void lane_iteration(int m, int n, const V<T>* X, V<T>* A, V<T>* B, V<T>* Xn, T a, T b, T c) {
+inline void lane_iteration(int m, int n, const V<T>* X, V<T>* A, V<T>* B, V<T>* Xn, T a, T b, T c, bool next = true) {
   lane_product<T, false>(X, n, 1, X, 1, n, A, m, m, m, n, T(1), true);
   if (c != T(0)) {
     lane_product<T, false>(A, m, 1, A, m, 1, B, m, m, m, m, c, true);
@@ -103,6 +105,7 @@ inline void lane_iteration(int m, int n, const V<T>* X, V<T>* A, V<T>* B, V<T>* 
   } else {
     for (int i = 0; i < m * m; ++i) B[i] = b * A[i];
   }
+  if (!next) return;
   for (int i = 0; i < m * n; ++i) Xn[i] = a * X[i];
   lane_product<T, true>(B, m, 1, X, n, 1, Xn, n, m, n, m);
 }
@@ -308,8 +311,8 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
         V<T> dv;
         lane_load_scaled<T>(S, Xs, x, dd, first, count, dv);
         lane_read<T>(S, g, gr + first * mn, count);
-        for (int j = 0; j < k; ++j)
-          lane_iteration<T>(m, n, Xs + j * mn, As + j * mm, Bs + j * mm, Xs + (j + 1) * mn, ta, tb, tc);
+        for (int j = 0; j < k; ++j)  // X_0 … X_{k−1}, A_j and B_j (X_k is not read)
+          lane_iteration<T>(m, n, Xs + j * mn, As + j * mm, Bs + j * mm, Xs + (j + 1) * mn, ta, tb, tc, j + 1 < k);
         for (int j = k - 1; j >= 0; --j) {
           const V<T>* Xj = Xs + j * mn;
           const V<T>* A = As + j * mm;
