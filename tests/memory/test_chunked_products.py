@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from atlas_lab.memory.chunked import _FactorCombine, _TokenApply
-from atlas_lab.memory.ops.causal import non_finite_tokens
+from atlas_lab.memory.ops.causal import causal_matmul, causal_operands, non_finite_tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -60,3 +60,26 @@ def test_a_token_is_non_finite_where_an_entry_is_nan_or_either_infinity():
     y[0, 1, 2, 1], y[1, 3, 0, 0], y[2, 4, 3, 1] = float("nan"), float("inf"), -float("inf")
     y[2, 0, 0, 0] = torch.finfo(torch.float64).max  # finite
     assert non_finite_tokens(y).nonzero().tolist() == [[0, 1], [1, 3], [2, 4]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(512, 16, 16, 240), (64, 16, 23, 153), (3, 4, 6, 5)])
+def test_the_causal_product_has_autograds_values_and_gradients(shape, dtype):
+    """Σ_{i ≤ t} X[t, i] Y_i with the where's zeros written in place into the product's gradient: the values and the
+    gradients of X and Y of autograd through causal_operands and the product, bit for bit, a non-finite token
+    included."""
+    N, n, L, k = shape
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(N, n, L, generator=g, dtype=dtype)
+    Y = torch.randn(N, L, k, generator=g, dtype=dtype)
+    Y[0, L - 2, 1] = float("inf")
+    grad = torch.randn(N, n, k, generator=g, dtype=dtype)
+    results = []
+    for apply in (lambda X, Y: torch.matmul(*causal_operands(X, Y)), causal_matmul):
+        inputs = [x.clone().requires_grad_() for x in (X, Y)]
+        y = apply(*inputs)
+        y.backward(grad)
+        results.append([y] + [x.grad for x in inputs])
+    for ours, autograd in zip(*results):
+        assert torch.equal(ours.nan_to_num(), autograd.nan_to_num())
+        assert torch.equal(ours.isnan(), autograd.isnan())

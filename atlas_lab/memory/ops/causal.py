@@ -60,13 +60,37 @@ def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
     X' = 0 above the causal boundary and NaN at (t, i) on or below it where a factor of token i is non-finite;
     those factors are zeroed. Rows t ≥ i then hold NaN, rows t < i are exactly what finite inputs would give.
     """
-    n, L = X.shape[-2:]
     bad = functools.reduce(operator.or_, (non_finite_tokens(y) for y in factors))  # [N, L]
-    X = torch.where(causal_mask(n, L, X.device), torch.where(bad.unsqueeze(-2), torch.nan, X), 0.0)
-    return (X, *(torch.where(bad.reshape(bad.shape + (1,) * (y.dim() - 2)), 0.0, y) for y in factors))
+    return (_causal_rows(X, bad), *(torch.where(bad.reshape(bad.shape + (1,) * (y.dim() - 2)), 0.0, y)
+                                    for y in factors))
+
+
+def _causal_rows(X: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """X' [N, n, L]: 0 above the causal boundary, NaN on or below it in the columns of the tokens ``bad`` [N, L]."""
+    n, L = X.shape[-2:]
+    return torch.where(causal_mask(n, L, X.device), torch.where(bad.unsqueeze(-2), torch.nan, X), 0.0)
+
+
+class _ZeroedProduct(torch.autograd.Function):
+    """X @ torch.where(bad, 0, Y) for X [N, n, L], Y [N, L, k], bad [N, L, 1]. Backward: autograd's through the product
+    and the where, the where's zeros written in place into the product's own gradient of Y (a fresh tensor;
+    masked_fill_: the values torch.where gives, without its copy)."""
+
+    @staticmethod
+    def forward(ctx, X, Y, bad):
+        Y = torch.where(bad, 0.0, Y)
+        ctx.save_for_backward(X, Y, bad)
+        return X @ Y
+
+    @staticmethod
+    def backward(ctx, grad):
+        X, Y, bad = ctx.saved_tensors
+        dX = grad @ Y.mT if ctx.needs_input_grad[0] else None
+        dY = (X.mT @ grad).masked_fill_(bad, 0.0) if ctx.needs_input_grad[1] else None
+        return dX, dY, None
 
 
 def causal_matmul(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """Σ_{i ≤ t + L − n} X[t, i] Y_i: X @ Y for X [N, n, L], Y [N, L, k] (``causal_operands``). Returns [N, n, k]."""
-    X, Y = causal_operands(X, Y)
-    return X @ Y
+    bad = non_finite_tokens(Y)
+    return _ZeroedProduct.apply(_causal_rows(X, bad), Y, bad.unsqueeze(-1))
