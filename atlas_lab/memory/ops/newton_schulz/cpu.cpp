@@ -292,10 +292,10 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
     const T* gr = grad.data_ptr<T>();
     T* o1 = g1.data_ptr<T>();
     T* o2 = td.data_ptr<T>();
-    const T ta = a, tb = b, tc = c;
     const int m = S.m, n = S.n, mm = S.m * S.m, mn = S.size();
     const int64_t groups = (M + W - 1) / W;
     at::parallel_for(0, groups, lane_grain(S, W), [&](int64_t begin, int64_t end) {
+      const T ta = a, tb = b, tc = c;  // the lambda's own: kept in registers through the loops
       // X_0..X_k, A_j, B_j, then dB, E, S, two gradients and the division's second term
       std::vector<V<T>> buffer((k + 1) * mn + 2 * k * mm + 3 * mm + 3 * mn);
       V<T>* Xs = buffer.data();
@@ -319,21 +319,20 @@ std::vector<at::Tensor> ns_backward(at::Tensor G, at::Tensor d, at::Tensor grad,
           const V<T>* B = Bs + j * mm;
           lane_product<T, false>(g, n, 1, Xj, 1, n, dB, m, m, m, n);
           for (int r = 0; r < m; ++r)
-            for (int s = 0; s < m; ++s) E[r * m + s] = dB[r * m + s] + dB[s * m + r];
-          for (int t = 0; t < mm; ++t) Sm[t] = tb * E[t];
+            for (int s = 0; s < m; ++s) {
+              const V<T> e = dB[r * m + s] + dB[s * m + r];
+              E[r * m + s] = e;
+              Sm[r * m + s] = tb * e;
+            }
           if (tc != T(0)) {  // E A, then A E = (E A)ᵀ (the same sums in the same order: A, E symmetric)
             lane_product<T, false>(E, m, 1, A, m, 1, dB, m, m, m, m);
             for (int r = 0; r < m; ++r)
-              for (int s = 0; s < m; ++s) {
+              for (int s = 0; s < m; ++s) {  // + c (E A)[r, s], then + c (E A)[s, r]: two roundings, in this order
                 V<T> o = tc * dB[r * m + s];
                 o += Sm[r * m + s];
-                Sm[r * m + s] = o;
-              }
-            for (int r = 0; r < m; ++r)
-              for (int s = 0; s < m; ++s) {
-                V<T> o = tc * dB[s * m + r];
-                o += Sm[r * m + s];
-                Sm[r * m + s] = o;
+                V<T> p = tc * dB[s * m + r];
+                p += o;
+                Sm[r * m + s] = p;
               }
           }
           for (int t = 0; t < mn; ++t) g_next[t] = ta * g[t];
