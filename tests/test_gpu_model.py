@@ -155,8 +155,8 @@ FORMULA_CASES = [  # (preset, path, dtype of q, k, v): every path that computes 
     # the 2-layer MLP memories: the MLP kernels (muon's fused one for atlas) and the chunked path (atlas's: its
     # Newton–Schulz one batched Triton launch a chunk)
     *[(p, path, torch.float32) for p in ("ttt_mlp", "titans", "omeganet", "dot") for path in ("triton", "chunked")],
-    ("atlas", "chunked", torch.float32),
-    ("atlas", "triton", torch.bfloat16),  # the fused kernel takes 64 × 153 weights in 16-bit operands
+    *[("atlas", path, torch.float32) for path in ("triton", "chunked")],
+    ("atlas", "triton", torch.bfloat16),  # 16-bit inputs: their casts to float32 and back
 ]
 
 

@@ -87,12 +87,14 @@ def ns_resources(R, C, dtype, prec) -> dict[str, tuple[int, int, int]]:
 
 
 MLP_CASES = [  # D, hidden, d_v, chunk, window, optimiser, bias, dtype: titans, omeganet and atlas at the study's sizes
-    # (head dim 16; polynomial φ: D 153; atlas's in 16-bit operands), and the largest blocks limits.MLP_ENTRIES admits
+    # (head dim 16; polynomial φ: D 153; atlas's in float32 and 16-bit operands), and the largest blocks
+    # limits.MLP_ENTRIES admits
     (16, 64, 16, 16, 1, "momentum", "l2", "float32"), (153, 64, 16, 16, 8, "gd", "l2", "float32"),
-    (153, 64, 16, 16, 8, "muon", "l2", "bfloat16"), (256, 64, 32, 16, 17, "gd", "l2", "float32"),
-    (128, 64, 32, 16, 17, "momentum", "l2", "float32"), (128, 64, 16, 16, 8, "muon", "l2", "float32"),
-    (256, 128, 32, 16, 17, "gd", "l2", "bfloat16"), (256, 64, 32, 16, 17, "momentum", "l2", "bfloat16"),
-    (256, 64, 32, 16, 17, "muon", "l2", "bfloat16"),
+    (153, 64, 16, 16, 8, "muon", "l2", "float32"), (153, 64, 16, 16, 8, "muon", "l2", "bfloat16"),
+    (256, 64, 32, 16, 17, "gd", "l2", "float32"), (128, 64, 32, 16, 17, "momentum", "l2", "float32"),
+    (256, 64, 32, 16, 17, "muon", "l2", "float32"), (256, 128, 32, 16, 17, "gd", "l2", "bfloat16"),
+    (256, 64, 32, 16, 17, "momentum", "l2", "bfloat16"), (512, 64, 32, 16, 17, "muon", "l2", "bfloat16"),
+    (256, 128, 32, 16, 17, "muon", "l2", "bfloat16"),
     # a gated first layer (Atlas++'s memory): its pair held as one block of twice the rows
     (128, 64, 16, 16, 8, "gated gd", "l2", "float32"), (64, 64, 16, 16, 8, "gated momentum", "l2", "float32"),
     (256, 64, 16, 16, 8, "gated gd", "l2", "bfloat16"),

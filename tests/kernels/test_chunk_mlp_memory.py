@@ -193,11 +193,31 @@ def test_muon_kernel_matches_its_pytorch_twin(bias, window, offset, activation, 
                     str(options))
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
-def test_muon_launches_counts_the_dots_the_kernel_runs(monkeypatch):
-    """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot (blocks filled exactly: chunks of 16, D 32,
-    H = d_v = 16, a window of 17 keys with the first chunk's 16 before it in the cache, two quintic steps)."""
+def test_muon_kernel_in_column_tiles_matches_its_pytorch_twin(monkeypatch):
+    """The backward's Newton–Schulz steps in column tiles of W1 (``muon.TILE_BYTES``, as float32 takes them at the
+    study's W1 64 × 153: tiles of 128 of its 256 columns), here tiles of 16 of W1's 32 padded columns (D 20, H 12),
+    against the twin."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
+    monkeypatch.setattr(kernels, "TILE_BYTES", 16 * 16 * 4)
+    assert kernels.launch_options(20, 12, 6, 4, 3, "l2", "silu", torch.float32, True, 3, "cubic")["BDT"] == 16
+    bias, window, offset, activation, shape = MUON_CASES["window-mid-chunk"]
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
+                   ns_steps=3, ns_coefficients="cubic")
+    x = muon_inputs(**shape)
+    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
+                    str(options))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
+@pytest.mark.parametrize("tile_bytes", [None, 16 * 16 * 4])
+def test_muon_launches_counts_the_dots_the_kernel_runs(tile_bytes, monkeypatch):
+    """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot (blocks filled exactly: chunks of 16, D 32,
+    H = d_v = 16, a window of 17 keys with the first chunk's 16 before it in the cache, two quintic steps), with
+    W1's columns whole and in two tiles of 16."""
+    kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
+    if tile_bytes:
+        monkeypatch.setattr(kernels, "TILE_BYTES", tile_bytes)
     expected = kernels.launches(1, 32, 32, 16, 16, chunk_size=16, window=17, bias="l2", steps=2, m0=16)
     counted = dot_counter(monkeypatch, kernels, expected)
     options = dict(offset=0, chunk_size=16, window=17, bias="l2", activation="gelu", ns_steps=2,

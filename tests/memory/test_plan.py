@@ -31,13 +31,13 @@ ROUTES = {
     "gated_deltaproduct": ("chunked", "chunked", "delta_rule"),
     "swla": ("triton", "triton", "linear"),
     # muon on a 2-layer MLP: the fused kernel, Newton–Schulz inside (ops/chunk_mlp_memory/muon.py), where its backward
-    # fits an sm_90 block's shared memory (W1 64 × 153: 16-bit operands, not float32); else, and for atlas_pp's gated
-    # MLP, the chunked path around the batched Newton–Schulz kernel
-    "atlas": ("triton ns fused", "chunked ns triton", "transformed"),
+    # fits an sm_90 block's shared memory (W1 64 × 153 in float32 and 16-bit operands); for atlas_pp's gated MLP, the
+    # chunked path around the batched Newton–Schulz kernel
+    "atlas": ("triton ns fused", "triton ns fused", "transformed"),
     "atlas_pp": ("chunked ns triton", "chunked ns triton", "transformed"),
-    "atlas_mag": ("triton ns fused", "chunked ns triton", "transformed"),
-    "atlas_mal": ("triton ns fused", "chunked ns triton", "transformed"),
-    "atlas_mac": ("triton ns fused", "chunked ns triton", "transformed"),
+    "atlas_mag": ("triton ns fused", "triton ns fused", "transformed"),
+    "atlas_mal": ("triton ns fused", "triton ns fused", "transformed"),
+    "atlas_mac": ("triton ns fused", "triton ns fused", "transformed"),
     # a 2-layer MLP with gd or momentum and a window: the MLP chunk kernel (ops/chunk_mlp_memory)
     "ttt_mlp": ("triton", "triton", "linear"),
     "titans": ("triton", "triton", "linear"),

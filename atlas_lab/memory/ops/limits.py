@@ -10,10 +10,10 @@ MAX_ROWS, MAX_COLS = 128, 512
 # of two, ≥ 16; a gated pair counts twice: one block of twice the rows) whose backward fits one block's shared memory
 # on sm_90 (232,448 bytes) with 4-byte dot operands, by optimiser; 2-byte operands take twice as many. Compiled for
 # sm_90 (tests/kernels/sm90_resources.py, tf32), the backward at 64 × 256 (D 153, H 64, d_v 16, chunk 16, window 8):
-# gd 209 KB, momentum 317 KB, muon 291 KB; at 64 × 128: momentum 170 KB, muon 168 KB; muon in bfloat16 at 64 × 256:
-# 94 KB
+# gd 209 KB, momentum 317 KB, muon 193 KB (its Newton–Schulz steps back in column tiles of W1: muon.TILE_BYTES); at
+# 64 × 128: momentum 170 KB; muon at 64 × 256 with 32 keys 195 KB, in bfloat16 at 64 × 512 184 KB
 MAX_MLP_KEYS = 32
-MLP_ENTRIES = {"gd": 64 * 256, "momentum": 64 * 128, "muon": 64 * 128}
+MLP_ENTRIES = {"gd": 64 * 256, "momentum": 64 * 128, "muon": 64 * 256}
 
 
 def padded(n: int) -> int:

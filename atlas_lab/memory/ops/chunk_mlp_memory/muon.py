@@ -24,9 +24,11 @@ chip, and its contributions Cw[:, j] (D_j uq) to every read-out and Cw[n, j] D_j
 
 then ``triton.py``'s factors backward. The forward keeps the first layer's read-out zq [N, T, H], so the backward
 forms the first layer's D_j for their own gradients only, and each D_j once: its iterates X_0 … X_{k−1} and each
-step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k, rows, cols] and [k, 2, rows, rows]
-for each weight matrix) that its k steps back read; there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with E = ∂B + ∂Bᵀ (A and E
-symmetric), one product where ∂B A + A ∂B took two. Dots a token and weight matrix R × C:
+step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k + 1, rows, cols] and
+[k, 2, rows, rows] for each weight matrix) that its k steps back read; there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with
+E = ∂B + ∂Bᵀ (A and E symmetric), one product where ∂B A + A ∂B took two, and the gradient G, carried in the
+scratch's last slot, is taken in column tiles (``TILE_BYTES``: ∂B = Σ_tiles G Xᵀ, each tile of G updated on its
+own), so that W1's products fit sm_90's shared memory in tf32. Dots a token and weight matrix R × C:
 forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back.
 
 Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step.
@@ -91,21 +93,37 @@ def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, ST
 
 
 @triton.jit
-def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
-             NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr,
+             STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+             PREC: tl.constexpr):
     """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S), the iterates as ``_ns_keep`` left them: per step from the last (A, B
     symmetric), ∂B = G Xᵀ, E = ∂B + ∂Bᵀ, ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ), G ← aG + BG + (∂A + ∂Aᵀ) X; then the
-    normalisation's."""
+    normalisation's. G is carried in SCR's slot STEPS and the products over C are taken in column tiles of BCT (the
+    operands of one product then fit sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile)."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
+    offs_ct = tl.arange(0, BCT)
+    tl.store(SCR + STEPS * BR * BC + at, G)
+    tl.debug_barrier()
     for jj in tl.static_range(STEPS):
         j = STEPS - 1 - jj
-        X = tl.load(SCR + j * BR * BC + at)
         A = tl.load(SCQ + 2 * j * BR * BR + aq)
         B = tl.load(SCQ + (2 * j + 1) * BR * BR + aq)
-        dB = dot(G, tl.trans(X), DT, PREC)
+        dB = tl.zeros([BR, BR], dtype=tl.float32)
+        for c0 in tl.static_range(0, BC, BCT):
+            tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
+            dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + j * BR * BC + tile)), DT, PREC)
         E = dB + tl.trans(dB)
         F = dot(E, A, DT, PREC)
-        G = NS_A * G + dot(B, G, DT, PREC) + dot(NS_B * E + NS_C * (F + tl.trans(F)), X, DT, PREC)
+        P = NS_B * E + NS_C * (F + tl.trans(F))
+        tl.debug_barrier()  # every tile of G read, before any is overwritten
+        for c0 in tl.static_range(0, BC, BCT):
+            tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
+            Gt = tl.load(SCR + STEPS * BR * BC + tile)
+            Gt = NS_A * Gt + dot(B, Gt, DT, PREC) + dot(P, tl.load(SCR + j * BR * BC + tile), DT, PREC)
+            tl.debug_barrier()  # the tile read by every thread, before any overwrites it
+            tl.store(SCR + STEPS * BR * BC + tile, Gt)
+        tl.debug_barrier()  # the step's G stored, before the next reads it
+    G = tl.load(SCR + STEPS * BR * BC + at)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
     norm = tl.sqrt(tl.sum(S * S))
     r = norm + 1e-7
@@ -129,8 +147,8 @@ def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, STEPS: tl.cons
 
 @triton.jit
 def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCQ, offs_r, offs_c,
-                BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr,
-                NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, BK: tl.constexpr, STEPS: tl.constexpr,
+                NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """``_layer`` backward for one weight matrix, g [BT, R] the gradient of its read-out terms, G and H those of the
     end weights and momentum: the D_j again, ∂D_j = (Cw[:, j] ⊙ g)ᵀ x_in + Cw[n, j] G, ∂S_j = NS_k'(S_j)ᵀ ∂D_j (+ H at
     j = n). Adds to ∂x_in, ∂Cw, ∂C', ∂s; returns them with ∂S_p [BR, BC], ∂d [BK, BR] and ∂x [BK, BC]."""
@@ -146,7 +164,7 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
         dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
         dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
         dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
-        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dSj += (j == n - 1).to(tl.float32) * H
         dS += s_j * dSj
         ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
@@ -232,9 +250,9 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
                               SCR1, SCR2, SCQ1, SCQ2, T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                              L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, STEPS: tl.constexpr,
-                              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
-                              PREC: tl.constexpr):
+                              BDT: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
+                              STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
+                              DT: tl.constexpr, PREC: tl.constexpr):
     i_n = tl.program_id(0)
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
     offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
@@ -244,7 +262,7 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
     DQ, DA, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DS + i_n * T, DCW + i_n * T * b, DCS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
-    SCR1, SCR2 = SCR1 + i_n * STEPS * BH * BD, SCR2 + i_n * STEPS * BV * BH
+    SCR1, SCR2 = SCR1 + i_n * (STEPS + 1) * BH * BD, SCR2 + i_n * (STEPS + 1) * BV * BH
     SCQ1, SCQ2 = SCQ1 + i_n * STEPS * 2 * BH * BH, SCQ2 + i_n * STEPS * 2 * BV * BV
     G1 = _load_state(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
     G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
@@ -288,14 +306,14 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
             a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
             tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
-            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
         gzq = ghq * dhq
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
         duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
             a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
-            SCR1, SCQ1, offs_h, offs_d, BH, BD, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            SCR1, SCQ1, offs_h, offs_d, BH, BD, BDT, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
         gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, False,
@@ -323,6 +341,11 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
 
 
 # ---------------------------------------------------------------- launches
+
+TILE_BYTES = 32 * 1024  # the backward's Newton–Schulz steps take W1's products in column tiles of ≤ 32 KB operands
+# (64 × 128 in float32): compiled for sm_90 at W1 64 × 153 in tf32 (tests/kernels/sm90_resources.py) its backward
+# needs 193 KB of shared memory, 225 KB untiled through the same scratch, 291 KB with G in registers
+
 
 def _config(D, HD, DV, b, window):
     """Block sizes (``triton._config``'s) and launch options."""
@@ -371,6 +394,7 @@ def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evalu
     cfg = _config(D, HD, DV, chunk_size, window)
     a, b, c = NS_COEFFICIENTS[coefficients]
     return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
+                BDT=min(cfg["BD"], TILE_BYTES // (cfg["BH"] * dtype.itemsize)),
                 L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, STEPS=steps, NS_A=a, NS_B=b, NS_C=c,
                 DT=DTYPES[dtype], PREC=dot_precision(dtype) if prec is None else prec, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"])
@@ -392,7 +416,8 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         W1T, W2T, S1T, S2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, S1, S2, W1, W2))
         chunk_mlp_muon_fwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, zq, W1T, W2T, S1T, S2T, WE1, WE2,
-            W1H, W2H, S1H, S2H, T, L, L - T, offset, chunk_size, window, NC, **opts)
+            W1H, W2H, S1H, S2H, T, L, L - T, offset, chunk_size, window, NC,
+            **{n: x for n, x in opts.items() if n != "BDT"})  # the backward's tiles
         ctx.save_for_backward(q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq)
         ctx.args = (offset, chunk_size, window, evaluated, NC, opts)
         return y, W1T, W2T, S1T, S2T, WE1, WE2
@@ -415,7 +440,8 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
         dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
         BD, BH, BV, steps = opts["BD"], opts["BH"], opts["BV"], opts["STEPS"]
-        scratch = [torch.empty(N, steps, *shape, **f32) for shape in ((BH, BD), (BV, BH), (2, BH, BH), (2, BV, BV))]
+        scratch = [torch.empty(N, *shape, **f32) for shape in ((steps + 1, BH, BD), (steps + 1, BV, BH),
+                                                                (steps, 2, BH, BH), (steps, 2, BV, BV))]
         chunk_mlp_muon_bwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq, dy.to(q.dtype).contiguous(), *G,
             dq, dk, dv, dgamma, da, ds, dCw, dCs, *dW, *scratch, T, L, L - T, offset, chunk_size, window, NC, **opts)
