@@ -46,11 +46,14 @@ def strictly_lower(n: int, device=None) -> torch.Tensor:
 def non_finite_tokens(y: torch.Tensor) -> torch.Tensor:
     """[N, L] bool: True where token i's entries y[:, i] hold a NaN or an inf. y: [N, L, ...].
 
-    The token's max is NaN or +inf, or its min NaN or −inf, exactly then (max and min propagate NaN): two reductions
-    that read y once each, without the copy of y's size that max |y| or isfinite make. Detached: a flag, never part of
-    the graph."""
+    On the CPU: the token's max is NaN or +inf, or its min NaN or −inf, exactly then (max and min propagate NaN): two
+    reductions that read y once each, without the copy of y's size that max |y| makes (measured faster on one core,
+    docs/performance.md §f). Elsewhere: max |y| is NaN or inf, two kernels and a compare where the CPU's form takes
+    five (launches, the GPU model's cost; isfinite + all take five too). Detached: a flag, never part of the graph."""
     y = y.detach().flatten(2)
-    return ~((y.amax(-1) < torch.inf) & (y.amin(-1) > -torch.inf))
+    if y.device.type == "cpu":
+        return ~((y.amax(-1) < torch.inf) & (y.amin(-1) > -torch.inf))
+    return ~(y.abs().amax(-1) < torch.inf)
 
 
 def causal_operands(X: torch.Tensor, *factors: torch.Tensor):
@@ -91,6 +94,11 @@ class _ZeroedProduct(torch.autograd.Function):
 
 
 def causal_matmul(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-    """Σ_{i ≤ t + L − n} X[t, i] Y_i: X @ Y for X [N, n, L], Y [N, L, k] (``causal_operands``). Returns [N, n, k]."""
+    """Σ_{i ≤ t + L − n} X[t, i] Y_i: X @ Y for X [N, n, L], Y [N, L, k] (``causal_operands``). Returns [N, n, k].
+    On the CPU the product's backward zeroes the non-finite tokens' rows in place (``_ZeroedProduct``: no copy);
+    elsewhere autograd's where, as the GPU model's fit counted it (the same values)."""
+    if X.device.type != "cpu":
+        X, Y = causal_operands(X, Y)
+        return X @ Y
     bad = non_finite_tokens(Y)
     return _ZeroedProduct.apply(_causal_rows(X, bad), Y, bad.unsqueeze(-1))
