@@ -157,6 +157,9 @@ FORMULA_CASES = [  # (preset, path, dtype of q, k, v): every path that computes 
     *[(p, path, torch.float32) for p in ("ttt_mlp", "titans", "omeganet", "dot") for path in ("triton", "chunked")],
     *[("atlas", path, torch.float32) for path in ("triton", "chunked")],
     ("atlas", "triton", torch.bfloat16),  # 16-bit inputs: their casts to float32 and back
+    # atlas_pp (muon on the gated MLP): the fused kernel with 16-bit inputs (its stacked pair 128 × 256 in float32
+    # is over the kernel's entries), the chunked path
+    *[("atlas_pp", path, dtype) for path, dtype in (("triton", torch.bfloat16), ("chunked", torch.float32))],
 ]
 
 

@@ -65,7 +65,7 @@ def _memorize_mlp(x, st, m, co) -> Result:
     """M(k) = r(k) + W2 σ(W1 φ(k)) (gated: r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k))) on ``chunk_mlp_memory`` (muon:
     ``chunk_mlp_muon``): the residual r taken out of the values (l2: δ2 = M(k) − v = W2 σ(W1 φ(k)) − (v − k)) and
     added to the read-out."""
-    gated = m.mem.gated  # the plan sends muon here with the ungated MLP only (plan.muon_kernel_gap)
+    gated = m.mem.gated
 
     def layers(w):  # the kernels' (first layer, second layer): a gated memory's W2 and W3 stacked as one first layer
         return (torch.cat([w["W2"], w["W3"]], 1), w["W1"]) if gated else (w["W1"], w["W2"])
@@ -86,7 +86,7 @@ def _memorize_mlp(x, st, m, co) -> Result:
     if declares(m.optimizer, "one_triple", "direction"):  # muon: the fused kernel, Newton–Schulz inside
         y, W1, W2, S1, S2, E1, E2 = chunk_mlp_muon(
             *inputs, co["a"], co["s"], co["Cw"], co["Cs"], *layers(W), *layers(S), *layers(We),
-            ns_steps=m.optimizer.ns_steps, ns_coefficients=m.optimizer.ns_coefficients, **options)
+            ns_steps=m.optimizer.ns_steps, ns_coefficients=m.optimizer.ns_coefficients, gated=gated, **options)
     else:
         y, W1, W2, S1, S2, E1, E2 = chunk_mlp_memory(
             *inputs, co["a"], co["Cw"], *layers(W), *layers(We), m=co.get("m"), s=co.get("s"), Cs=co.get("Cs"),

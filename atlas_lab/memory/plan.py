@@ -166,13 +166,13 @@ def muon(p: Problem) -> bool:
 
 def muon_kernel_gap(p: Problem) -> str | None:
     """Why muon's fused MLP kernel (ops/chunk_mlp_memory/muon.py) does not compute a call the Triton path covers
-    (None when it does): a 2-layer MLP whose weights have no more rows than columns (its Newton–Schulz takes X Xᵀ
-    of the matrix as it is), within the MLP kernel's sizes (``mlp_gap``)."""
-    if not declares(p.mem, "two_layer", "forward") or p.mem.gated:
+    (None when it does): a 2-layer MLP, plain or gated, whose weights have no more rows than columns (its
+    Newton–Schulz takes X Xᵀ of each matrix as it is), within the MLP kernel's sizes (``mlp_gap``)."""
+    if not declares(p.mem, "two_layer", "forward"):
         return f"memory {p.mem!r}"
     tall = [f"{n} {o} × {i}" for n, (o, i) in p.weights.items() if o > i]
     return f"weights {', '.join(tall)} (more rows than columns)" if tall else mlp_gap(p.config, p.weights, "muon",
-                                                                                        p.dtype)
+                                                                                        p.dtype, p.mem.gated)
 
 
 FLA_COVERAGE = ("impl='fla' covers a linear memory with gd at window 1, read token, no normalisation: the l2 bias at "

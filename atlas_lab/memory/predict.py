@@ -160,13 +160,15 @@ def chunked_launches(p: Problem) -> int | None:
 
 
 # The MLP memory's launches (2-layer MLP, ``two_layer``), fixed + per unit by its optimiser: counted on the shipped
-# presets (``gpu_model --paths ttt_mlp titans omeganet atlas dot``) at the study's sizes; φ adds its own operators
-# (MLP_PHI). The Triton path: the MLP kernel (or muon's fused one) and the closed form's rows per group of equal chunks
-# (P); the chunked path: per chunk. (optimiser family, the gates that take gradients) -> (fixed, per unit)
+# presets (``gpu_model --paths ttt_mlp titans omeganet atlas atlas_pp dot``) at the study's sizes; φ adds its own
+# operators (MLP_PHI). The Triton path: the MLP kernel (or muon's fused one) and the closed form's rows per group of
+# equal chunks (P); the chunked path: per chunk. (optimiser family, "gated" for a gated first layer where counted: the
+# ungated row elsewhere) -> {the gates that take gradients: (fixed, per unit)}
 MLP_TRITON = {"gd": {frozenset({"eta"}): (1, 23), None: (1, 50)}, "momentum": {None: (-9, 123)},
-              "muon": {None: (-3, 84)}}
+              "muon": {None: (-3, 84)}, "muon gated": {None: (2, 84)}}  # gated: W2 and W3 stacked, and split back
 MLP_CHUNKED = {"gd": {frozenset({"eta"}): (-13, 167), None: (1, 207)}, "momentum": {None: (-88, 355)},
-               "muon": {None: (18, 255)}}  # muon: its Newton–Schulz one batched Triton launch a chunk
+               "muon": {None: (18, 255)}, "muon gated": {None: (10, 348)}}  # muon: its Newton–Schulz batched
+# Triton launches a chunk
 MLP_PHI = {"identity": 0, "taylor": 48, "polynomial": 108}  # φ(q), φ(k) and their gradients (counted at p = 2)
 
 
@@ -181,7 +183,8 @@ def _mlp_family(p: Problem) -> str:
 def mlp_launches(p: Problem, table: dict, units: int) -> int:
     """Launches of a 2-layer MLP memory's call: MLP_PHI[φ] + fixed + per unit · units (the table's row for the
     optimiser's family and the gates that take gradients; their nearest where none is counted)."""
-    rows = table[_mlp_family(p)]
+    family = _mlp_family(p)
+    rows = table.get(f"{family} gated", table[family]) if p.mem.gated else table[family]
     fixed, per = rows.get(p.grads & {"alpha", "eta", "theta", "gamma"}, rows[None])
     return MLP_PHI.get(repr(p.fmap).split("(")[0], MLP_PHI["polynomial"]) + fixed + per * units
 
@@ -235,11 +238,12 @@ def forward_flops(p: Problem) -> float:
 def _mlp_kernel_flops(p: Problem) -> int:
     """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes)."""
     B, T, H, d_k, d_v = p.shapes
-    (hidden, D), family = p.weights["W1"], _mlp_family(p)
+    gated, family = p.mem.gated, _mlp_family(p)
+    hidden, D = p.weights["W2" if gated else "W1"]  # the first layer's (gated: each of its pair W2, W3)
     key = ("mlp", family, B * H, T, D, hidden, d_v, p.config.chunk_size, p.config.window, kernel_bias(p.bias),
-           getattr(p.optimizer, "ns_steps", 0))
+           getattr(p.optimizer, "ns_steps", 0), gated)
     if key not in _KERNEL_FLOPS:
-        options = dict(chunk_size=p.config.chunk_size, window=p.config.window, bias=kernel_bias(p.bias))
+        options = dict(chunk_size=p.config.chunk_size, window=p.config.window, bias=kernel_bias(p.bias), gated=gated)
         if family == "muon":
             from .ops.chunk_mlp_memory.muon import launches
             each = launches(B * H, T, D, hidden, d_v, steps=p.optimizer.ns_steps, **options)

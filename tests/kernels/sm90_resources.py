@@ -98,6 +98,7 @@ MLP_CASES = [  # D, hidden, d_v, chunk, window, optimiser, bias, dtype: titans, 
     # a gated first layer (Atlas++'s memory): its pair held as one block of twice the rows
     (128, 64, 16, 16, 8, "gated gd", "l2", "float32"), (64, 64, 16, 16, 8, "gated momentum", "l2", "float32"),
     (256, 64, 16, 16, 8, "gated gd", "l2", "bfloat16"),
+    (153, 64, 16, 16, 8, "gated muon", "l2", "bfloat16"),  # atlas_pp at the study's sizes
 ]
 MLP_INTS = {"T", "L", "m0", "offset", "b", "c", "NC"}
 MLP_INPUTS = {"Q", "K", "V", "GAMMA", "A", "M", "S", "CW", "CS", "W10", "W20", "S10", "S20", "WE10", "WE20", "Y",
@@ -105,21 +106,21 @@ MLP_INPUTS = {"Q", "K", "V", "GAMMA", "A", "M", "S", "CW", "CS", "W10", "W20", "
 
 
 def mlp_resources(D, HD, DV, chunk, window, optimizer, bias, dtype, prec) -> dict[str, tuple[int, int, int]]:
-    """{kernel: (shared memory, registers, spill stack)} of an MLP kernel's two launches (gd and momentum, "gated …"
-    with a gated first layer: chunk_mlp_memory; muon: chunk_mlp_muon, 5 quintic steps) with the options its autograd
-    function takes."""
+    """{kernel: (shared memory, registers, spill stack)} of an MLP kernel's two launches (gd and momentum:
+    chunk_mlp_memory; muon: chunk_mlp_muon, 5 quintic steps; "gated …" with a gated first layer) with the options its
+    autograd function takes."""
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
 
-    name = "muon" if optimizer == "muon" else "triton"
-    kernels = importlib.import_module(f"atlas_lab.memory.ops.chunk_mlp_memory.{name}")
-    if optimizer == "muon":
+    gated, muon = optimizer.startswith("gated"), optimizer.endswith("muon")
+    kernels = importlib.import_module(f"atlas_lab.memory.ops.chunk_mlp_memory.{'muon' if muon else 'triton'}")
+    if muon:
         opts = kernels.launch_options(D, HD, DV, chunk, window, bias, "gelu", getattr(torch, dtype), False, 5,
-                                      "quintic", prec)
+                                      "quintic", prec, gated=gated)
         names = ("chunk_mlp_muon_fwd_kernel", "chunk_mlp_muon_bwd_kernel")
     else:
         opts = kernels.launch_options(D, HD, DV, chunk, window, bias, optimizer.endswith("momentum"), "gelu",
-                                      getattr(torch, dtype), False, prec, gated=optimizer.startswith("gated"))
+                                      getattr(torch, dtype), False, prec, gated=gated)
         names = ("chunk_mlp_memory_fwd_kernel", "chunk_mlp_memory_bwd_kernel")
     types = {**{n: "i32" for n in MLP_INTS}, **{n: pointer(dtype) for n in MLP_INPUTS}}
     return {k: compile_for_sm90(getattr(kernels, k), types, opts, opts["num_warps"], opts["num_stages"]) for k in names}

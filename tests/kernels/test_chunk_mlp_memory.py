@@ -124,10 +124,7 @@ def test_muon_kernel_at_the_studys_sizes():
     40 tokens, 3 cubic Newton–Schulz steps, against the twin."""
     options = dict(offset=0, chunk_size=16, window=8, bias="l2", activation="gelu", ns_steps=3,
                    ns_coefficients="cubic")
-    x = muon_inputs(N=1, T=40, m0=0, D=153, HD=64, DV=16, b=16)
-    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
-    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
-                    str(options))
+    muon_against_twin(options, N=1, T=40, m0=0, D=153, HD=64, DV=16, b=16)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
@@ -152,10 +149,18 @@ def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkey
 MUON_NAMES = ("q", "k", "v", "gamma", "a", "s", "Cw", "Cs", "W1", "W2", "S1", "S2", "We1", "We2")
 
 
-def muon_inputs(N, T, m0, D, HD, DV, b, seed=0):
-    x = inputs(N, T, m0, D, HD, DV, b, momentum=True, seed=seed)
+def muon_inputs(N, T, m0, D, HD, DV, b, seed=0, gated=False):
+    x = inputs(N, T, m0, D, HD, DV, b, momentum=True, seed=seed, gated=gated)
     x.pop("m")
     return x
+
+
+def muon_against_twin(options, **shape):
+    """The muon kernel in float32 against its twin in float64 (the oracle), within the error model."""
+    x = muon_inputs(**shape)
+    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
+    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
+                    str(options))
 
 
 def muon_results(f, options):
@@ -187,42 +192,54 @@ def test_muon_kernel_matches_its_pytorch_twin(bias, window, offset, activation, 
     against the twin in float64, within the error model."""
     options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
                    ns_steps=3, ns_coefficients="cubic")
-    x = muon_inputs(**shape)
-    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
-    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
-                    str(options))
+    muon_against_twin(options, **shape)
 
 
-def test_muon_kernel_in_column_tiles_matches_its_pytorch_twin(monkeypatch):
-    """The backward's Newton–Schulz steps in column tiles of W1 (``muon.TILE_BYTES``, as float32 takes them at the
-    study's W1 64 × 153: tiles of 128 of its 256 columns), here tiles of 16 of W1's 32 padded columns (D 20, H 12),
-    against the twin."""
+GATED_MUON_CASES = {  # (bias, window, offset, activation, shape): Atlas++'s gated first layer, W_a and W_b each
+    # their own Newton–Schulz (both 12 × 20 and 16 × 17: rows ≤ columns)
+    "window-mid-chunk": ("l2", 3, 1, "silu", dict(N=2, T=11, m0=2, D=20, HD=12, DV=6, b=4)),
+    "dot": ("dot", 2, 2, "tanh", dict(N=1, T=10, m0=1, D=17, HD=16, DV=3, b=4)),
+}
+
+
+@pytest.mark.parametrize("bias,window,offset,activation,shape", GATED_MUON_CASES.values(), ids=GATED_MUON_CASES)
+def test_gated_muon_kernel_matches_its_pytorch_twin(bias, window, offset, activation, shape):
+    """Muon on the gated MLP (atlas_pp's memory): the kernel against its twin within the error model, as ungated."""
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
+                   ns_steps=3, ns_coefficients="cubic", gated=True)
+    muon_against_twin(options, **shape, gated=True)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_muon_kernel_in_column_tiles_matches_its_pytorch_twin(gated, monkeypatch):
+    """The backward's Newton–Schulz steps in column tiles of the first layer (``muon.TILE_BYTES``, as float32 takes
+    them at the study's W1 64 × 153: tiles of 128 of its 256 columns), here tiles of 16 of its 32 padded columns
+    (D 20, H 12; gated: a pair of 12 × 20), against the twin."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
-    monkeypatch.setattr(kernels, "TILE_BYTES", 16 * 16 * 4)
-    assert kernels.launch_options(20, 12, 6, 4, 3, "l2", "silu", torch.float32, True, 3, "cubic")["BDT"] == 16
+    monkeypatch.setattr(kernels, "TILE_BYTES", 16 * 16 * 4 * (1 + gated))
+    opts = kernels.launch_options(20, 12, 6, 4, 3, "l2", "silu", torch.float32, True, 3, "cubic", gated=gated)
+    assert (opts["BD"], opts["BDT"]) == (32, 16)
     bias, window, offset, activation, shape = MUON_CASES["window-mid-chunk"]
     options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation,
-                   ns_steps=3, ns_coefficients="cubic")
-    x = muon_inputs(**shape)
-    oracle = muon_results(chunk_mlp_muon_naive, options)({n: t.detach().double().cpu() for n, t in x.items()})
-    compare_float32(muon_results(chunk_mlp_muon, options), muon_results(chunk_mlp_muon_naive, options), x, oracle,
-                    str(options))
+                   ns_steps=3, ns_coefficients="cubic", gated=gated)
+    muon_against_twin(options, **shape, gated=gated)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
-@pytest.mark.parametrize("tile_bytes", [None, 16 * 16 * 4])
-def test_muon_launches_counts_the_dots_the_kernel_runs(tile_bytes, monkeypatch):
+@pytest.mark.parametrize("tile_bytes,gated", [(None, False), (16 * 16 * 4, False), (None, True)])
+def test_muon_launches_counts_the_dots_the_kernel_runs(tile_bytes, gated, monkeypatch):
     """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot (blocks filled exactly: chunks of 16, D 32,
     H = d_v = 16, a window of 17 keys with the first chunk's 16 before it in the cache, two quintic steps), with
-    W1's columns whole and in two tiles of 16."""
+    W1's columns whole and in two tiles of 16, and a gated first layer (its pair's products on the stacked block)."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
     if tile_bytes:
         monkeypatch.setattr(kernels, "TILE_BYTES", tile_bytes)
-    expected = kernels.launches(1, 32, 32, 16, 16, chunk_size=16, window=17, bias="l2", steps=2, m0=16)
+    expected = kernels.launches(1, 32, 32, 16, 16, chunk_size=16, window=17, bias="l2", steps=2, m0=16, gated=gated)
     counted = dot_counter(monkeypatch, kernels, expected)
     options = dict(offset=0, chunk_size=16, window=17, bias="l2", activation="gelu", ns_steps=2,
-                   ns_coefficients="quintic")
-    muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16))
+                   ns_coefficients="quintic", gated=gated)
+    muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16,
+                                                              gated=gated))
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
 
 
@@ -277,6 +294,16 @@ def test_muon_on_the_fused_kernel_matches_reference(bias, window, impl):
     assert plan(MemoryConfig(architecture="mlp", **{n: v for n, v in options.items() if n != "d_k"}),
                 Shapes(2, 11, 2, 7, 4), torch.float32, DEVICE, "triton").ns == "fused"
     triton_vs(impl, **options)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_muon_on_the_gated_mlp_matches_reference(impl):
+    """Atlas++'s rule (muon on r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k)), an Omega window, polynomial φ: W2, W3 16 × 36 each
+    their own Newton–Schulz, W1 4 × 16) on the fused kernel against the token loop and the chunked path."""
+    options = dict(attentional_bias="l2", window=3, optimizer=CUBIC, feature_map="polynomial", d_k=7)
+    assert plan(MemoryConfig(architecture="gated_mlp", **{n: v for n, v in options.items() if n != "d_k"}),
+                Shapes(2, 11, 2, 7, 4), torch.float32, DEVICE, "triton").ns == "fused"
+    triton_vs(impl, architecture="gated_mlp", **options)
 
 
 def test_a_state_continued_mid_chunk_is_one_call():

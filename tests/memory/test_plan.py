@@ -31,10 +31,10 @@ ROUTES = {
     "gated_deltaproduct": ("chunked", "chunked", "delta_rule"),
     "swla": ("triton", "triton", "linear"),
     # muon on a 2-layer MLP: the fused kernel, Newton–Schulz inside (ops/chunk_mlp_memory/muon.py), where its backward
-    # fits an sm_90 block's shared memory (W1 64 × 153 in float32 and 16-bit operands); for atlas_pp's gated MLP, the
-    # chunked path around the batched Newton–Schulz kernel
+    # fits an sm_90 block's shared memory (W1 64 × 153 in float32 and 16-bit operands; atlas_pp's gated pair, a block
+    # of 128 × 256, in 16-bit operands only); else the chunked path around the batched Newton–Schulz kernel
     "atlas": ("triton ns fused", "triton ns fused", "transformed"),
-    "atlas_pp": ("chunked ns triton", "chunked ns triton", "transformed"),
+    "atlas_pp": ("triton ns fused", "chunked ns triton", "transformed"),
     "atlas_mag": ("triton ns fused", "triton ns fused", "transformed"),
     "atlas_mal": ("triton ns fused", "triton ns fused", "transformed"),
     "atlas_mac": ("triton ns fused", "triton ns fused", "transformed"),

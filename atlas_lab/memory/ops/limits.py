@@ -11,7 +11,8 @@ MAX_ROWS, MAX_COLS = 128, 512
 # on sm_90 (232,448 bytes) with 4-byte dot operands, by optimiser; 2-byte operands take twice as many. Compiled for
 # sm_90 (tests/kernels/sm90_resources.py, tf32), the backward at 64 × 256 (D 153, H 64, d_v 16, chunk 16, window 8):
 # gd 209 KB, momentum 317 KB, muon 193 KB (its Newton–Schulz steps back in column tiles of W1: muon.TILE_BYTES); at
-# 64 × 128: momentum 170 KB; muon at 64 × 256 with 32 keys 195 KB, in bfloat16 at 64 × 512 184 KB
+# 64 × 128: momentum 170 KB; muon at 64 × 256 with 32 keys 195 KB, in bfloat16 at 64 × 512 184 KB, 128 × 256 164 KB
+# (and a gated pair of 64 × 153, one block of 128 × 256, 164 KB)
 MAX_MLP_KEYS = 32
 MLP_ENTRIES = {"gd": 64 * 256, "momentum": 64 * 128, "muon": 64 * 256}
 
@@ -26,7 +27,9 @@ COVERAGE = ("impl='triton' covers architecture 'linear' with an optimiser linear
             "optimisers and biases "
             f"(a window c with chunk_size + c − 1 ≤ {MAX_MLP_KEYS}, any feature map and activation, each weight's "
             f"padded entries ≤ {MLP_ENTRIES['gd']} with gd, {MLP_ENTRIES['momentum']} with momentum, twice that in "
-            "16-bit); and optimizer 'muon' with architecture 'linear', 'mlp' or "
-            f"'gated_mlp' (weights up to {MAX_ROWS} × {MAX_COLS}); per-token reads with one gate per head, in float32, "
-            "float16 or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or 'auto') "
-            "otherwise")
+            "16-bit; a gated pair counts twice); and optimizer 'muon': on 'mlp' of depth 2 or 'gated_mlp' in one "
+            f"fused kernel where each weight has no more rows than columns and ≤ {MLP_ENTRIES['muon']} padded entries "
+            "(twice that in 16-bit), else with architecture 'linear', 'mlp' or 'gated_mlp' with its Newton–Schulz a "
+            f"batched kernel (weights up to {MAX_ROWS} × {MAX_COLS}); per-token reads with one gate per head, in "
+            "float32, float16 or bfloat16 on CUDA (or the CPU under TRITON_INTERPRET=1); use impl='chunked' (or "
+            "'auto') otherwise")

@@ -31,7 +31,9 @@ scratch's last slot, is taken in column tiles (``TILE_BYTES``: ∂B = Σ_tiles G
 own), so that W1's products fit sm_90's shared memory in tf32. Dots a token and weight matrix R × C:
 forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back.
 
-Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step.
+Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step; and
+Atlas++'s gated first layer W1 = [W_a; W_b] held as one block (``triton.py``'s): each step's A = X Xᵀ is zero between
+the two matrices and each has its own norm, so the block's NS_k is theirs.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ import triton.language as tl
 from ..dots import DTYPES, dot, dot_precision
 from ..newton_schulz.reference import NS_COEFFICIENTS
 from ..chunk_linear_memory.triton import _chunk, _key_grads, _load_state, _store_state, chunk_count
-from .triton import ACTS, _act, _factors, _factors_back, _last, _rows
+from .triton import (ACTS, _config, _factors, _factors_back, _hidden, _hidden_back, _last, _load1, _rows,
+                     _store1)
 
 
 
@@ -59,33 +62,45 @@ def _col(x, j, offs):
 
 
 @triton.jit
-def _ns_step(X, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """One Newton–Schulz step: A = X Xᵀ, B = bA + cA², returns (A, B, aX + B X)."""
-    A = dot(X, tl.trans(X), DT, PREC)
+def _norms(X, offs_r, HALF: tl.constexpr):
+    """Per row of X [BR, ·], the Frobenius norm of its matrix: rows < HALF one matrix, the rest another (a gated
+    first layer's W2 and W3; HALF = BR: one matrix)."""
+    rows, top = tl.sum(X * X, axis=1), offs_r < HALF
+    return tl.where(top, tl.sqrt(tl.sum(tl.where(top, rows, 0.0))), tl.sqrt(tl.sum(tl.where(top, 0.0, rows))))
+
+
+@triton.jit
+def _ns_step(X, offs_r, HALF: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr):
+    """One Newton–Schulz step of each matrix of X (``_norms``' rows): A = X Xᵀ (zero between the two matrices),
+    B = bA + cA², returns (A, B, aX + B X)."""
+    same = (offs_r[:, None] < HALF) == (offs_r[None, :] < HALF)
+    A = tl.where(same, dot(X, tl.trans(X), DT, PREC), 0.0)
     B = NS_B * A + NS_C * dot(A, A, DT, PREC)
     return A, B, NS_A * X + dot(B, X, DT, PREC)
 
 
 @triton.jit
-def _ns(X, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
-        PREC: tl.constexpr):
-    """NS_k(X) of one matrix [BR, BC] with rows ≤ columns (zero padding stays zero)."""
-    X = X / (tl.sqrt(tl.sum(X * X)) + 1e-7)
+def _ns(X, offs_r, HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr,
+        NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """NS_k of each matrix of X [BR, BC] (``_norms``' rows), rows ≤ columns (zero padding stays zero)."""
+    X = X / (_norms(X, offs_r, HALF)[:, None] + 1e-7)
     for _ in tl.static_range(STEPS):
-        _, _, X = _ns_step(X, NS_A, NS_B, NS_C, DT, PREC)
+        _, _, X = _ns_step(X, offs_r, HALF, NS_A, NS_B, NS_C, DT, PREC)
     return X
 
 
 @triton.jit
-def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
-             NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """``_ns``, keeping each step's X in SCR [STEPS, BR, BC] and its A, B in SCQ [STEPS, 2, BR, BR] (this program's
-    scratch) for ``_ns_back``."""
+def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, HALF: tl.constexpr,
+             STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+             PREC: tl.constexpr):
+    """``_ns``, keeping each step's X in SCR [STEPS + 1, BR, BC] and its A, B in SCQ [STEPS, 2, BR, BR] (this
+    program's scratch) for ``_ns_back``."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
-    X = X / (tl.sqrt(tl.sum(X * X)) + 1e-7)
+    X = X / (_norms(X, offs_r, HALF)[:, None] + 1e-7)
     for j in tl.static_range(STEPS):
         tl.store(SCR + j * BR * BC + at, X)
-        A, B, X = _ns_step(X, NS_A, NS_B, NS_C, DT, PREC)
+        A, B, X = _ns_step(X, offs_r, HALF, NS_A, NS_B, NS_C, DT, PREC)
         tl.store(SCQ + 2 * j * BR * BR + aq, A)
         tl.store(SCQ + (2 * j + 1) * BR * BR + aq, B)
     tl.debug_barrier()  # the iterates stored by every thread, before any reads them back
@@ -94,12 +109,13 @@ def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, ST
 
 @triton.jit
 def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr,
-             STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
-             PREC: tl.constexpr):
+             HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr):
     """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S), the iterates as ``_ns_keep`` left them: per step from the last (A, B
     symmetric), ∂B = G Xᵀ, E = ∂B + ∂Bᵀ, ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ), G ← aG + BG + (∂A + ∂Aᵀ) X; then the
-    normalisation's. G is carried in SCR's slot STEPS and the products over C are taken in column tiles of BCT (the
-    operands of one product then fit sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile)."""
+    normalisation's, each of the two matrices on its own (``_norms``; ∂B zero between them). G is carried in SCR's
+    slot STEPS and the products over C are taken in column tiles of BCT (the operands of one product then fit
+    sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile)."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
     offs_ct = tl.arange(0, BCT)
     tl.store(SCR + STEPS * BR * BC + at, G)
@@ -112,6 +128,7 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
         for c0 in tl.static_range(0, BC, BCT):
             tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
             dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + j * BR * BC + tile)), DT, PREC)
+        dB = tl.where((offs_r[:, None] < HALF) == (offs_r[None, :] < HALF), dB, 0.0)
         E = dB + tl.trans(dB)
         F = dot(E, A, DT, PREC)
         P = NS_B * E + NS_C * (F + tl.trans(F))
@@ -125,21 +142,24 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
         tl.debug_barrier()  # the step's G stored, before the next reads it
     G = tl.load(SCR + STEPS * BR * BC + at)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
-    norm = tl.sqrt(tl.sum(S * S))
+    norm, top, gs = _norms(S, offs_r, HALF), offs_r < HALF, tl.sum(G * S, axis=1)
+    gs = tl.where(top, tl.sum(tl.where(top, gs, 0.0)), tl.sum(tl.where(top, 0.0, gs)))  # ⟨G, S⟩ of each matrix
     r = norm + 1e-7
-    return G / r - S * (tl.sum(G * S) / (r * r * tl.maximum(norm, 1e-30)))
+    return G / r[:, None] - S * (gs / (r * r * tl.maximum(norm, 1e-30)))[:, None]
 
 
 @triton.jit
-def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, STEPS: tl.constexpr, NS_A: tl.constexpr,
-           NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, offs_r, HALF: tl.constexpr, STEPS: tl.constexpr,
+           NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """One weight matrix's per-token terms over a chunk, added to ``acc`` [BT, R] and ``ends`` [R, C]:
     Σ_j Cw[:, j] (x_in D_jᵀ) (the read-out's) and Σ_j Cw[n, j] D_j (the end weights'), D_j = NS_k(S_j),
     S_j = s_j S_p + Σ_i C'[j, i] d_i x_iᵀ. x_in [BT, C]: the layer's inputs at the chunk's tokens; d [BK, R], x [BK, C]:
-    the window keys' factors; sc: the momentum's s."""
+    the window keys' factors; sc: the momentum's s. Rows < HALF and the rest are two matrices, each its own NS_k
+    (a gated first layer; HALF = R: one)."""
     for j in range(0, n):
         cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
-        Dj = _ns(s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC), STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        Dj = _ns(s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC), offs_r, HALF, STEPS, NS_A, NS_B, NS_C, DT,
+                 PREC)
         acc += cw_j[:, None] * dot(x_in, tl.trans(Dj), DT, PREC)
         ends += tl.sum(tl.where(last, cw_j, 0.0)) * Dj
     return acc, ends
@@ -147,8 +167,9 @@ def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, STEPS: tl.cons
 
 @triton.jit
 def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCQ, offs_r, offs_c,
-                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, BK: tl.constexpr, STEPS: tl.constexpr,
-                NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
+                STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+                PREC: tl.constexpr):
     """``_layer`` backward for one weight matrix, g [BT, R] the gradient of its read-out terms, G and H those of the
     end weights and momentum: the D_j again, ∂D_j = (Cw[:, j] ⊙ g)ᵀ x_in + Cw[n, j] G, ∂S_j = NS_k'(S_j)ᵀ ∂D_j (+ H at
     j = n). Adds to ∂x_in, ∂Cw, ∂C', ∂s; returns them with ∂S_p [BR, BC], ∂d [BK, BR] and ∂x [BK, BC]."""
@@ -159,12 +180,12 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
         cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
         col = offs_t[None, :] == j
         Sj = s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC)
-        Dj = _ns_keep(Sj, SCR, SCQ, offs_r, offs_c, BR, BC, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        Dj = _ns_keep(Sj, SCR, SCQ, offs_r, offs_c, BR, BC, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dx_in += cw_j[:, None] * dot(g, Dj, DT, PREC)
         dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
         dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
         dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
-        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dSj += (j == n - 1).to(tl.float32) * H
         dS += s_j * dSj
         ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
@@ -183,28 +204,28 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
                               T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                              L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, STEPS: tl.constexpr,
-                              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
-                              PREC: tl.constexpr):
+                              L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr, GATED: tl.constexpr,
+                              HD1: tl.constexpr, BH1: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr,
+                              NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     i_n = tl.program_id(0)
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
-    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    offs_d, offs_h, offs_v, offs_h1 = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV), tl.arange(0, BH1)
     Q, A, S, CW, CS, Y = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
         Y + i_n * T * DV
-    K, V, GAMMA, ZQ = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L, ZQ + i_n * T * HD
-    W1 = _load_state(W10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    K, V, GAMMA, ZQ = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L, ZQ + i_n * T * BH1
+    W1 = _load1(W10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
     W2 = _load_state(W20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    S1 = _load_state(S10 + i_n * HD * D, offs_h, offs_d, HD, D)
+    S1 = _load1(S10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
     S2 = _load_state(S20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     E1, E2 = W1, W2
     if EVAL:  # the first chunk continues one: its gradients at the given W̃
-        E1 = _load_state(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+        E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for ci in range(NC):
         at = i_n * NC + ci
-        _store_state(W1H + at * HD * D, W1, offs_h, offs_d, HD, D)  # the checkpoints the backward recomputes from
+        _store1(W1H + at * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)  # the checkpoints the backward takes
         _store_state(W2H + at * DV * HD, W2, offs_v, offs_h, DV, HD)
-        _store_state(S1H + at * HD * D, S1, offs_h, offs_d, HD, D)
+        _store1(S1H + at * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
         _store_state(S2H + at * DV * HD, S2, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
@@ -212,7 +233,7 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
         last = offs_t == n - 1
         cmask = rmask[:, None] & rmask[None, :]
         idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, False, BK, BH,
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, GATED, BK, BH,
             DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
@@ -222,22 +243,22 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
         a_n = tl.sum(tl.where(last, a, 0.0))
         uq = _rows(Q, rows, rmask, offs_d, D)
         zq, W1n = _layer(a[:, None] * dot(uq, tl.trans(W1), DT, PREC), a_n * W1, uq, S1, d1, u, cw, C2, sc, n, last,
-                         offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
-        _store_state(ZQ + t0 * HD, zq, offs_t, offs_h, n, HD)  # the first layer's read-out, for the backward
-        hq, _, _ = _act(zq, ACT)
+                         offs_t, offs_h1, BH, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        _store_state(ZQ + t0 * BH1, zq, offs_t, offs_h1, n, BH1)  # the first layer's read-out, for the backward
+        hq, _, _, _, _ = _hidden(zq, ACT, GATED, BT, BH)
         y, W2n = _layer(a[:, None] * dot(hq, tl.trans(W2), DT, PREC), a_n * W2, hq, S2, d2, h, cw, C2, sc, n, last,
-                        offs_t, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+                        offs_t, offs_v, BV, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         _store_state(Y + t0 * DV, y, offs_t, offs_v, n, DV)
         cs_n, s_n = _last(C2, last), tl.sum(tl.where(last, sc, 0.0))
         S1 = s_n * S1 + dot(tl.trans(d1 * cs_n[:, None]), u, DT, PREC)
         S2 = s_n * S2 + dot(tl.trans(d2 * cs_n[:, None]), h, DT, PREC)
-        _store_state(WE1T + i_n * HD * D, E1, offs_h, offs_d, HD, D)  # W̃ of the last chunk (continued mid-chunk)
+        _store1(WE1T + i_n * HD1 * D, E1, offs_h1, offs_d, HD, D, BH, GATED)  # W̃ of the last chunk (continued)
         _store_state(WE2T + i_n * DV * HD, E2, offs_v, offs_h, DV, HD)
         W1, W2 = W1n, W2n
         E1, E2 = W1, W2
-    _store_state(W1T + i_n * HD * D, W1, offs_h, offs_d, HD, D)
+    _store1(W1T + i_n * HD1 * D, W1, offs_h1, offs_d, HD, D, BH, GATED)
     _store_state(W2T + i_n * DV * HD, W2, offs_v, offs_h, DV, HD)
-    _store_state(S1T + i_n * HD * D, S1, offs_h, offs_d, HD, D)
+    _store1(S1T + i_n * HD1 * D, S1, offs_h1, offs_d, HD, D, BH, GATED)
     _store_state(S2T + i_n * DV * HD, S2, offs_v, offs_h, DV, HD)
 
 
@@ -251,36 +272,37 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                               BDT: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
-                              STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
-                              DT: tl.constexpr, PREC: tl.constexpr):
+                              GATED: tl.constexpr, HD1: tl.constexpr, BH1: tl.constexpr, STEPS: tl.constexpr,
+                              NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
+                              PREC: tl.constexpr):
     i_n = tl.program_id(0)
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
-    offs_d, offs_h, offs_v = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV)
+    offs_d, offs_h, offs_v, offs_h1 = tl.arange(0, BD), tl.arange(0, BH), tl.arange(0, BV), tl.arange(0, BH1)
     Q, A, S, CW, CS, DY = Q + i_n * T * D, A + i_n * T, S + i_n * T, CW + i_n * T * b, CS + i_n * T * b, \
         DY + i_n * T * DV
-    ZQ = ZQ + i_n * T * HD
+    ZQ = ZQ + i_n * T * BH1
     DQ, DA, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DS + i_n * T, DCW + i_n * T * b, DCS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
-    SCR1, SCR2 = SCR1 + i_n * (STEPS + 1) * BH * BD, SCR2 + i_n * (STEPS + 1) * BV * BH
-    SCQ1, SCQ2 = SCQ1 + i_n * STEPS * 2 * BH * BH, SCQ2 + i_n * STEPS * 2 * BV * BV
-    G1 = _load_state(GW1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W_end of the chunk being walked
+    SCR1, SCR2 = SCR1 + i_n * (STEPS + 1) * BH1 * BD, SCR2 + i_n * (STEPS + 1) * BV * BH
+    SCQ1, SCQ2 = SCQ1 + i_n * STEPS * 2 * BH1 * BH1, SCQ2 + i_n * STEPS * 2 * BV * BV
+    G1 = _load1(GW1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W_end of the chunk being walked
     G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    H1 = _load_state(GS1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂S_end
+    H1 = _load1(GS1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂S_end
     H2 = _load_state(GS2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
-    X1 = _load_state(GE1 + i_n * HD * D, offs_h, offs_d, HD, D)  # ∂L/∂W̃ of the last chunk (its output)
+    X1 = _load1(GE1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W̃ of the last chunk (its output)
     X2 = _load_state(GE2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
     for cj in range(NC):
         ci = NC - 1 - cj
         at = i_n * NC + ci
-        W1 = _load_state(W1H + at * HD * D, offs_h, offs_d, HD, D)
+        W1 = _load1(W1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         W2 = _load_state(W2H + at * DV * HD, offs_v, offs_h, DV, HD)
-        S1 = _load_state(S1H + at * HD * D, offs_h, offs_d, HD, D)
+        S1 = _load1(S1H + at * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
         S2 = _load_state(S2H + at * DV * HD, offs_v, offs_h, DV, HD)
         E1, E2 = W1, W2
         if EVAL:
             if ci == 0:
-                E1 = _load_state(WE10 + i_n * HD * D, offs_h, offs_d, HD, D)
+                E1 = _load1(WE10 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)
                 E2 = _load_state(WE20 + i_n * DV * HD, offs_v, offs_h, DV, HD)
         t0, n = _chunk(ci, b, offset, T)
         rows = t0 + offs_t
@@ -288,7 +310,7 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         last = offs_t == n - 1
         cmask = rmask[:, None] & rmask[None, :]
         idx, kmask, band, gam, u, h, sg, dsg, ddsg, gate, d2, back, d1 = _factors(
-            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, False, BK, BH,
+            K, V, GAMMA, E1, E2, t0, n, m0, c, offs_t, offs_k, offs_d, offs_h, offs_v, D, DV, L2, ACT, GATED, BK, BH,
             DT, PREC)
         cw = tl.load(CW + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0).to(tl.float32)
         cs = tl.load(CS + rows[:, None] * b + offs_t[None, :], mask=cmask, other=0.0)
@@ -298,7 +320,7 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         a_n = tl.sum(tl.where(last, a, 0.0))
         uq = _rows(Q, rows, rmask, offs_d, D)
         dy = _rows(DY, rows, rmask, offs_v, DV)
-        hq, dhq, _ = _act(_rows(ZQ, rows, rmask, offs_h, HD), ACT)  # the forward's first layer read-out
+        hq, sq, dsq, _, gq = _hidden(_rows(ZQ, rows, rmask, offs_h1, BH1), ACT, GATED, BT, BH)  # the forward's zq
         # the second layer: y = a W2 hq + Σ_j Cw[:, j] D2_j hq;  W2_end = a_n W2 + Σ_j Cw[n, j] D2_j
         da = tl.sum(dy * dot(hq, tl.trans(W2), DT, PREC), axis=1)
         da += tl.where(last, tl.sum(G1 * W1) + tl.sum(G2 * W2), 0.0)
@@ -306,17 +328,17 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
             a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
             tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
-            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BV, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
-        gzq = ghq * dhq
+        gzq = _hidden_back(ghq, sq, dsq, gq, GATED, BT, BH)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
         duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
             a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
-            SCR1, SCQ1, offs_h, offs_d, BH, BD, BDT, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            SCR1, SCQ1, offs_h1, offs_d, BH1, BD, BDT, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
-        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, False,
+        gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, GATED,
                                           BK, BH, DT, PREC)
         if cj == 0:  # the last chunk's W̃ is an output too
             dE1 += X1
@@ -330,13 +352,13 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         G1, G2 = dW1 + dE1, dW2 + dE2
         if EVAL:  # the first chunk's W̃ is the input We, not W_p
             if ci == 0:
-                _store_state(DWE10 + i_n * HD * D, dE1, offs_h, offs_d, HD, D)
+                _store1(DWE10 + i_n * HD1 * D, dE1, offs_h1, offs_d, HD, D, BH, GATED)
                 _store_state(DWE20 + i_n * DV * HD, dE2, offs_v, offs_h, DV, HD)
                 G1, G2 = dW1, dW2
         H1, H2 = dS1, dS2
-    _store_state(DW10 + i_n * HD * D, G1, offs_h, offs_d, HD, D)
+    _store1(DW10 + i_n * HD1 * D, G1, offs_h1, offs_d, HD, D, BH, GATED)
     _store_state(DW20 + i_n * DV * HD, G2, offs_v, offs_h, DV, HD)
-    _store_state(DS10 + i_n * HD * D, H1, offs_h, offs_d, HD, D)
+    _store1(DS10 + i_n * HD1 * D, H1, offs_h1, offs_d, HD, D, BH, GATED)
     _store_state(DS20 + i_n * DV * HD, H2, offs_v, offs_h, DV, HD)
 
 
@@ -345,14 +367,6 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
 TILE_BYTES = 32 * 1024  # the backward's Newton–Schulz steps take W1's products in column tiles of ≤ 32 KB operands
 # (64 × 128 in float32): compiled for sm_90 at W1 64 × 153 in tf32 (tests/kernels/sm90_resources.py) its backward
 # needs 193 KB of shared memory, 225 KB untiled through the same scratch, 291 KB with G in registers
-
-
-def _config(D, HD, DV, b, window):
-    """Block sizes (``triton._config``'s) and launch options."""
-    p2 = triton.next_power_of_2
-    BD, BH = max(16, p2(D)), max(16, p2(HD))
-    return dict(BT=max(16, p2(b)), BK=max(16, p2(b + window - 1)), BD=BD, BH=BH, BV=max(16, p2(DV)),
-                num_warps=4 if BH * BD <= 4096 else 8, num_stages=1)
 
 
 def ns_flops(R, C, steps):
@@ -365,54 +379,59 @@ def ns_back_flops(R, C, steps):
     return 2 * steps * (3 * R * R * C + R ** 3)
 
 
-def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0):
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0, gated=False):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
-    tokens (2·m·n·k of every ``tl.dot`` at the problem's sizes; ``triton.launches``')."""
+    tokens (2·m·n·k of every ``tl.dot`` at the problem's sizes; ``triton.launches``'; gated: the first layer's
+    2·HD rows, their Newton–Schulz products taken on the stacked pair)."""
     NC = chunk_count(T, chunk_size, offset)
-    l2, H, V = int(bias == "l2"), HD, DV
-    ns1, ns2 = ns_flops(H, D, steps), ns_flops(V, H, steps)
+    l2, H, V, H1 = int(bias == "l2"), HD, DV, HD * (1 + int(gated))
+    ns1, ns2 = ns_flops(H1, D, steps), ns_flops(V, H, steps)
     fwd = bwd = 0
     for ci in range(NC):
         t0 = max(ci * chunk_size - offset, 0)
         n = min(ci * chunk_size - offset + chunk_size, T) - t0
         first = m0 + t0
         k = first + n - max(first - window + 1, 0)
-        factors = k * H * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
-        per_token = k * (H * D + V * H) + n * (H * D + V * H)  # S_j's sums, D_j's read-outs
-        fwd += 2 * (factors + n * n * k + n * (H * D + V * H) + n * per_token + k * (H * D + V * H)) + n * (ns1 + ns2)
-        layer1 = 3 * n * H * D + n * (3 * k * H * D + 3 * n * H * D)  # ∂uq, ∂a, ∂W1; per token S_j, ∂uq, ∂Cw, ∂D, ∂S
+        factors = k * H1 * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+        per_token = k * (H1 * D + V * H) + n * (H1 * D + V * H)  # S_j's sums, D_j's read-outs
+        fwd += 2 * (factors + n * n * k + n * (H1 * D + V * H) + n * per_token + k * (H1 * D + V * H)) \
+            + n * (ns1 + ns2)
+        layer1 = 3 * n * H1 * D + n * (3 * k * H1 * D + 3 * n * H1 * D)  # ∂uq, ∂a, ∂W1; per token S_j, ∂uq, ∂Cw, ∂D, ∂S
         layer2 = 3 * n * V * H + n * (3 * k * V * H + 3 * n * V * H)
         recomputed = factors + n * n * k  # C'; the D_j again in ``_layer_back``
-        bwd += 2 * (recomputed + layer1 + layer2 + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H * D) \
-            + n * (ns1 + ns_back_flops(H, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
+        bwd += 2 * (recomputed + layer1 + layer2 + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H1 * D) \
+            + n * (ns1 + ns_back_flops(H1, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
     return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
 
 
 def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evaluated, steps, coefficients,
-                   prec=None) -> dict:
-    """The constexprs, num_warps and num_stages of both launches of one call."""
+                   prec=None, gated=False) -> dict:
+    """The constexprs, num_warps and num_stages of both launches of one call (``triton._config``'s blocks; gated:
+    a gated first layer, its pair one block of 2·BH rows)."""
     cfg = _config(D, HD, DV, chunk_size, window)
     a, b, c = NS_COEFFICIENTS[coefficients]
+    BH1 = cfg["BH"] * (1 + int(gated))
     return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
-                BDT=min(cfg["BD"], TILE_BYTES // (cfg["BH"] * dtype.itemsize)),
-                L2=bias == "l2", ACT=ACTS.index(activation), EVAL=evaluated, STEPS=steps, NS_A=a, NS_B=b, NS_C=c,
-                DT=DTYPES[dtype], PREC=dot_precision(dtype) if prec is None else prec, num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"])
+                BDT=min(cfg["BD"], max(16, TILE_BYTES // (BH1 * dtype.itemsize))), L2=bias == "l2",
+                ACT=ACTS.index(activation), EVAL=evaluated, GATED=gated, HD1=HD * (1 + int(gated)), BH1=BH1,
+                STEPS=steps, NS_A=a, NS_B=b, NS_C=c, DT=DTYPES[dtype],
+                PREC=dot_precision(dtype) if prec is None else prec,
+                num_warps=4 if BH1 * cfg["BD"] <= 4096 else 8, num_stages=cfg["num_stages"])
 
 
 class ChunkMLPMuonFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, offset, chunk_size, window, bias,
-                activation, evaluated, steps, coefficients):
+                activation, evaluated, steps, coefficients, gated):
         N, T, D = q.shape
-        L, DV, HD = k.shape[1], v.shape[-1], W1.shape[1]
+        L, DV, HD, HD1 = k.shape[1], v.shape[-1], W2.shape[-1], W1.shape[1]
         NC = chunk_count(T, chunk_size, offset)
         opts = launch_options(D, HD, DV, chunk_size, window, bias, activation, q.dtype, evaluated, steps,
-                              coefficients)
+                              coefficients, gated=gated)
         f32 = dict(dtype=torch.float32, device=q.device)
-        W1H, W2H = torch.empty(N, NC, HD, D, **f32), torch.empty(N, NC, DV, HD, **f32)
+        W1H, W2H = torch.empty(N, NC, HD1, D, **f32), torch.empty(N, NC, DV, HD, **f32)
         S1H, S2H = torch.empty_like(W1H), torch.empty_like(W2H)
-        y, zq = torch.empty(N, T, DV, dtype=q.dtype, device=q.device), torch.empty(N, T, HD, **f32)
+        y, zq = torch.empty(N, T, DV, dtype=q.dtype, device=q.device), torch.empty(N, T, opts["BH1"], **f32)
         W1T, W2T, S1T, S2T, WE1, WE2 = (torch.empty_like(x) for x in (W1, W2, S1, S2, W1, W2))
         chunk_mlp_muon_fwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, zq, W1T, W2T, S1T, S2T, WE1, WE2,
@@ -439,9 +458,9 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         dgamma, da, ds = torch.zeros(N, L, **f32), torch.empty(N, T, **f32), torch.empty(N, T, **f32)
         dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
         dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
-        BD, BH, BV, steps = opts["BD"], opts["BH"], opts["BV"], opts["STEPS"]
-        scratch = [torch.empty(N, *shape, **f32) for shape in ((steps + 1, BH, BD), (steps + 1, BV, BH),
-                                                                (steps, 2, BH, BH), (steps, 2, BV, BV))]
+        BD, BH, BH1, BV, steps = opts["BD"], opts["BH"], opts["BH1"], opts["BV"], opts["STEPS"]
+        scratch = [torch.empty(N, *shape, **f32) for shape in ((steps + 1, BH1, BD), (steps + 1, BV, BH),
+                                                                (steps, 2, BH1, BH1), (steps, 2, BV, BV))]
         chunk_mlp_muon_bwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq, dy.to(q.dtype).contiguous(), *G,
             dq, dk, dv, dgamma, da, ds, dCw, dCs, *dW, *scratch, T, L, L - T, offset, chunk_size, window, NC, **opts)
@@ -450,13 +469,15 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgamma.to(gamma.dtype), da.to(like), ds.to(like),
                 dCw.to(like), dCs.to(like), dW1.to(We1.dtype), dW2.to(We2.dtype), dS1.to(We1.dtype),
                 dS2.to(We2.dtype), dWe1.to(We1.dtype) if evaluated else None,
-                dWe2.to(We2.dtype) if evaluated else None, None, None, None, None, None, None, None, None)
+                dWe2.to(We2.dtype) if evaluated else None, None, None, None, None, None, None, None, None, None)
 
 
 @torch.compiler.disable  # a compiled graph calls it as it is (a graph break): its launches are fused already
 def chunk_mlp_muon(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, *, offset, chunk_size, window, bias,
-                   activation, ns_steps, ns_coefficients):
-    """Muon on a 2-layer MLP memory over T new tokens in one forward and one backward launch (module docstring).
+                   activation, ns_steps, ns_coefficients, gated=False):
+    """Muon on a 2-layer MLP memory over T new tokens in one forward and one backward launch (module docstring;
+    gated: Atlas++'s gated first layer, W1 = [W_a; W_b] [2H, D] as ``triton.chunk_mlp_memory`` takes it, the
+    Newton–Schulz of W_a and W_b each on its own).
 
     q: φ(q) [N, T, D]; k: φ(k) [N, L, D], v [N, L, d_v] (less the residual with l2), gamma [N, L] for the window
     cache followed by the new tokens; a, s [N, T], Cw, Cs [N, T, b]: the per-token rows of each chunk's closed form;
@@ -465,4 +486,4 @@ def chunk_mlp_muon(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, *, of
     """
     args = [x.contiguous() for x in (q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2)]
     return ChunkMLPMuonFunction.apply(*args, offset, chunk_size, window, bias, activation, offset > 0, ns_steps,
-                                      ns_coefficients)
+                                      ns_coefficients, gated)

@@ -92,30 +92,36 @@ def chunk_mlp_memory_naive(q, k, v, gamma, a, Cw, W1, W2, We1, We2, *, offset, c
 
 
 def chunk_mlp_muon_naive(q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, *, offset, chunk_size, window,
-                         bias, activation, ns_steps, ns_coefficients):
+                         bias, activation, ns_steps, ns_coefficients, gated=False):
     """``muon.chunk_mlp_muon``'s computation chunk by chunk: every S_t in closed form, D(S_t) = NS_k(S_t), W_t from
-    them (the chunked path's ``_chunk_transformed`` on the MLP's factors)."""
+    them (the chunked path's ``_chunk_transformed`` on the MLP's factors; gated: the first layer's W_a and W_b each
+    their own NS_k)."""
     from ..newton_schulz.reference import newton_schulz
 
-    act = ACTIVATIONS[activation]
+    def ns(S, pair):  # NS_k of each matrix: the stacked pair [..., 2H, D] as its two halves
+        if not pair:
+            return newton_schulz(S, ns_steps, ns_coefficients)
+        return torch.cat([newton_schulz(x, ns_steps, ns_coefficients) for x in S.chunk(2, -2)], -2)
+
+    H = W2.shape[-1]
     T = q.shape[1]
     ys, t0 = [], 0
     E1, E2 = (We1, We2) if offset else (W1, W2)
     while t0 < T:
         n = min(chunk_size - (offset if t0 == 0 else 0), T - t0)
-        u, h, d2, d1, band = window_factors(q, k, v, gamma, E1, E2, t0, n, window, bias, activation, False)
+        u, h, d2, d1, band = window_factors(q, k, v, gamma, E1, E2, t0, n, window, bias, activation, gated)
         Cs_ = Cs[:, t0:t0 + n, :n] @ band  # [N, n, keys]
         cw, st, at = Cw[:, t0:t0 + n, :n], s[:, t0:t0 + n, None, None], a[:, t0:t0 + n, None, None]
 
-        def directions(S, d, x):  # S_t = s_t S + Σ_i C'[t, i] d_i x_iᵀ for every t, and D(S_t)
+        def directions(S, d, x, pair=False):  # S_t = s_t S + Σ_i C'[t, i] d_i x_iᵀ for every t, and D(S_t)
             S_t = st * S.unsqueeze(1) + torch.einsum("nti,nio,nij->ntoj", Cs_, d, x)
-            return S_t, newton_schulz(S_t, ns_steps, ns_coefficients)
+            return S_t, ns(S_t, pair)
 
-        S1_t, D1 = directions(S1, d1, u)
+        S1_t, D1 = directions(S1, d1, u, gated)
         S2_t, D2 = directions(S2, d2, h)
         qc = q[:, t0:t0 + n]
         zq = a[:, t0:t0 + n, None] * (qc @ W1.mT) + torch.einsum("ntj,njhd,ntd->nth", cw, D1, qc)
-        hq = act(zq)
+        hq = hidden(activation, zq, H, gated)
         ys.append(a[:, t0:t0 + n, None] * (hq @ W2.mT) + torch.einsum("ntj,njvh,nth->ntv", cw, D2, hq))
         W1n = at[:, -1] * W1 + torch.einsum("nj,njhd->nhd", cw[:, -1], D1)
         W2n = at[:, -1] * W2 + torch.einsum("nj,njvh->nvh", cw[:, -1], D2)
