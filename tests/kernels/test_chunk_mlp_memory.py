@@ -296,7 +296,7 @@ def test_muon_on_the_fused_kernel_matches_reference(bias, window, impl):
     triton_vs(impl, **options)
 
 
-@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("impl", ["reference", pytest.param("chunked", marks=pytest.mark.slow)])
 def test_muon_on_the_gated_mlp_matches_reference(impl):
     """Atlas++'s rule (muon on r(k) + W1 (σ(W2 φ(k)) ⊙ W3 φ(k)), an Omega window, polynomial φ: W2, W3 16 × 36 each
     their own Newton–Schulz, W1 4 × 16) on the fused kernel against the token loop and the chunked path."""

@@ -57,6 +57,8 @@ def test_grid_with_repeats_runs_every_point_once_under_one_parent(workdir):
     assert main(["report", "s"]) == 0 and Path("runs/sweeps/s/results.md").read_text() == table
 
 
+@pytest.mark.slow  # ~60 s; the default suite has workers and a tracking server in test_faults (a killed sweep takes
+# them along) and one grid claimed once by racing commands (test_sweep_scale, on PostgreSQL)
 def test_two_workers_share_one_grid_through_a_tracking_server(workdir, capsys):
     sweep = write_sweep("grid.yaml", grid={"model.lr": [1e-3, 2e-3, 3e-3, 4e-3]})
     assert main(["sweep", sweep, "--workers", "2"]) == 0
