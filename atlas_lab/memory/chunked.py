@@ -59,11 +59,11 @@ def combine(C, G):
     """Σ_i C[t, i] G_i for every t. C: [N, n, L], causal (the last n of the L tokens are the chunk's); G: factors
     (δ [N, L, out], u [N, L, in]) or a tensor [N, L, *shape]. Returns [N, n, *shape].
     """
-    if isinstance(G, tuple) and C.device.type == "cpu":  # one GEMM per sample, its products in the GEMM's order
-        return _FactorCombine.apply(*causal_operands(C, *G))
-    if isinstance(G, tuple):  # elsewhere autograd's, as the GPU model's fit counted it (the same values)
+    if isinstance(G, tuple):  # one GEMM per sample: [(t, out), L] @ [L, in]
         C, delta, u = causal_operands(C, *G)
-        N, n, L = C.shape
+        if C.device.type == "cpu":  # its products written in the GEMM's order
+            return _FactorCombine.apply(C, delta, u)
+        N, n, L = C.shape  # elsewhere autograd's, as the GPU model's fit counted it (the same values)
         scaled = C.unsqueeze(-1) * delta.unsqueeze(1)  # [N, n, L, out]
         return (scaled.transpose(1, 2).reshape(N, L, -1).mT @ u).view(N, n, delta.shape[-1], u.shape[-1])
     return causal_matmul(C, G.flatten(2)).reshape(C.shape[:2] + G.shape[2:])

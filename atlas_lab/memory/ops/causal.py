@@ -97,8 +97,8 @@ def causal_matmul(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """Σ_{i ≤ t + L − n} X[t, i] Y_i: X @ Y for X [N, n, L], Y [N, L, k] (``causal_operands``). Returns [N, n, k].
     On the CPU the product's backward zeroes the non-finite tokens' rows in place (``_ZeroedProduct``: no copy);
     elsewhere autograd's where, as the GPU model's fit counted it (the same values)."""
-    if X.device.type != "cpu":
-        X, Y = causal_operands(X, Y)
-        return X @ Y
     bad = non_finite_tokens(Y)
-    return _ZeroedProduct.apply(_causal_rows(X, bad), Y, bad.unsqueeze(-1))
+    X, bad = _causal_rows(X, bad), bad.unsqueeze(-1)
+    if X.device.type == "cpu":
+        return _ZeroedProduct.apply(X, Y, bad)
+    return X @ torch.where(bad, 0.0, Y)
