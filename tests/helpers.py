@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -372,6 +373,48 @@ def compiles_as_eager(f, *inputs) -> None:
     y.backward()
     y_c.backward()
     assert torch.equal(y, y_c) and all(torch.equal(a.grad, b.grad) for a, b in zip(eager, compiled))
+
+
+def traffic_counter(monkeypatch, module, name, buffers) -> list:
+    """[bytes] loaded from and stored to the tensors that kernel ``name`` of ``module`` takes as its arguments
+    ``buffers`` (each element a mask lets through), filled as it runs under Triton's interpreter."""
+    from triton.runtime import interpreter
+
+    moved, spans = [0], []
+    load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
+    kernel = getattr(module, name)
+
+    def inside(ptrs, mask):
+        if not spans:
+            return 0
+        addresses = ptrs.data[mask.data.astype(bool)].astype(np.uint64)
+        hit = np.zeros(addresses.shape, dtype=bool)
+        for lo, hi in spans:
+            hit |= (addresses >= lo) & (addresses < hi)
+        return int(hit.sum()) * ptrs.get_element_ty().primitive_bitwidth // 8
+
+    def counting_load(self, ptrs, mask, *args):
+        moved[0] += inside(ptrs, mask)
+        return load(self, ptrs, mask, *args)
+
+    def counting_store(self, ptrs, value, mask, *args):
+        moved[0] += inside(ptrs, mask)
+        return store(self, ptrs, value, mask, *args)
+
+    class Spanned:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                for b in buffers:
+                    t = args[kernel.arg_names.index(b)]
+                    spans.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+                kernel[grid](*args, **kw)
+                spans.clear()
+            return launch
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load", counting_load)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_store", counting_store)
+    monkeypatch.setattr(module, name, Spanned())
+    return moved
 
 
 def dot_counter(monkeypatch, module, names) -> dict:

@@ -127,10 +127,15 @@ def test_targets_are_judged_per_configuration():
                                                                                     bytes=0, syncs=1)},
               "growing": {64: dict(launches=200, flops=0, bytes=0, syncs=1), 256: dict(launches=600, flops=0,
                                                                                        bytes=0, syncs=1)}}
+    # atlas, judged at ≤ 6×: 2 ms of launches, and 5 ms more with its kernels' scratch moved at HBM's bandwidth
+    counts["atlas"] = {L: dict(launches=200, flops=0, bytes=0, syncs=1, scratch=gpu_model.HBM * 5e-3)
+                       for L in (64, 256)}
     rows = gpu_model.predicted_rows(counts, gpu_model.Constants(0.0, 1e-5, 1e12))
     verdicts = {t["name"]: t for t in gpu_model.targets(rows)}
     assert verdicts["fast"]["met"] and verdicts["fast"]["launch_ratio"] == pytest.approx(1.1)
     assert not verdicts["growing"]["met"] and verdicts["growing"]["launches_vs_base"] == pytest.approx(6.0)
+    assert not verdicts["atlas"]["met"] and verdicts["atlas"]["step_vs_base"] == pytest.approx(7.0)
+    assert verdicts["atlas"]["in_l2"] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("label", ["transformer", "gated_deltanet"])

@@ -241,17 +241,33 @@ def _mlp_kernel_flops(p: Problem) -> int:
     gated, family = p.mem.gated, _mlp_family(p)
     hidden, D = p.weights["W2" if gated else "W1"]  # the first layer's (gated: each of its pair W2, W3)
     key = ("mlp", family, B * H, T, D, hidden, d_v, p.config.chunk_size, p.config.window, kernel_bias(p.bias),
-           getattr(p.optimizer, "ns_steps", 0), gated)
+           getattr(p.optimizer, "ns_steps", 0), gated, p.dtype)
     if key not in _KERNEL_FLOPS:
         options = dict(chunk_size=p.config.chunk_size, window=p.config.window, bias=kernel_bias(p.bias), gated=gated)
         if family == "muon":
             from .ops.chunk_mlp_memory.muon import launches
-            each = launches(B * H, T, D, hidden, d_v, steps=p.optimizer.ns_steps, **options)
+            each = launches(B * H, T, D, hidden, d_v, steps=p.optimizer.ns_steps, dtype=p.dtype, **options)
         else:
             from .ops.chunk_mlp_memory.triton import launches
             each = launches(B * H, T, D, hidden, d_v, momentum=family == "momentum", **options)
         _KERNEL_FLOPS[key] = int(sum(f for _, _, f in each.values()))
     return _KERNEL_FLOPS[key]
+
+
+def kernel_scratch(p: Problem) -> int:
+    """Bytes the chunk kernels of the call move through a scratch buffer in global memory: muon's backward (its
+    ``scratch_bytes``), 0 for the others. Not in ``Cost``: the fit has no bytes term (gpu_model bounds it at the
+    memory's bandwidth)."""
+    from .components import declares
+
+    if not declares(p.mem, "two_layer", "forward") or _mlp_family(p) != "muon":
+        return 0
+    from .ops.chunk_mlp_memory.muon import scratch_bytes
+
+    B, T, H, d_k, d_v = p.shapes
+    hidden, D = p.weights["W2" if p.mem.gated else "W1"]
+    return scratch_bytes(B * H, T, D, hidden, d_v, chunk_size=p.config.chunk_size, steps=p.optimizer.ns_steps,
+                         gated=p.mem.gated, dtype=p.dtype)
 
 
 def triton_cost(p: Problem) -> Cost | None:

@@ -28,8 +28,10 @@ step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k
 [k, 2, rows, rows] for each weight matrix) that its k steps back read; there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with
 E = ∂B + ∂Bᵀ (A and E symmetric), one product where ∂B A + A ∂B took two, and the gradient G, carried in the
 scratch's last slot, is taken in column tiles (``TILE_BYTES``: ∂B = Σ_tiles G Xᵀ, each tile of G updated on its
-own), so that W1's products fit sm_90's shared memory in tf32. Dots a token and weight matrix R × C:
-forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back.
+own), so that W1's products fit sm_90's shared memory in tf32, and only over the tiles that hold W1's columns
+(``column_tiles``: D 153 in a block of 256 takes 5 tiles of 32, 160 columns). Dots a token and weight matrix R × C:
+forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back (``launches()`` counts them at the blocks'
+sizes, as the tensor cores take them; ``scratch_bytes()`` the scratch's traffic).
 
 Covers weights with rows ≤ columns (NS_k on the matrix itself, no transpose) and one (a, b, c) for every step; and
 Atlas++'s gated first layer W1 = [W_a; W_b] held as one block (``triton.py``'s): each step's A = X Xᵀ is zero between
@@ -91,15 +93,16 @@ def _ns(X, offs_r, HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, 
 
 
 @triton.jit
-def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, HALF: tl.constexpr,
-             STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
-             PREC: tl.constexpr):
-    """``_ns``, keeping each step's X in SCR [STEPS + 1, BR, BC] and its A, B in SCQ [STEPS, 2, BR, BR] (this
-    program's scratch) for ``_ns_back``."""
+def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, CU: tl.constexpr,
+             HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr):
+    """``_ns``, keeping each step's X in SCR [STEPS + 1, BR, BC] (its first CU columns: the rest are zero) and its A,
+    B in SCQ [STEPS, 2, BR, BR] (this program's scratch) for ``_ns_back``."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
+    used = (offs_r[:, None] < BR) & (offs_c[None, :] < CU)
     X = X / (_norms(X, offs_r, HALF)[:, None] + 1e-7)
     for j in tl.static_range(STEPS):
-        tl.store(SCR + j * BR * BC + at, X)
+        tl.store(SCR + j * BR * BC + at, X, mask=used)
         A, B, X = _ns_step(X, offs_r, HALF, NS_A, NS_B, NS_C, DT, PREC)
         tl.store(SCQ + 2 * j * BR * BR + aq, A)
         tl.store(SCQ + (2 * j + 1) * BR * BR + aq, B)
@@ -109,23 +112,25 @@ def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, HA
 
 @triton.jit
 def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr,
-             HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
-             DT: tl.constexpr, PREC: tl.constexpr):
+             CU: tl.constexpr, HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr,
+             NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S), the iterates as ``_ns_keep`` left them: per step from the last (A, B
     symmetric), ∂B = G Xᵀ, E = ∂B + ∂Bᵀ, ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ), G ← aG + BG + (∂A + ∂Aᵀ) X; then the
     normalisation's, each of the two matrices on its own (``_norms``; ∂B zero between them). G is carried in SCR's
     slot STEPS and the products over C are taken in column tiles of BCT (the operands of one product then fit
-    sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile)."""
+    sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile), over the first CU columns only
+    (beyond them S, every X and G are zero: padding)."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
+    used = (offs_r[:, None] < BR) & (offs_c[None, :] < CU)
     offs_ct = tl.arange(0, BCT)
-    tl.store(SCR + STEPS * BR * BC + at, G)
+    tl.store(SCR + STEPS * BR * BC + at, G, mask=used)
     tl.debug_barrier()
     for jj in tl.static_range(STEPS):
         j = STEPS - 1 - jj
         A = tl.load(SCQ + 2 * j * BR * BR + aq)
         B = tl.load(SCQ + (2 * j + 1) * BR * BR + aq)
         dB = tl.zeros([BR, BR], dtype=tl.float32)
-        for c0 in tl.static_range(0, BC, BCT):
+        for c0 in tl.static_range(0, CU, BCT):
             tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
             dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + j * BR * BC + tile)), DT, PREC)
         dB = tl.where((offs_r[:, None] < HALF) == (offs_r[None, :] < HALF), dB, 0.0)
@@ -133,14 +138,14 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
         F = dot(E, A, DT, PREC)
         P = NS_B * E + NS_C * (F + tl.trans(F))
         tl.debug_barrier()  # every tile of G read, before any is overwritten
-        for c0 in tl.static_range(0, BC, BCT):
+        for c0 in tl.static_range(0, CU, BCT):
             tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
             Gt = tl.load(SCR + STEPS * BR * BC + tile)
             Gt = NS_A * Gt + dot(B, Gt, DT, PREC) + dot(P, tl.load(SCR + j * BR * BC + tile), DT, PREC)
             tl.debug_barrier()  # the tile read by every thread, before any overwrites it
             tl.store(SCR + STEPS * BR * BC + tile, Gt)
         tl.debug_barrier()  # the step's G stored, before the next reads it
-    G = tl.load(SCR + STEPS * BR * BC + at)
+    G = tl.load(SCR + STEPS * BR * BC + at, mask=used, other=0.0)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
     norm, top, gs = _norms(S, offs_r, HALF), offs_r < HALF, tl.sum(G * S, axis=1)
     gs = tl.where(top, tl.sum(tl.where(top, gs, 0.0)), tl.sum(tl.where(top, 0.0, gs)))  # ⟨G, S⟩ of each matrix
@@ -167,7 +172,8 @@ def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, offs_r, HALF: 
 
 @triton.jit
 def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCQ, offs_r, offs_c,
-                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
+                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, CU: tl.constexpr, HALF: tl.constexpr,
+                BK: tl.constexpr,
                 STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
     """``_layer`` backward for one weight matrix, g [BT, R] the gradient of its read-out terms, G and H those of the
@@ -180,12 +186,12 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
         cs_j, s_j, cw_j = _row(C2, j, offs_t), tl.sum(tl.where(offs_t == j, sc, 0.0)), _col(cw, j, offs_t)
         col = offs_t[None, :] == j
         Sj = s_j * S + dot(tl.trans(d * cs_j[:, None]), x, DT, PREC)
-        Dj = _ns_keep(Sj, SCR, SCQ, offs_r, offs_c, BR, BC, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        Dj = _ns_keep(Sj, SCR, SCQ, offs_r, offs_c, BR, BC, CU, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dx_in += cw_j[:, None] * dot(g, Dj, DT, PREC)
         dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
         dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
         dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
-        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, CU, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dSj += (j == n - 1).to(tl.float32) * H
         dS += s_j * dSj
         ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
@@ -271,7 +277,8 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
                               SCR1, SCR2, SCQ1, SCQ2, T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                              BDT: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr, EVAL: tl.constexpr,
+                              BDT: tl.constexpr, DU: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr,
+                              EVAL: tl.constexpr,
                               GATED: tl.constexpr, HD1: tl.constexpr, BH1: tl.constexpr, STEPS: tl.constexpr,
                               NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
                               PREC: tl.constexpr):
@@ -328,14 +335,15 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
             a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
             tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
-            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BV, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BH, BV, BK, STEPS, NS_A, NS_B, NS_C, DT,
+            PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
         gzq = _hidden_back(ghq, sq, dsq, gq, GATED, BT, BH)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
         duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
             a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
-            SCR1, SCQ1, offs_h1, offs_d, BH1, BD, BDT, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            SCR1, SCQ1, offs_h1, offs_d, BH1, BD, BDT, DU, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
         gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, GATED,
@@ -365,8 +373,18 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
 # ---------------------------------------------------------------- launches
 
 TILE_BYTES = 32 * 1024  # the backward's Newton–Schulz steps take W1's products in column tiles of ≤ 32 KB operands
-# (64 × 128 in float32): compiled for sm_90 at W1 64 × 153 in tf32 (tests/kernels/sm90_resources.py) its backward
-# needs 193 KB of shared memory, 225 KB untiled through the same scratch, 291 KB with G in registers
+# (64 × 128 in float32; ``column_tiles`` takes a smaller one where it covers fewer padded columns): compiled for
+# sm_90 at W1 64 × 153 in tf32 (tests/kernels/sm90_resources.py) its backward needed 193 KB of shared memory in tiles
+# of 128, 225 KB untiled through the same scratch, 291 KB with G in registers
+
+
+def column_tiles(D, largest):
+    """(tile, columns): the column tile of W1's steps back (a power of two from 16 to ``largest``) and the columns its
+    tiles cover, ⌈D / tile⌉ · tile: the fewest such columns, then the largest tile (D 153 by ≤ 128: 32 and 160, where
+    tiles of 128 would take 256)."""
+    tiles = [16 << i for i in range(max(largest // 16, 1).bit_length())]
+    tile = min(tiles, key=lambda t: (-(-D // t) * t, -t))
+    return tile, -(-D // tile) * tile
 
 
 def ns_flops(R, C, steps):
@@ -379,29 +397,43 @@ def ns_back_flops(R, C, steps):
     return 2 * steps * (3 * R * R * C + R ** 3)
 
 
-def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, m0=0, gated=False):
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=0, gated=False,
+             dtype=torch.float32):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
-    tokens (2·m·n·k of every ``tl.dot`` at the problem's sizes; ``triton.launches``'; gated: the first layer's
-    2·HD rows, their Newton–Schulz products taken on the stacked pair)."""
+    tokens. FLOPs as the tensor cores take them: 2·m·n·k of every ``tl.dot`` at its blocks' sizes (``launch_options``:
+    BT a chunk's rows, BK its window's keys, BD, BH, BV, BH1; a chunk of n tokens loops n times), so padding counts
+    (W1 64 × 153 is a 64 × 256 block; its steps back take DU = 160 columns); gated: the first layer's 2·HD rows,
+    their Newton–Schulz products on the stacked pair."""
+    o = launch_options(D, HD, DV, chunk_size, window, bias, "gelu", dtype, False, steps, "quintic", gated=gated)
     NC = chunk_count(T, chunk_size, offset)
-    l2, H, V, H1 = int(bias == "l2"), HD, DV, HD * (1 + int(gated))
-    ns1, ns2 = ns_flops(H1, D, steps), ns_flops(V, H, steps)
+    l2, BT, BK, BD, H, V, H1 = int(bias == "l2"), o["BT"], o["BK"], o["BD"], o["BH"], o["BV"], o["BH1"]
+    ns1, ns2 = ns_flops(H1, BD, steps), ns_flops(V, H, steps)
+    back1, back2 = ns_back_flops(H1, o["DU"], steps), ns_back_flops(V, H, steps)
+    factors = BK * H1 * BD + (1 + l2) * BK * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+    weights = H1 * BD + V * H
     fwd = bwd = 0
     for ci in range(NC):
         t0 = max(ci * chunk_size - offset, 0)
-        n = min(ci * chunk_size - offset + chunk_size, T) - t0
-        first = m0 + t0
-        k = first + n - max(first - window + 1, 0)
-        factors = k * H1 * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
-        per_token = k * (H1 * D + V * H) + n * (H1 * D + V * H)  # S_j's sums, D_j's read-outs
-        fwd += 2 * (factors + n * n * k + n * (H1 * D + V * H) + n * per_token + k * (H1 * D + V * H)) \
-            + n * (ns1 + ns2)
-        layer1 = 3 * n * H1 * D + n * (3 * k * H1 * D + 3 * n * H1 * D)  # ∂uq, ∂a, ∂W1; per token S_j, ∂uq, ∂Cw, ∂D, ∂S
-        layer2 = 3 * n * V * H + n * (3 * k * V * H + 3 * n * V * H)
-        recomputed = factors + n * n * k  # C'; the D_j again in ``_layer_back``
-        bwd += 2 * (recomputed + layer1 + layer2 + 2 * n * n * k + 2 * (1 + l2) * k * H * V + 2 * k * H1 * D) \
-            + n * (ns1 + ns_back_flops(H1, D, steps)) + n * (ns2 + ns_back_flops(V, H, steps))
+        n = min(ci * chunk_size - offset + chunk_size, T) - t0  # the tokens a chunk's loops take
+        fwd += 2 * (factors + BT * BT * BK + BT * weights + n * (BK + BT) * weights + BK * weights) + n * (ns1 + ns2)
+        # ∂uq, ∂a, ∂W1 (∂h, ∂a, ∂W2); per token S_j, ∂x_in, ∂Cw, ∂D, ∂S's two products back to the factors
+        layers = 3 * BT * weights + n * 3 * (BK + BT) * weights
+        recomputed = factors + BT * BT * BK  # C'; the D_j again in ``_layer_back``
+        bwd += 2 * (recomputed + layers + 2 * BT * BT * BK + 2 * (1 + l2) * BK * H * V + 2 * BK * H1 * BD) \
+            + n * (ns1 + back1 + ns2 + back2)
     return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
+
+
+def scratch_bytes(N, T, D, HD, DV, *, chunk_size, offset=0, steps=5, gated=False, dtype=torch.float32) -> int:
+    """Bytes the backward moves through its scratch (global memory, float32) in one call of N sequences of T tokens:
+    per token and weight matrix R × C (C: the columns its steps back take), ``_ns_keep`` stores X_0 … X_{k−1} and
+    each step's A, B; ``_ns_back`` stores G, then per step loads A, B and twice X_j and G and stores G, and loads G
+    once more. The forward has none."""
+    o = launch_options(D, HD, DV, chunk_size, 1, "l2", "gelu", dtype, False, steps, "quintic", gated=gated)
+    per_token = sum(4 * (steps * R * C + 2 * steps * R * R + 2 * R * C + steps * (2 * R * R + 5 * R * C))
+                    for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
+    return N * sum(min(ci * chunk_size - offset + chunk_size, T) - max(ci * chunk_size - offset, 0)
+                   for ci in range(chunk_count(T, chunk_size, offset))) * per_token
 
 
 def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evaluated, steps, coefficients,
@@ -411,8 +443,9 @@ def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evalu
     cfg = _config(D, HD, DV, chunk_size, window)
     a, b, c = NS_COEFFICIENTS[coefficients]
     BH1 = cfg["BH"] * (1 + int(gated))
+    BDT, DU = column_tiles(D, min(cfg["BD"], max(16, TILE_BYTES // (BH1 * dtype.itemsize))))
     return dict(D=D, HD=HD, DV=DV, BT=cfg["BT"], BK=cfg["BK"], BD=cfg["BD"], BH=cfg["BH"], BV=cfg["BV"],
-                BDT=min(cfg["BD"], max(16, TILE_BYTES // (BH1 * dtype.itemsize))), L2=bias == "l2",
+                BDT=BDT, DU=DU, L2=bias == "l2",
                 ACT=ACTS.index(activation), EVAL=evaluated, GATED=gated, HD1=HD * (1 + int(gated)), BH1=BH1,
                 STEPS=steps, NS_A=a, NS_B=b, NS_C=c, DT=DTYPES[dtype],
                 PREC=dot_precision(dtype) if prec is None else prec,
@@ -436,7 +469,7 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         chunk_mlp_muon_fwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, W1, W2, S1, S2, We1, We2, y, zq, W1T, W2T, S1T, S2T, WE1, WE2,
             W1H, W2H, S1H, S2H, T, L, L - T, offset, chunk_size, window, NC,
-            **{n: x for n, x in opts.items() if n != "BDT"})  # the backward's tiles
+            **{n: x for n, x in opts.items() if n not in ("BDT", "DU")})  # the backward's tiles
         ctx.save_for_backward(q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq)
         ctx.args = (offset, chunk_size, window, evaluated, NC, opts)
         return y, W1T, W2T, S1T, S2T, WE1, WE2
