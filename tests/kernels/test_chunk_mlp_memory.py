@@ -127,19 +127,29 @@ def test_muon_kernel_at_the_studys_sizes():
     muon_against_twin(options, N=1, T=40, m0=0, D=153, HD=64, DV=16, b=16)
 
 
+COUNT_CASES = {  # (window, bias, momentum, gated, shape, offset)
+    # blocks filled exactly: chunks of 16, D = H = d_v = 16, 17 keys with the first chunk's 16 before them, and the
+    # online case with a gated first layer (32 rows)
+    "filled": (17, "l2", True, False, dict(N=2, T=64, m0=16, D=16, HD=16, DV=16, b=16), 0),
+    "filled-gated": (1, "dot", False, True, dict(N=2, T=64, m0=0, D=16, HD=16, DV=16, b=16), 0),
+    # every block padded: chunks of 6 in 16 rows with a partial first and last one, D 36 in 64, H 12, d_v 6 in 16
+    "padded": (4, "l2", True, False, dict(N=2, T=17, m0=3, D=36, HD=12, DV=6, b=6), 2),
+    "padded-gated": (3, "dot", False, True, dict(N=1, T=17, m0=2, D=36, HD=12, DV=6, b=6), 2),
+}
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots through Triton's interpreter")
-@pytest.mark.parametrize("window,bias,momentum", [(17, "l2", True), (1, "dot", False)])
-def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, monkeypatch):
-    """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs (sizes that fill their blocks exactly:
-    chunks of 16, D = H = d_v = 16, windows of 1 (a gated first layer) and 17 keys, the cache holding the first
-    chunk's c − 1 keys before it)."""
+@pytest.mark.parametrize("window,bias,momentum,gated,shape,offset", COUNT_CASES.values(), ids=COUNT_CASES)
+def test_launches_counts_the_dots_the_kernel_runs(window, bias, momentum, gated, shape, offset, monkeypatch):
+    """launches()' FLOPs per launch = 2·m·n·k of every tl.dot each launch runs, at its blocks' sizes: blocks filled
+    exactly, and every block padded (a chunk's rows, the window's keys, features, hidden units and values)."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.triton")
-    gated = window == 1  # the online case with a gated first layer (32 rows: blocks filled exactly)
-    expected = launches(2, 64, 16, 16, 16, chunk_size=16, window=window, bias=bias, momentum=momentum, m0=window - 1,
+    N, T, D, HD, DV, b = (shape[n] for n in ("N", "T", "D", "HD", "DV", "b"))
+    expected = launches(N, T, D, HD, DV, chunk_size=b, window=window, bias=bias, momentum=momentum, offset=offset,
                         gated=gated)
     counted = dot_counter(monkeypatch, kernels, expected)
-    x = inputs(N=2, T=64, m0=window - 1, D=16, HD=16, DV=16, b=16, momentum=momentum, gated=gated)
-    results(chunk_mlp_memory, dict(offset=0, chunk_size=16, window=window, bias=bias, activation="gelu",
+    x = inputs(**shape, momentum=momentum, gated=gated)
+    results(chunk_mlp_memory, dict(offset=offset, chunk_size=b, window=window, bias=bias, activation="gelu",
                                    gated=gated))(x)
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
 

@@ -119,31 +119,36 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
     normalisation's, each of the two matrices on its own (``_norms``; ∂B zero between them). G is carried in SCR's
     slot STEPS and the products over C are taken in column tiles of BCT (the operands of one product then fit
     sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile), over the first CU columns only
-    (beyond them S, every X and G are zero: padding)."""
+    (beyond them S, every X and G are zero: padding); each tile of the new G goes into the next step's ∂B as it is
+    made (G is read from the scratch once a step)."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
     used = (offs_r[:, None] < BR) & (offs_c[None, :] < CU)
+    same = (offs_r[:, None] < HALF) == (offs_r[None, :] < HALF)
     offs_ct = tl.arange(0, BCT)
     tl.store(SCR + STEPS * BR * BC + at, G, mask=used)
     tl.debug_barrier()
+    dB = tl.zeros([BR, BR], dtype=tl.float32)  # the last step's ∂B = G Xᵀ_{k−1}
+    for c0 in tl.static_range(0, CU, BCT):
+        tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
+        dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + (STEPS - 1) * BR * BC + tile)), DT,
+                  PREC)
     for jj in tl.static_range(STEPS):
         j = STEPS - 1 - jj
         A = tl.load(SCQ + 2 * j * BR * BR + aq)
         B = tl.load(SCQ + (2 * j + 1) * BR * BR + aq)
-        dB = tl.zeros([BR, BR], dtype=tl.float32)
-        for c0 in tl.static_range(0, CU, BCT):
-            tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
-            dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + j * BR * BC + tile)), DT, PREC)
-        dB = tl.where((offs_r[:, None] < HALF) == (offs_r[None, :] < HALF), dB, 0.0)
+        dB = tl.where(same, dB, 0.0)
         E = dB + tl.trans(dB)
         F = dot(E, A, DT, PREC)
         P = NS_B * E + NS_C * (F + tl.trans(F))
-        tl.debug_barrier()  # every tile of G read, before any is overwritten
+        dB = tl.zeros([BR, BR], dtype=tl.float32)  # the next step's ∂B = G Xᵀ_{j−1}, a tile of G at a time
         for c0 in tl.static_range(0, CU, BCT):
             tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
             Gt = tl.load(SCR + STEPS * BR * BC + tile)
             Gt = NS_A * Gt + dot(B, Gt, DT, PREC) + dot(P, tl.load(SCR + j * BR * BC + tile), DT, PREC)
             tl.debug_barrier()  # the tile read by every thread, before any overwrites it
             tl.store(SCR + STEPS * BR * BC + tile, Gt)
+            if jj < STEPS - 1:
+                dB += dot(Gt, tl.trans(tl.load(SCR + (j - 1) * BR * BC + tile)), DT, PREC)
         tl.debug_barrier()  # the step's G stored, before the next reads it
     G = tl.load(SCR + STEPS * BR * BC + at, mask=used, other=0.0)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
@@ -427,11 +432,11 @@ def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=
 def scratch_bytes(N, T, D, HD, DV, *, chunk_size, offset=0, steps=5, gated=False, dtype=torch.float32) -> int:
     """Bytes the backward moves through its scratch (global memory, float32) in one call of N sequences of T tokens:
     per token and weight matrix R × C (C: the columns its steps back take), ``_ns_keep`` stores X_0 … X_{k−1} and
-    each step's A, B; ``_ns_back`` stores G, then per step loads A, B and twice X_j and G and stores G, and loads G
-    once more. The forward has none."""
+    each step's A, B; ``_ns_back`` stores G and loads it and X_{k−1} (the last step's ∂B), then per step loads A, B,
+    G and X_j, stores G and (but the first step's) loads X_{j−1}, and loads G once more. The forward has none."""
     o = launch_options(D, HD, DV, chunk_size, 1, "l2", "gelu", dtype, False, steps, "quintic", gated=gated)
-    per_token = sum(4 * (steps * R * C + 2 * steps * R * R + 2 * R * C + steps * (2 * R * R + 5 * R * C))
-                    for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
+    per_token = sum(4 * (steps * R * C + 2 * steps * R * R + 4 * R * C + steps * (2 * R * R + 3 * R * C)
+                         + (steps - 1) * R * C) for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
     return N * sum(min(ci * chunk_size - offset + chunk_size, T) - max(ci * chunk_size - offset, 0)
                    for ci in range(chunk_count(T, chunk_size, offset))) * per_token
 

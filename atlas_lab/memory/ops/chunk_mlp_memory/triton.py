@@ -452,28 +452,24 @@ def _config(D, HD, DV, b, window):
                 num_warps=4 if BH * BD <= 4096 else 8, num_stages=1)
 
 
-def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, m0=0, gated=False):
+def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", momentum=True, offset=0, gated=False):
     """Each launch of a forward and backward call: {kernel: (grid, programs, dot FLOPs)} for N sequences of T new
-    tokens, D features, HD hidden units (a gated first layer: 2·HD rows), d_v = DV. FLOPs are 2·m·n·k of every
-    ``tl.dot`` at the problem's own sizes (a chunk's n tokens and k window keys; the padding of blocks left out)."""
-    NC = chunk_count(T, chunk_size, offset)
-    mom, l2, H, V = int(momentum), int(bias == "l2"), HD, DV
+    tokens, D features, HD hidden units (a gated first layer: 2·HD rows), d_v = DV. FLOPs as the tensor cores take
+    them: 2·m·n·k of every ``tl.dot`` at its blocks' sizes (``_config``: BT a chunk's rows, BK its window's keys, BD,
+    BH, BV; BH1 the first layer's rows), the same for every chunk, a partial one too."""
+    cfg = _config(D, HD, DV, chunk_size, window)
+    mom, l2, n, k, D, H, V = int(momentum), int(bias == "l2"), cfg["BT"], cfg["BK"], cfg["BD"], cfg["BH"], cfg["BV"]
     H1 = H * (1 + int(gated))  # the first layer's rows
-    fwd = bwd = 0
-    for ci in range(NC):
-        t0 = max(ci * chunk_size - offset, 0)
-        n = min(ci * chunk_size - offset + chunk_size, T) - t0
-        first = m0 + t0
-        k = first + n - max(first - window + 1, 0)
-        factors = k * H1 * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
-        mixing = (1 + mom) * n * n * k  # C (and C')
-        read = (1 + mom) * n * (H1 * D + V * H) + n * k * (D + H1) + n * k * (H + V)
-        ends = (1 + mom) * k * (H1 * D + V * H)
-        fwd += 2 * (factors + mixing + read + ends)
-        recomputed = factors + mixing + (1 + mom) * n * H1 * D + n * k * (D + H1) + n * k * H
-        read_back = n * k * (2 * V + 2 * H + 2 * H1 + 2 * D) + 3 * (1 + mom) * n * (V * H + H1 * D)
-        factors_back = 2 * (1 + l2) * k * H * V + 2 * k * H1 * D
-        bwd += 2 * (recomputed + read_back + 2 * ends + 2 * mixing + factors_back)
+    factors = k * H1 * D + (1 + l2) * k * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
+    mixing = (1 + mom) * n * n * k  # C (and C')
+    read = (1 + mom) * n * (H1 * D + V * H) + n * k * (D + H1) + n * k * (H + V)
+    ends = (1 + mom) * k * (H1 * D + V * H)
+    recomputed = factors + mixing + (1 + mom) * n * H1 * D + n * k * (D + H1) + n * k * H
+    read_back = n * k * (2 * V + 2 * H + 2 * H1 + 2 * D) + 3 * (1 + mom) * n * (V * H + H1 * D)
+    factors_back = 2 * (1 + l2) * k * H * V + 2 * k * H1 * D
+    NC = chunk_count(T, chunk_size, offset)
+    fwd, bwd = NC * 2 * (factors + mixing + read + ends), \
+        NC * 2 * (recomputed + read_back + 2 * ends + 2 * mixing + factors_back)
     return {"chunk_mlp_memory_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_memory_bwd_kernel": ((N,), N, N * bwd)}
 
 
