@@ -18,7 +18,8 @@ from atlas_lab.memory.ops.chunk_mlp_memory.muon import chunk_mlp_muon
 from atlas_lab.memory.ops.chunk_mlp_memory.naive import chunk_mlp_muon_naive
 from atlas_lab.memory.ops.chunk_mlp_memory.triton import launches
 from atlas_lab.memory.plan import Shapes, plan
-from helpers import compare_float32, dot_counter, make_problem, run, traffic_counter
+from helpers import SPREAD, U32, compare_float32, dot_counter, float32_spread, make_problem, rel_err, run, \
+    traffic_counter
 
 if not (INTERPRETED or torch.cuda.is_available()):
     pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)",
@@ -268,6 +269,47 @@ def test_muon_launches_counts_the_dots_and_the_scratch_the_kernel_runs(tile_byte
     muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(**shape, gated=gated))
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
     assert moved[0] == kernels.scratch_bytes(N, T, D, HD, DV, **sizes)
+
+
+# ---------------------------------------------------------------- both MLP kernels in fewer bits
+
+UNIT = {"float16": 2.0 ** -11, "tf32": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # unit roundoff: 11 and 8 significant bits
+CAP = {"float16": 0.1, "tf32": 0.1, "bfloat16": 0.5}  # a larger bound could not tell a wrong path (off by O(1))
+
+
+@pytest.mark.parametrize("kernel", ["momentum", "muon", "muon-gated"])
+@pytest.mark.parametrize("precision", ["float16", "tf32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    INTERPRETED, reason="Triton's interpreter computes bfloat16 wrongly"))])
+def test_mlp_kernels_in_fewer_bits(kernel, precision):
+    """float16 and bfloat16 inputs multiplied as they are passed, and float32 inputs on tf32 dots: every product's
+    operands rounded to 11 (bfloat16: 8) bits, fp32 accumulation, states and scratch (test_kernels.py's
+    test_chunk_kernel_in_fewer_bits: its error model, the float32 twin's spread × u/u₃₂, against the float64 oracle
+    on the same rounded inputs; under TRITON_INTERPRET=1 tf32 dots are IEEE, so there tf32 checks the path only).
+    Muon with 3 cubic steps, W1 12 × 20 in 32 columns (gated: a pair), chunks of 4, a window over chunks."""
+    bias, window, offset, activation, shape = MUON_CASES["window-mid-chunk"]
+    options = dict(offset=offset, chunk_size=shape["b"], window=window, bias=bias, activation=activation)
+    if kernel == "momentum":
+        x, fast, twin = inputs(**shape, momentum=True), results(chunk_mlp_memory, options), \
+            results(chunk_mlp_memory_naive, options)
+    else:
+        options.update(ns_steps=3, ns_coefficients="cubic", gated=kernel == "muon-gated")
+        x, fast, twin = muon_inputs(**shape, gated=options["gated"]), muon_results(chunk_mlp_muon, options), \
+            muon_results(chunk_mlp_muon_naive, options)
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
+    x = {n: t.detach().to(dtype).float() for n, t in x.items()}  # values of the dtype, exactly
+    oracle = twin({n: t.double().cpu() for n, t in x.items()})
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        got = fast({n: t.to(dtype) for n, t in x.items()})
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert got["out.y"].dtype == got["grad.q"].dtype == dtype
+    spread = float32_spread(twin, x, oracle, kernel)
+    bound = {n: SPREAD * max(spread[n], U32) * UNIT[precision] / U32 for n in oracle}
+    assert max(bound.values()) < CAP[precision], f"{kernel}: {precision} cannot be checked here: {bound}"
+    bad = {n: (rel_err(got[n], y), bound[n]) for n, y in oracle.items() if not rel_err(got[n], y) <= bound[n]}
+    assert not bad, f"{kernel} {precision}: (error, bound) exceeded: {bad}"
 
 
 # ---------------------------------------------------------------- memorize(impl="triton") against reference
