@@ -236,37 +236,42 @@ def test_muon_kernel_in_column_tiles_matches_its_pytorch_twin(gated, monkeypatch
     muon_against_twin(options, **shape, gated=gated)
 
 
-MUON_COUNT_CASES = {  # (tile_bytes, gated, shape, window, offset)
+MUON_COUNT_CASES = {  # (tile_bytes, gated, shape, window, offset, dtype)
     # blocks filled exactly: chunks of 16, D 32, H = d_v = 16, 17 keys with the first chunk's 16 before it
-    "filled": (None, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0),
-    "filled-tiles": (16 * 16 * 4, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0),
-    "filled-gated": (None, True, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0),
+    "filled": (None, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
+    "filled-tiles": (16 * 16 * 4, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
+    "filled-gated": (None, True, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
     # every block padded: chunks of 6 in 16 rows, a partial first and last chunk, D 36 in 64 columns whose steps
-    # back take 3 tiles of 16 (48 columns), H 12 in 16, d_v 6 in 16
-    "padded": (None, False, dict(N=2, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2),
-    "padded-gated": (None, True, dict(N=1, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2),
+    # back take 3 tiles of 16 (48 columns), H 12 in 16, d_v 6 in 16; float16: the iterates, A and B in 16 bits
+    "padded": (None, False, dict(N=2, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2, torch.float32),
+    "padded-gated": (None, True, dict(N=1, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2, torch.float32),
+    "padded-float16": (None, False, dict(N=1, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2, torch.float16),
 }
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the dots and the bytes through Triton's interpreter")
-@pytest.mark.parametrize("tile_bytes,gated,shape,window,offset", MUON_COUNT_CASES.values(), ids=MUON_COUNT_CASES)
-def test_muon_launches_counts_the_dots_and_the_scratch_the_kernel_runs(tile_bytes, gated, shape, window, offset,
+@pytest.mark.parametrize("tile_bytes,gated,shape,window,offset,dtype", MUON_COUNT_CASES.values(),
+                         ids=MUON_COUNT_CASES)
+def test_muon_launches_counts_the_dots_and_the_scratch_the_kernel_runs(tile_bytes, gated, shape, window, offset, dtype,
                                                                        monkeypatch):
     """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot as issued (at its blocks), and
     muon.scratch_bytes() = the bytes the backward loads from and stores to its scratch: blocks filled exactly, W1's
     columns whole or in two tiles of 16, a gated first layer (its pair's products on the stacked block), and every
-    block padded (the steps back on the tiles that hold W1's columns only); two quintic steps."""
+    block padded (the steps back on the tiles that hold W1's columns only), in float32 and float16; two quintic
+    steps."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
     if tile_bytes:
         monkeypatch.setattr(kernels, "TILE_BYTES", tile_bytes)
     N, T, D, HD, DV, b = (shape[n] for n in ("N", "T", "D", "HD", "DV", "b"))
-    sizes = dict(chunk_size=b, offset=offset, steps=2, gated=gated)
+    sizes = dict(chunk_size=b, offset=offset, steps=2, gated=gated, dtype=dtype)
     expected = kernels.launches(N, T, D, HD, DV, window=window, bias="l2", **sizes)
-    moved = traffic_counter(monkeypatch, kernels, "chunk_mlp_muon_bwd_kernel", ("SCR1", "SCR2", "SCQ1", "SCQ2"))
+    moved = traffic_counter(monkeypatch, kernels, "chunk_mlp_muon_bwd_kernel",
+                            ("SCR1", "SCR2", "SCG1", "SCG2", "SCQ1", "SCQ2"))
     counted = dot_counter(monkeypatch, kernels, expected)
     options = dict(offset=offset, chunk_size=b, window=window, bias="l2", activation="gelu", ns_steps=2,
                    ns_coefficients="quintic", gated=gated)
-    muon_results(kernels.chunk_mlp_muon, options)(muon_inputs(**shape, gated=gated))
+    x = {n: t.to(dtype) for n, t in muon_inputs(**shape, gated=gated).items()}
+    muon_results(kernels.chunk_mlp_muon, options)(x)
     assert counted == {name: flops for name, (_, _, flops) in expected.items()}
     assert moved[0] == kernels.scratch_bytes(N, T, D, HD, DV, **sizes)
 

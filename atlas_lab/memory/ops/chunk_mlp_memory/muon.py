@@ -24,12 +24,13 @@ chip, and its contributions Cw[:, j] (D_j uq) to every read-out and Cw[n, j] D_j
 
 then ``triton.py``'s factors backward. The forward keeps the first layer's read-out zq [N, T, H], so the backward
 forms the first layer's D_j for their own gradients only, and each D_j once: its iterates X_0 … X_{k−1} and each
-step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k + 1, rows, cols] and
-[k, 2, rows, rows] for each weight matrix) that its k steps back read; there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with
-E = ∂B + ∂Bᵀ (A and E symmetric), one product where ∂B A + A ∂B took two, and the gradient G, carried in the
-scratch's last slot, is taken in column tiles (``TILE_BYTES``: ∂B = Σ_tiles G Xᵀ, each tile of G updated on its
-own), so that W1's products fit sm_90's shared memory in tf32, and only over the tiles that hold W1's columns
-(``column_tiles``: D 153 in a block of 256 takes 5 tiles of 32, 160 columns). Dots a token and weight matrix R × C:
+step's A and B = bA + cA² go to a scratch buffer per program (global memory: [k, rows, cols] and [k, 2, rows, rows]
+for each weight matrix, in the dtype the dots read them in: 16 bits with 16-bit inputs) that its k steps back read;
+there ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ) with E = ∂B + ∂Bᵀ (A and E symmetric), one product where ∂B A + A ∂B took two,
+and the gradient G, carried in a float32 scratch of its own, is taken in column tiles (``TILE_BYTES``:
+∂B = Σ_tiles G Xᵀ, each tile of G updated on its own and put into the next step's ∂B as it is made), so that W1's
+products fit sm_90's shared memory in tf32, and only over the tiles that hold W1's columns (``column_tiles``: D 153
+in a block of 256 takes 5 tiles of 32, 160 columns). Dots a token and weight matrix R × C:
 forward 2k(2R²C + R³), backward the same again and 2k(3R²C + R³) back (``launches()`` counts them at the blocks'
 sizes, as the tensor cores take them; ``scratch_bytes()`` the scratch's traffic).
 
@@ -96,28 +97,29 @@ def _ns(X, offs_r, HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, 
 def _ns_keep(X, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, CU: tl.constexpr,
              HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr):
-    """``_ns``, keeping each step's X in SCR [STEPS + 1, BR, BC] (its first CU columns: the rest are zero) and its A,
-    B in SCQ [STEPS, 2, BR, BR] (this program's scratch) for ``_ns_back``."""
+    """``_ns``, keeping each step's X in SCR [STEPS, BR, BC] (its first CU columns: the rest are zero) and its A, B in
+    SCQ [STEPS, 2, BR, BR] (this program's scratch, in the products' dtype DT: what their dots read) for
+    ``_ns_back``."""
     at, aq = offs_r[:, None] * BC + offs_c[None, :], offs_r[:, None] * BR + offs_r[None, :]
     used = (offs_r[:, None] < BR) & (offs_c[None, :] < CU)
     X = X / (_norms(X, offs_r, HALF)[:, None] + 1e-7)
     for j in tl.static_range(STEPS):
-        tl.store(SCR + j * BR * BC + at, X, mask=used)
+        tl.store(SCR + j * BR * BC + at, X.to(DT), mask=used)
         A, B, X = _ns_step(X, offs_r, HALF, NS_A, NS_B, NS_C, DT, PREC)
-        tl.store(SCQ + 2 * j * BR * BR + aq, A)
-        tl.store(SCQ + (2 * j + 1) * BR * BR + aq, B)
+        tl.store(SCQ + 2 * j * BR * BR + aq, A.to(DT))
+        tl.store(SCQ + (2 * j + 1) * BR * BR + aq, B.to(DT))
     tl.debug_barrier()  # the iterates stored by every thread, before any reads them back
     return X
 
 
 @triton.jit
-def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr,
+def _ns_back(S, G, SCR, SCG, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr,
              CU: tl.constexpr, HALF: tl.constexpr, STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr,
              NS_C: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """∂L/∂S of NS_k(S) from G = ∂L/∂NS_k(S), the iterates as ``_ns_keep`` left them: per step from the last (A, B
     symmetric), ∂B = G Xᵀ, E = ∂B + ∂Bᵀ, ∂A + ∂Aᵀ = bE + c(EA + (EA)ᵀ), G ← aG + BG + (∂A + ∂Aᵀ) X; then the
-    normalisation's, each of the two matrices on its own (``_norms``; ∂B zero between them). G is carried in SCR's
-    slot STEPS and the products over C are taken in column tiles of BCT (the operands of one product then fit
+    normalisation's, each of the two matrices on its own (``_norms``; ∂B zero between them). G is carried in SCG
+    [BR, BC] (float32) and the products over C are taken in column tiles of BCT (the operands of one product then fit
     sm_90's shared memory in tf32: ∂B sums over the tiles, G's update is per tile), over the first CU columns only
     (beyond them S, every X and G are zero: padding); each tile of the new G goes into the next step's ∂B as it is
     made (G is read from the scratch once a step)."""
@@ -125,13 +127,12 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
     used = (offs_r[:, None] < BR) & (offs_c[None, :] < CU)
     same = (offs_r[:, None] < HALF) == (offs_r[None, :] < HALF)
     offs_ct = tl.arange(0, BCT)
-    tl.store(SCR + STEPS * BR * BC + at, G, mask=used)
+    tl.store(SCG + at, G, mask=used)
     tl.debug_barrier()
     dB = tl.zeros([BR, BR], dtype=tl.float32)  # the last step's ∂B = G Xᵀ_{k−1}
     for c0 in tl.static_range(0, CU, BCT):
         tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
-        dB += dot(tl.load(SCR + STEPS * BR * BC + tile), tl.trans(tl.load(SCR + (STEPS - 1) * BR * BC + tile)), DT,
-                  PREC)
+        dB += dot(tl.load(SCG + tile), tl.trans(tl.load(SCR + (STEPS - 1) * BR * BC + tile)), DT, PREC)
     for jj in tl.static_range(STEPS):
         j = STEPS - 1 - jj
         A = tl.load(SCQ + 2 * j * BR * BR + aq)
@@ -143,14 +144,14 @@ def _ns_back(S, G, SCR, SCQ, offs_r, offs_c, BR: tl.constexpr, BC: tl.constexpr,
         dB = tl.zeros([BR, BR], dtype=tl.float32)  # the next step's ∂B = G Xᵀ_{j−1}, a tile of G at a time
         for c0 in tl.static_range(0, CU, BCT):
             tile = offs_r[:, None] * BC + (c0 + offs_ct)[None, :]
-            Gt = tl.load(SCR + STEPS * BR * BC + tile)
+            Gt = tl.load(SCG + tile)
             Gt = NS_A * Gt + dot(B, Gt, DT, PREC) + dot(P, tl.load(SCR + j * BR * BC + tile), DT, PREC)
             tl.debug_barrier()  # the tile read by every thread, before any overwrites it
-            tl.store(SCR + STEPS * BR * BC + tile, Gt)
+            tl.store(SCG + tile, Gt)
             if jj < STEPS - 1:
                 dB += dot(Gt, tl.trans(tl.load(SCR + (j - 1) * BR * BC + tile)), DT, PREC)
         tl.debug_barrier()  # the step's G stored, before the next reads it
-    G = tl.load(SCR + STEPS * BR * BC + at, mask=used, other=0.0)
+    G = tl.load(SCG + at, mask=used, other=0.0)
     tl.debug_barrier()  # every read done, before the next token's iterates overwrite them
     norm, top, gs = _norms(S, offs_r, HALF), offs_r < HALF, tl.sum(G * S, axis=1)
     gs = tl.where(top, tl.sum(tl.where(top, gs, 0.0)), tl.sum(tl.where(top, 0.0, gs)))  # ⟨G, S⟩ of each matrix
@@ -176,8 +177,8 @@ def _layer(acc, ends, x_in, S, d, x, cw, C2, sc, n, last, offs_t, offs_r, HALF: 
 
 
 @triton.jit
-def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCQ, offs_r, offs_c,
-                BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, CU: tl.constexpr, HALF: tl.constexpr,
+def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last, offs_t, SCR, SCG, SCQ, offs_r,
+                offs_c, BR: tl.constexpr, BC: tl.constexpr, BCT: tl.constexpr, CU: tl.constexpr, HALF: tl.constexpr,
                 BK: tl.constexpr,
                 STEPS: tl.constexpr, NS_A: tl.constexpr, NS_B: tl.constexpr, NS_C: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
@@ -196,7 +197,8 @@ def _layer_back(dx_in, dcw, dC2, ds, x_in, g, S, G, H, d, x, cw, C2, sc, n, last
         dcw += tl.where(col, tl.sum(g * dot(x_in, tl.trans(Dj), DT, PREC), axis=1)[:, None], 0.0)
         dcw += tl.where(col & last[:, None], tl.sum(G * Dj), 0.0)
         dD = dot(tl.trans(g * cw_j[:, None]), x_in, DT, PREC) + tl.sum(tl.where(last, cw_j, 0.0)) * G
-        dSj = _ns_back(Sj, dD, SCR, SCQ, offs_r, offs_c, BR, BC, BCT, CU, HALF, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+        dSj = _ns_back(Sj, dD, SCR, SCG, SCQ, offs_r, offs_c, BR, BC, BCT, CU, HALF, STEPS, NS_A, NS_B, NS_C, DT,
+                       PREC)
         dSj += (j == n - 1).to(tl.float32) * H
         dS += s_j * dSj
         ds += tl.where(offs_t == j, tl.sum(dSj * S), 0.0)
@@ -279,7 +281,7 @@ def chunk_mlp_muon_fwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, W10, W20, S10, S20, 
 def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H, S1H, S2H, ZQ, DY,
                               GW1, GW2, GS1, GS2, GE1, GE2,
                               DQ, DK, DVV, DGAMMA, DA, DS, DCW, DCS, DW10, DW20, DS10, DS20, DWE10, DWE20,
-                              SCR1, SCR2, SCQ1, SCQ2, T, L, m0, offset, b, c, NC,
+                              SCR1, SCR2, SCG1, SCG2, SCQ1, SCQ2, T, L, m0, offset, b, c, NC,
                               D: tl.constexpr, HD: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                               BDT: tl.constexpr, DU: tl.constexpr, L2: tl.constexpr, ACT: tl.constexpr,
@@ -296,7 +298,8 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
     DQ, DA, DS, DCW, DCS = DQ + i_n * T * D, DA + i_n * T, DS + i_n * T, DCW + i_n * T * b, DCS + i_n * T * b
     K, V, GAMMA = K + i_n * L * D, V + i_n * L * DV, GAMMA + i_n * L
     DK, DVV, DGAMMA = DK + i_n * L * D, DVV + i_n * L * DV, DGAMMA + i_n * L
-    SCR1, SCR2 = SCR1 + i_n * (STEPS + 1) * BH1 * BD, SCR2 + i_n * (STEPS + 1) * BV * BH
+    SCR1, SCR2 = SCR1 + i_n * STEPS * BH1 * BD, SCR2 + i_n * STEPS * BV * BH
+    SCG1, SCG2 = SCG1 + i_n * BH1 * BD, SCG2 + i_n * BV * BH
     SCQ1, SCQ2 = SCQ1 + i_n * STEPS * 2 * BH1 * BH1, SCQ2 + i_n * STEPS * 2 * BV * BV
     G1 = _load1(GW1 + i_n * HD1 * D, offs_h1, offs_d, HD, D, BH, GATED)  # ∂L/∂W_end of the chunk being walked
     G2 = _load_state(GW2 + i_n * DV * HD, offs_v, offs_h, DV, HD)
@@ -340,15 +343,15 @@ def chunk_mlp_muon_bwd_kernel(Q, K, V, GAMMA, A, S, CW, CS, WE10, WE20, W1H, W2H
         ghq, dcw, dC2, ds, dS2, gd2, gh = _layer_back(
             a[:, None] * dot(dy, W2, DT, PREC), tl.zeros([BT, BT], dtype=tl.float32),
             tl.zeros([BT, BK], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32), hq, dy, S2, G2, H2, d2, h, cw,
-            C2, sc, n, last, offs_t, SCR2, SCQ2, offs_v, offs_h, BV, BH, BH, BH, BV, BK, STEPS, NS_A, NS_B, NS_C, DT,
-            PREC)
+            C2, sc, n, last, offs_t, SCR2, SCG2, SCQ2, offs_v, offs_h, BV, BH, BH, BH, BV, BK, STEPS, NS_A, NS_B, NS_C,
+            DT, PREC)
         # the first layer: zq = a W1 uq + Σ_j Cw[:, j] D1_j uq;  W1_end = a_n W1 + Σ_j Cw[n, j] D1_j
         gzq = _hidden_back(ghq, sq, dsq, gq, GATED, BT, BH)
         da += tl.sum(gzq * dot(uq, tl.trans(W1), DT, PREC), axis=1)
         dW1 = dot(tl.trans(gzq * a[:, None]), uq, DT, PREC) + a_n * G1
         duq, dcw, dC2, ds, dS1, gd1, gu = _layer_back(
             a[:, None] * dot(gzq, W1, DT, PREC), dcw, dC2, ds, uq, gzq, S1, G1, H1, d1, u, cw, C2, sc, n, last, offs_t,
-            SCR1, SCQ1, offs_h1, offs_d, BH1, BD, BDT, DU, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
+            SCR1, SCG1, SCQ1, offs_h1, offs_d, BH1, BD, BDT, DU, BH, BK, STEPS, NS_A, NS_B, NS_C, DT, PREC)
         dgam = dot(tl.trans(cs), dC2, DT, PREC)
         dcs = dot(dC2, tl.trans(gam), DT, PREC)
         gd2, gu, dE1, dE2 = _factors_back(gd1, gd2, gh, gu, u, h, sg, dsg, ddsg, gate, d2, back, E1, E2, L2, GATED,
@@ -430,13 +433,15 @@ def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=
 
 
 def scratch_bytes(N, T, D, HD, DV, *, chunk_size, offset=0, steps=5, gated=False, dtype=torch.float32) -> int:
-    """Bytes the backward moves through its scratch (global memory, float32) in one call of N sequences of T tokens:
-    per token and weight matrix R × C (C: the columns its steps back take), ``_ns_keep`` stores X_0 … X_{k−1} and
-    each step's A, B; ``_ns_back`` stores G and loads it and X_{k−1} (the last step's ∂B), then per step loads A, B,
-    G and X_j, stores G and (but the first step's) loads X_{j−1}, and loads G once more. The forward has none."""
+    """Bytes the backward moves through its scratch (global memory) in one call of N sequences of T tokens: per token
+    and weight matrix R × C (C: the columns its steps back take), ``_ns_keep`` stores X_0 … X_{k−1} and each step's A,
+    B (in ``dtype``, as the dots read them); ``_ns_back`` stores G (float32) and loads it and X_{k−1} (the last step's
+    ∂B), then per step loads A, B, G and X_j, stores G and (but the first step's) loads X_{j−1}, and loads G once
+    more. The forward has none."""
     o = launch_options(D, HD, DV, chunk_size, 1, "l2", "gelu", dtype, False, steps, "quintic", gated=gated)
-    per_token = sum(4 * (steps * R * C + 2 * steps * R * R + 4 * R * C + steps * (2 * R * R + 3 * R * C)
-                         + (steps - 1) * R * C) for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
+    e = dtype.itemsize
+    per_token = sum(e * (steps * R * C + 4 * steps * R * R + R * C + steps * R * C + (steps - 1) * R * C)
+                    + 4 * (3 * R * C + 2 * steps * R * C) for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
     return N * sum(min(ci * chunk_size - offset + chunk_size, T) - max(ci * chunk_size - offset, 0)
                    for ci in range(chunk_count(T, chunk_size, offset))) * per_token
 
@@ -497,8 +502,10 @@ class ChunkMLPMuonFunction(torch.autograd.Function):
         dCw, dCs = torch.zeros(N, T, chunk_size, **f32), torch.zeros(N, T, chunk_size, **f32)
         dW = [torch.empty(x.shape, **f32) for x in (We1, We2, We1, We2, We1, We2)]
         BD, BH, BH1, BV, steps = opts["BD"], opts["BH"], opts["BH1"], opts["BV"], opts["STEPS"]
-        scratch = [torch.empty(N, *shape, **f32) for shape in ((steps + 1, BH1, BD), (steps + 1, BV, BH),
-                                                                (steps, 2, BH1, BH1), (steps, 2, BV, BV))]
+        low = dict(dtype=q.dtype, device=q.device)  # the iterates, A and B as the dots read them; G in float32
+        scratch = [torch.empty(N, steps, BH1, BD, **low), torch.empty(N, steps, BV, BH, **low),
+                   torch.empty(N, BH1, BD, **f32), torch.empty(N, BV, BH, **f32),
+                   torch.empty(N, steps, 2, BH1, BH1, **low), torch.empty(N, steps, 2, BV, BV, **low)]
         chunk_mlp_muon_bwd_kernel[(N,)](
             q, k, v, gamma, a, s, Cw, Cs, We1, We2, W1H, W2H, S1H, S2H, zq, dy.to(q.dtype).contiguous(), *G,
             dq, dk, dv, dgamma, da, ds, dCw, dCs, *dW, *scratch, T, L, L - T, offset, chunk_size, window, NC, **opts)
