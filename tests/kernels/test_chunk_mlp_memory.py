@@ -237,10 +237,9 @@ def test_muon_kernel_in_column_tiles_matches_its_pytorch_twin(gated, monkeypatch
 
 
 MUON_COUNT_CASES = {  # (tile_bytes, gated, shape, window, offset, dtype)
-    # blocks filled exactly: chunks of 16, D 32, H = d_v = 16, 17 keys with the first chunk's 16 before it
-    "filled": (None, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
+    # blocks filled exactly: chunks of 16, D 32 in two tiles of 16 (TILE_BYTES lowered), H = d_v = 16, 17 keys with
+    # the first chunk's 16 before them
     "filled-tiles": (16 * 16 * 4, False, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
-    "filled-gated": (None, True, dict(N=1, T=32, m0=16, D=32, HD=16, DV=16, b=16), 17, 0, torch.float32),
     # every block padded: chunks of 6 in 16 rows, a partial first and last chunk, D 36 in 64 columns whose steps
     # back take 3 tiles of 16 (48 columns), H 12 in 16, d_v 6 in 16; float16: the iterates, A and B in 16 bits
     "padded": (None, False, dict(N=2, T=17, m0=3, D=36, HD=12, DV=6, b=6), 4, 2, torch.float32),
@@ -255,10 +254,9 @@ MUON_COUNT_CASES = {  # (tile_bytes, gated, shape, window, offset, dtype)
 def test_muon_launches_counts_the_dots_and_the_scratch_the_kernel_runs(tile_bytes, gated, shape, window, offset, dtype,
                                                                        monkeypatch):
     """muon.launches()' FLOPs per launch = 2·m·n·k of every tl.dot as issued (at its blocks), and
-    muon.scratch_bytes() = the bytes the backward loads from and stores to its scratch: blocks filled exactly, W1's
-    columns whole or in two tiles of 16, a gated first layer (its pair's products on the stacked block), and every
-    block padded (the steps back on the tiles that hold W1's columns only), in float32 and float16; two quintic
-    steps."""
+    muon.scratch_bytes() = the bytes the backward loads from and stores to its scratch: blocks filled exactly with
+    W1's columns in two tiles of TILE_BYTES, and every block padded (the steps back on the tiles that hold W1's
+    columns only), plain, gated (its pair's products on the stacked block) and in float16; two quintic steps."""
     kernels = importlib.import_module("atlas_lab.memory.ops.chunk_mlp_memory.muon")
     if tile_bytes:
         monkeypatch.setattr(kernels, "TILE_BYTES", tile_bytes)
