@@ -220,12 +220,25 @@ def counting_mode(count: Count, device: str = "meta"):
     formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
         flop_registry[aten._scaled_dot_product_flash_attention_backward]
 
+    def from_host(name, args, kwargs) -> bool:
+        """A blocking copy of a host tensor to the device (``.to(device)``, ``copy_``): on CUDA the stream is
+        synchronised after it."""
+        if kwargs.get("non_blocking"):
+            return False
+        if name == "_to_copy":
+            target = kwargs.get("device")
+            return args[0].device.type == "cpu" and target is not None and torch.device(target).type == device
+        return name == "copy_" and args[0].device.type == device and args[1].device.type == "cpu" \
+            and not (len(args) > 2 and args[2])
+
     class Counting(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             inputs = _tensors((args, kwargs))
             on = any(t.device.type == device for t in inputs)
             name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
+            if from_host(name, args, kwargs):
+                count.syncs["copy from the host"] += 1  # ATen's blocking copy: the copy, then the stream's sync
             if on and name in SYNC:
                 count.syncs[name] += 1
                 if name == "_local_scalar_dense" and device == "meta" and inputs[0].dtype == torch.bool:

@@ -55,6 +55,30 @@ def test_a_finiteness_check_is_a_host_synchronisation_and_a_value_read_is_refuse
         gpu_model.count_step(lambda count: torch.zeros(3, device="meta").sum().item())
 
 
+def test_a_blocking_copy_from_the_host_is_a_host_synchronisation():
+    """ATen's blocking host-to-device copy syncs the stream after it: ``.to(device)`` and ``copy_`` of a host tensor
+    count one each; a non-blocking copy and a copy on the device none."""
+    def step(count):
+        x = torch.ones(3).to("meta")
+        torch.empty(3, device="meta").copy_(torch.ones(3))
+        torch.ones(3).to("meta", non_blocking=True)
+        x.to(torch.float64)
+    assert gpu_model.count_step(step).syncs == {"copy from the host": 2}
+
+
+@pytest.mark.parametrize("preset", ["atlas", "swla"])
+def test_a_polynomial_feature_map_copies_nothing_from_the_host(preset):
+    """φ's monomial indices and scales are on the device once (feature_maps._monomials per device and dtype), not
+    copied from the host in every call (5 host synchronisations a call at p = 2 before): a training step of a
+    polynomial-φ preset has the finiteness check as its one host synchronisation."""
+    from atlas_lab.lit import SequenceModel
+
+    model = SequenceModel(vocab_size=64, preset=preset, d_model=32, n_layers=1, n_heads=2).to("meta")
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    count = gpu_model.count_step(gpu_model.fit_step(model, {"input_ids": ids, "labels": ids}, gpu_model.adamw(model)))
+    assert count.syncs == {"_local_scalar_dense": 1}
+
+
 @pytest.mark.parametrize("numels,depth,launches", [
     ([10] * 110, 1, 1), ([10] * 111, 1, 2), ([10] * 64, 2, 1), ([10] * 65, 2, 2), ([10] * 31, 5, 2),
     ([65536 * 320], 1, 1), ([65536 * 320 + 1], 1, 2), ([65536 * 200, 65536 * 200], 3, 2), ([0, 0], 1, 0)])

@@ -26,15 +26,17 @@ def taylor_coefficients(degree: int) -> torch.Tensor:
 
 @tensor_cache(maxsize=None)
 @torch.compiler.assume_constant_result  # torch.compile takes the tensors as constants (it cannot trace itertools)
-def _monomials(d: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index tuples of the degree-i monomials of d variables and their multinomial scales sqrt(i!/∏β_j!)."""
+def _monomials(d: int, i: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index tuples of the degree-i monomials of d variables and their multinomial scales sqrt(i!/∏β_j!) (computed in
+    float64, then rounded to ``dtype``), on ``device`` once: a copy from the host in every call would be a host
+    synchronisation on a GPU."""
     combos = list(itertools.combinations_with_replacement(range(d), i))
     index = torch.tensor(combos, dtype=torch.long).reshape(len(combos), i)
     scale = torch.tensor(
         [math.sqrt(math.factorial(i) / math.prod(math.factorial(m) for m in Counter(c).values())) for c in combos],
         dtype=torch.float64,
     )
-    return index, scale
+    return index.to(device), scale.to(device=device, dtype=dtype)
 
 
 def polynomial(x: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
@@ -46,12 +48,11 @@ def polynomial(x: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     a = coefficients.to(x.dtype)
     blocks = []
     for i in range(a.shape[0]):
-        index, scale = _monomials(d, i)
-        scale = scale.to(device=x.device, dtype=x.dtype)
+        index, scale = _monomials(d, i, x.device, x.dtype)
         if i == 0:
             block = x.new_ones(*x.shape[:-1], 1)
         else:
-            block = x[..., index.to(x.device)].prod(-1)
+            block = x[..., index].prod(-1)
         blocks.append(block * (scale * a[i].sqrt()))
     return torch.cat(blocks, dim=-1)
 
