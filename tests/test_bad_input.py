@@ -447,19 +447,41 @@ EARLY_VALUES = {  # a model or trainer value a config file or argument gets wron
 }
 
 
+EARLY_RUNNER = """
+import contextlib, io, json, sys
+from atlas_lab.cli import main
+out = {}
+for case, arg in json.loads(sys.argv[1]).items():  # one command after another, as separate processes would run them
+    before, err = 'lightning' in sys.modules, io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(['fit', *sys.argv[2:], arg])
+    out[case] = dict(code=code, stderr=err.getvalue(), lightning=None if before else 'lightning' in sys.modules)
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def early_values() -> dict:
+    """Each EARLY_VALUES command run by ``main`` in one fresh process, one after another: {case: its exit code,
+    stderr and whether it imported lightning (None: an earlier one had)}."""
+    cases = json.dumps({case: arg for case, (arg, _) in EARLY_VALUES.items()})
+    done = subprocess.run([sys.executable, "-c", EARLY_RUNNER, cases, *TINY_RUN], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("case", list(EARLY_VALUES))
 def test_a_bad_model_or_trainer_value_is_its_line_before_lightning_is_imported(case):
     """The model's and trainer's values are checked before the LightningCLI (~3.5 s of imports) is imported, with the
     parser's own line; the value of the last config file or argument is the one checked (a file's preset is
-    overridden by TINY_RUN's)."""
+    overridden by TINY_RUN's). The commands run in one process, one after another (``early_values``): each must
+    exit 2 without importing lightning."""
     arg, message = EARLY_VALUES[case]
-    code = ("import sys; from atlas_lab.cli import main; code = main(sys.argv[1:]); "
-            "print(code, 'lightning' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code, "fit", *TINY_RUN, arg], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], done.stderr
+    done = early_values()[case]
+    assert (done["code"], done["lightning"]) == (2, False), done
+    errors = [line for line in done["stderr"].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], done["stderr"]
 
 
 CHECKED_TYPES = [  # (annotation, value, conforms): a value as YAML loads it (a config file's, or a command line's)
