@@ -1,6 +1,5 @@
 """benchmarks/cpu_step.py: its variants, a tiny run's table of ratios, and a bad variant refused in one line."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,9 +31,10 @@ def test_a_tiny_run_steps_every_variant_beside_the_transformer(tmp_path):
     assert rows["atlas"]["target"] == cpu_step.ATLAS_TARGET and rows["atlas:read=chunk"]["target"] is None
 
 
-def test_a_bad_variant_is_one_line_and_exit_2(tmp_path):
+def test_a_bad_variant_is_one_line_and_exit_2(tmp_path, capsys):
     out = tmp_path / "cpu_step.json"
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_step.py"), "--tiny", "--variants", "atlas:read",
-                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 2 and "--variants atlas:read: expected preset:key=value" in p.stderr.splitlines()[-1]
+    with pytest.raises(SystemExit) as exit_:
+        cpu_step.main(["--tiny", "--variants", "atlas:read", "--out", str(out)])
+    assert exit_.value.code == 2
+    assert "--variants atlas:read: expected preset:key=value" in capsys.readouterr().err.splitlines()[-1]
     assert not out.exists()
