@@ -13,7 +13,10 @@ sweep, one JSON.
               (default runs/triton-cache, ignored by git): a second run compiles nothing it compiled before.
 (b) kernels   forward+backward of ``memorize`` for the deltanet, omega and atlas cases at T ∈ {1K, 4K, 16K}:
               triton against chunked, both float32, each row checked before it is timed (outputs and the gradients of
-              q, k, v and every gate; a wrong kernel is never timed). Where fla-core is installed, its
+              q, k, v and every gate; a wrong kernel is never timed); and atlas's call at the study's shape (B 64,
+              8 heads, T 256: 512 programs), its fused kernel timed again on tf32 dots beside the GPU model's two
+              bounds of it (its dots as issued at the stated tf32 rate, its scratch in L2 or from HBM), right after
+              atlas's first row. Where fla-core is installed, its
               ``chunk_delta_rule`` for the deltanet rows in bfloat16, the only dtype it accepts: checked once against
               our triton kernel at chunk 1 (the exact delta rule; float32 on the same bf16-rounded inputs, T = 256) at
               ``FLA_BF16_TOL`` (its error model below), then timed at each T at its own chunk of 64.
@@ -96,6 +99,11 @@ KERNEL_CASES = {
     "atlas": dict(d=16, architecture="mlp", feature_map="polynomial", attentional_bias="l2", window=8,
                   optimizer="muon", chunk_size=16, gates=("alpha", "eta", "theta", "gamma"), tol=2e-3),
 }
+# atlas's memory call at the study's shape (sweeps/mqar_gpu.yaml: B 64, 8 memory heads of 16, T 256; W1 64 × 153 on
+# the fused muon kernel, 512 programs): checked and timed as the rows above, then the fused kernel timed again on tf32
+# dots beside what the GPU model says of it — its dots as issued at the stated tf32 rate, and that plus its scratch
+# moved at HBM's bandwidth (gpu_model.TF32_RATE, gpu_model.HBM): the measurement atlas's step verdict waits on
+KERNEL_CASES["atlas (study)"] = dict(KERNEL_CASES["atlas"], shape=dict(B=64, H=8, T=256), tf32=True)
 # fla's chunk_delta_rule in bfloat16 against our float32 exact delta rule on the same bf16-rounded inputs. Error model:
 # bf16's unit roundoff u = 2^-8; fla keeps every stored intermediate in the inputs' dtype (forward: the WY factors w
 # and u, the chunk states h, the output o; backward: dh, dv, the gradients of q, k, w, u, v and β), each rounding
@@ -286,6 +294,25 @@ def kernel_estimate(row: dict, done: list[dict]) -> float | None:
     return same[-1]["seconds"] * row["T"] / same[-1]["T"] if same else None
 
 
+def model_bounds(B: int, T: int, H: int, d: int, gates: dict, options: dict) -> dict:
+    """What the GPU model says of a memory call on the chunk kernels (float32 on tf32 dots, as planned on CUDA): its
+    launches, its dots as issued (TFLOP), its scratch's bytes (GB), and its milliseconds at gpu_model's stated tf32
+    rate with the scratch kept in L2 (``l2_ms``) and moved at HBM's bandwidth (``hbm_ms``). ``gates``: the call's
+    gate tensors."""
+    import gpu_model
+    from atlas_lab.memory import MemoryConfig
+    from atlas_lab.memory.plan import CANDIDATES, Shapes, acting, call_problem
+    from atlas_lab.memory.predict import C_LAUNCH, kernel_scratch
+
+    config = MemoryConfig(**options)
+    problem = call_problem(config, Shapes(B, T, H, d, d), torch.float32, "cuda", acting(config.resolve().specs,
+                                                                                       gates))
+    cost, scratch = CANDIDATES["triton"].cost(problem), kernel_scratch(problem)
+    l2 = C_LAUNCH * cost.launches + cost.flops / gpu_model.TF32_RATE
+    return dict(tflop=cost.flops / 1e12, scratch_gb=scratch / 1e9, l2_ms=1e3 * l2,
+                hbm_ms=1e3 * (l2 + scratch / gpu_model.HBM))
+
+
 def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None = None) -> list[dict]:
     """One row per (case, T): the check, then chunked / triton times (/ fla's in bf16 for deltanet) and ratios.
     ``fla``: fla's forward+backward (default: ``fla_fwd_bwd`` where fla-core is installed and CUDA is there)."""
@@ -298,19 +325,24 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
         fla = fla_fwd_bwd
     rows, settings = [], {}
     for name, setting in KERNEL_CASES.items():
-        options = {n: v for n, v in setting.items() if n not in ("d", "gates", "tol")}
-        d = setting["d"]
+        options = {n: v for n, v in setting.items() if n not in ("d", "gates", "tol", "shape", "tf32")}
+        d, shape = setting["d"], dict(B=B, H=H) if tiny else setting.get("shape", dict(B=B, H=H))
         if tiny:
             d, options["chunk_size"] = KERNEL_TINY["d"], KERNEL_TINY["chunk_size"]
             options["window"] = min(options["window"], KERNEL_TINY["window_cap"])
-        settings[name] = (d, options)
-        rows += [dict(case=name, T=T) for T in Ts]
+        settings[name] = (d, options, shape)
+        rows += [dict(case=name, T=T) for T in ([shape["T"]] if "T" in shape else Ts)]
+    # the study's row right after atlas's first (whose float32 kernel it reuses, compiled), before the longer ones
+    study = [r for r in rows if r["case"] == "atlas (study)"]
+    rows = [r for r in rows if r not in study]
+    at = next((i + 1 for i, r in enumerate(rows) if r["case"] == "atlas"), len(rows))
+    rows[at:at] = study
     fla_state: dict = {}
 
     def work(row, seconds):
         setting = KERNEL_CASES[row["case"]]
-        d, options = settings[row["case"]]
-        x = kernel_inputs(B, row["T"], H, d, setting["gates"], device)
+        d, options, shape = settings[row["case"]]
+        x = kernel_inputs(shape["B"], row["T"], shape["H"], d, setting["gates"], device)
         results, cold = {}, {}
         for impl in ("triton", "chunked"):  # the check's own calls are timed too: the times of a tiny run
             t = time.perf_counter()
@@ -325,6 +357,15 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
         else:
             row["chunked_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "chunked", options), repeats)
             row["triton_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), repeats)
+        if setting.get("tf32"):
+            before = torch.get_float32_matmul_precision()
+            try:
+                torch.set_float32_matmul_precision("high")
+                row["triton_tf32_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), 1 if tiny else repeats)
+            finally:
+                torch.set_float32_matmul_precision(before)
+            row.update(model_bounds(shape["B"], row["T"], shape["H"], d, {g: x[g] for g in setting["gates"]},
+                                    options))
         if fla is None or row["case"] != "deltanet":
             return
         try:  # a peer's failure is its columns' error; our row stands
@@ -554,6 +595,20 @@ def print_tables(result: dict) -> None:
                              fmt(r.get("fla_ms") and r.get("triton_ms") and r["fla_ms"] / r["triton_ms"], suffix="×"),
                              (r.get("error") or r.get("fla_error") or r.get("skipped") or "")[:100]] for r in rows],
                            left=3)
+        bounded = [r for r in rows if "tflop" in r]
+        if bounded:
+            import gpu_model
+
+            common.print_table(f"(b) the fused kernel on tf32 dots beside the GPU model (its dots as issued at "
+                               f"{gpu_model.TF32_RATE / 1e12:.0f} TFLOP/s; its scratch in L2, or moved at "
+                               f"{gpu_model.HBM / 1e12:.1f} TB/s) — {where}",
+                               ["case", "T", "triton tf32 ms", "TFLOP", "TFLOP/s", "scratch GB", "model: in L2 ms",
+                                "from HBM ms", "measured / in L2"],
+                               [[r["case"], r["T"], fmt(r.get("triton_tf32_ms")), fmt(r["tflop"], ".3f"),
+                                 fmt(r.get("triton_tf32_ms") and r["tflop"] / r["triton_tf32_ms"] * 1e3, ".1f"),
+                                 fmt(r["scratch_gb"], ".1f"), fmt(r["l2_ms"]), fmt(r["hbm_ms"]),
+                                 fmt(r.get("triton_tf32_ms") and r["triton_tf32_ms"] / r["l2_ms"], suffix="×")]
+                                for r in bounded], left=1)
     if isinstance(result.get("training"), list):
         s = result["training_size"]
         common.print_table(f"(c) one training step, bf16 autocast, d_model {s['d_model']}, {s['n_layers']} layers, "

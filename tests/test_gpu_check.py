@@ -95,11 +95,17 @@ def test_kernel_rows_are_checked_before_they_are_timed_and_a_peers_error_stays_i
         raise AssertionError("ChunkDeltaRuleFunction does not support float32. Please use bfloat16.")
 
     rows = gpu_check.run_kernels(gpu_check.Share(600), tiny=True, Ts=None, repeats=1, fla=fla_refuses)
-    assert [(r["case"], r["T"]) for r in rows] == [(c, 19) for c in ("deltanet", "omega", "atlas")]
+    assert [(r["case"], r["T"]) for r in rows] == [(c, 19) for c in ("deltanet", "omega", "atlas", "atlas (study)")]
+    # at full size the study's row comes right after atlas's first, before its longer ones (a spent share: none runs)
+    order = gpu_check.run_kernels(gpu_check.Share(0), tiny=False, Ts=[1024, 4096], repeats=1, fla=fla_refuses)
+    assert [(r["case"], r["T"]) for r in order][-3:] == [("atlas", 1024), ("atlas (study)", 256), ("atlas", 4096)]
     for r in rows:
         assert r["check"] == "correct" and r["max_rel_err"] <= gpu_check.KERNEL_CASES[r["case"]]["tol"], r
         assert r["triton_ms"] > 0 and r["chunked_ms"] > 0 and "error" not in r
     assert rows[0]["fla_error"].startswith("AssertionError: ChunkDeltaRuleFunction does not support float32")
+    # the study's case (tiny here) timed on tf32 dots too, beside the model's bounds: its scratch from HBM costs more
+    study = rows[-1]
+    assert study["triton_tf32_ms"] > 0 and study["tflop"] > 0 and study["hbm_ms"] > study["l2_ms"] > 0
 
 
 def test_fla_is_compared_in_bfloat16_at_the_bfloat16_tolerance():
@@ -231,7 +237,9 @@ def test_tables_print_every_part(capsys):
                   tests=dict(device="cpu", counts={"passed": 3}, stopped_at_budget=False, log="x",
                              files=[dict(file="tests/kernels/test_kernels.py", counts={"passed": 3}, seconds=1.0,
                                          log="x.log")]),
-                  kernels=[dict(case="deltanet", T=19, check="correct", chunked_ms=2.0, triton_ms=1.0, fla_ms=0.5)],
+                  kernels=[dict(case="deltanet", T=19, check="correct", chunked_ms=2.0, triton_ms=1.0, fla_ms=0.5),
+                           dict(case="atlas (study)", T=256, check="correct", chunked_ms=150.0, triton_ms=90.0,
+                                triton_tf32_ms=60.0, tflop=10.2, scratch_gb=211.0, l2_ms=41.0, hbm_ms=85.0)],
                   training_size=gpu_check.TRAIN_TINY,
                   training=[dict(model="transformer", parameters=1e6, step_s=0.1, tokens_per_s=640.0, peak_gib=0.5,
                                  speed_vs_transformer=1.0, memory_vs_transformer=1.0)],
@@ -242,7 +250,8 @@ def test_tables_print_every_part(capsys):
     gpu_check.print_tables(result)
     out = capsys.readouterr().out
     for title in ("(a) kernel and memory tests", "(b) memorize forward+backward", "(c) one training step", "2.00×",
-                  "0.50×", "(d) pilot of sweeps/x.yaml", "64: 0.1", "needs ≈ 90 s", "1.50 hours projected",
+                  "0.50×", "(b) the fused kernel on tf32 dots beside the GPU model", "170.0", "1.46×",
+                  "(d) pilot of sweeps/x.yaml", "64: 0.1", "needs ≈ 90 s", "1.50 hours projected",
                   "1 of 2 configurations not piloted"):
         assert title in out
 
@@ -265,7 +274,7 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     # every pytest started (a file that runs over its part of the share on a busy machine is stopped, its tests kept)
     assert [f["file"] for f in tests["files"]] == gpu_check.TEST_FILES
     assert all(f.get("check") != "budget" and "counts" in f for f in tests["files"])
-    assert {r["case"] for r in result["kernels"]} == {"deltanet", "omega", "atlas"}
+    assert {r["case"] for r in result["kernels"]} == {"deltanet", "omega", "atlas", "atlas (study)"}
     assert all(r["check"] == "correct" and r["triton_ms"] > 0 for r in result["kernels"])
     rows = {r["model"]: r for r in result["training"]}
     assert set(rows) == {"transformer", "gated_deltanet", "titans", "atlas", "atlas (read=chunk)"}
@@ -282,7 +291,7 @@ def test_gpu_check_keeps_what_finished_when_the_budget_runs_out(tmp_path):
     p, result = gpu_check_run(tmp_path, "--budget", "0.001", "--parts", "kernels", "training")
     assert p.returncode == 0, p.stderr[-3000:]
     checks = [r.get("check") for r in result["kernels"]]  # the first row may start (no estimate yet) and finishes
-    assert checks[1:] == ["budget"] * 2 and checks[0] in ("correct", "budget")
+    assert checks[1:] == ["budget"] * 3 and checks[0] in ("correct", "budget")
     assert all(r["error"].startswith("budget") for r in result["training"])
     assert set(result["seconds"]) == {"kernels", "training", "total"}
 
