@@ -361,7 +361,8 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
             before = torch.get_float32_matmul_precision()
             try:
                 torch.set_float32_matmul_precision("high")
-                row["triton_tf32_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), 1 if tiny else repeats)
+                row["triton_tf32_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), repeats,
+                                                 warmup=0 if tiny else 2)  # tiny: one call (the interpreter's)
             finally:
                 torch.set_float32_matmul_precision(before)
             row.update(model_bounds(shape["B"], row["T"], shape["H"], d, {g: x[g] for g in setting["gates"]},
