@@ -28,7 +28,10 @@ kernel's ``launches()``; fla: three times the plan's forward FLOPs). Bytes: ever
 once. Scratch: the bytes a chunk kernel moves through a scratch buffer of its own in global memory (muon's backward
 keeps each token's Newton–Schulz iterates there: ``predict.kernel_scratch``), not in the fit (the table's steps have
 none): the step at tf32 with the scratch at ``HBM``'s bandwidth bounds atlas's from above, the step with it held in
-the L2 cache (free) from below, and atlas's target is judged at the bound from above.
+the L2 cache (free) from below, and atlas's target is judged at the bound from above. ``envelope`` prints atlas's
+step four ways: host issue and GPU work added (the fit's form) or overlapped in each stretch between host
+synchronisations, the scratch in L2 or at HBM's bandwidth (a call's forward FLOPs in the forward, the rest in the
+backward).
 Left out: Lightning's logging of train/loss and the batch's copy to the GPU (a few launches, in C0).
 
 The measurement (``MEASURED``): the only GPU table we have — one H200, the Lightning fit of
@@ -329,8 +332,10 @@ def on_cuda(count: Count, routes: dict | None = None):
         if how.path in ("triton", "fla") and shapes.T > 0:  # muon's Triton route is the chunked path (how.ns)
             problem = planning.call_problem(config, shapes, dtype, "cuda", acts)
             cost = planning.CANDIDATES[how.path].cost(problem)
-            count.flops[count.phase] += int(cost.flops) if cost is not None else 0
-            count.scratch[count.phase] += kernel_scratch(problem) if how.path == "triton" else 0
+            if cost is not None:  # the call's forward where it is planned, the rest in the backward
+                count.flops[count.phase] += int(cost.forward)
+                count.flops["backward"] += int(cost.flops - cost.forward)
+            count.scratch["backward"] += kernel_scratch(problem) if how.path == "triton" else 0  # muon's backward
         return how
 
     class Autocast(autocast):
@@ -713,6 +718,50 @@ def targets(rows: list[dict], base: str = "transformer", slow: tuple[str, ...] =
     return out
 
 
+def envelope(counts: dict, constants: Constants, tf32_rate: float = TF32_RATE, base: str = "transformer",
+             slow: tuple[str, ...] = ("atlas",)) -> list[dict]:
+    """The ``slow`` configurations' step at ``tf32_rate`` four ways, each as a ratio to ``base``'s taken the same way:
+    the fit's form (host issue and GPU work added up) and with the host's issue hidden behind the GPU's work in each
+    stretch between host synchronisations (the forward, then the backward and optimizer step: the finiteness check
+    between them), max(C_launch · launches, FLOPs / rate + C_walk · walk) each; the scratch kept in L2 or moved at
+    HBM's bandwidth in each. The fit cannot tell the two forms apart (its steps are launch-bound); a FLOP-bound
+    step lies between them."""
+    def step(c: dict, overlap: bool, hbm: bool) -> float:
+        phases = c.get("by_phase") or {"all": c}
+        stretches = [[phases.get("forward", {})], [phases.get(p, {}) for p in phases if p != "forward"]] \
+            if "forward" in phases else [list(phases.values())]
+        total = constants.C0
+        for stretch in stretches:
+            host = constants.C_launch * sum(p.get("launches", 0) for p in stretch)
+            gpu = sum(p.get("flops", 0) / tf32_rate + constants.C_walk * p.get("walk", 0)
+                      + hbm * p.get("scratch", 0) / HBM for p in stretch)
+            total += max(host, gpu) if overlap else host + gpu
+        return total
+
+    out = []
+    for name in (n for n in counts if n in slow):
+        for L, c in sorted(counts[name].items()):
+            ref = counts.get(base, {}).get(L)
+            if ref is not None:
+                out.append(dict(name=name, L=L, **{f"{'overlap' if o else 'added'}_{'hbm' if h else 'l2'}":
+                                                   step(c, o, h) / step(ref, o, h)
+                                                   for o in (False, True) for h in (False, True)}))
+    return out
+
+
+def print_envelope(counts: dict, constants: Constants, tf32_rate: float) -> None:
+    rows = envelope(counts, constants, tf32_rate)
+    if rows:
+        common.print_table(f"atlas's step at tf32 {tf32_rate / 1e12:.0f} TFLOP/s, ÷ the transformer's taken the same "
+                           f"way: host issue and GPU work added (the fit's form) or overlapped between host "
+                           f"synchronisations; the scratch in L2 or at {HBM / 1e12:.1f} TB/s",
+                           ["configuration", "L", "added, in L2", "added, from HBM", "overlapped, in L2",
+                            "overlapped, from HBM"],
+                           [[r["name"], r["L"], *(fmt(r[k], ".1f", "×") for k in ("added_l2", "added_hbm",
+                                                                                 "overlap_l2", "overlap_hbm"))]
+                            for r in rows])
+
+
 def print_targets(rows: list[dict], tf32_rate: float) -> None:
     common.print_table(f"targets on the model (launches L max ≤ 1.2× L min and ≤ 3× the transformer's; step ≤ 3× "
                        f"the transformer's, atlas ≤ 6× at tf32 {tf32_rate / 1e12:.0f} TFLOP/s, its scratch at "
@@ -896,6 +945,7 @@ def main(argv=None) -> int:
     for line in bound_check(rec["counts"], constants):
         log(line, markup=False)
     print_targets(rows, rate)
+    print_envelope(rec["counts"], constants, rate)
     for name, route in MEASURED_ROUTES.items():
         today = {r["L"]: r["step_s"] for r in rows if r["name"] == name}
         then = {r["L"]: r["step_s"] for r in rows

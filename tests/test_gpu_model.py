@@ -89,10 +89,11 @@ def test_foreach_launches_follow_multi_tensor_apply(numels, depth, launches):
 
 def test_a_call_routed_to_the_chunk_kernel_counts_its_triton_launches_and_their_flops():
     """gpu_check's Omega case (window 16, momentum, chunk 64) planned as on CUDA takes the chunk kernel: three
-    launches forward, three backward, and the dots of ``launches()`` added to the FLOPs; nothing of the kernel runs
-    on the meta device."""
+    launches forward, three backward, and the dots of ``launches()`` added to the FLOPs, its forward kernels' to the
+    forward's and the rest to the backward's; nothing of the kernel runs on the meta device."""
     import gpu_check
     from atlas_lab.memory.ops.chunk_linear_memory.triton import launches
+    from atlas_lab.memory.predict import FORWARD_KERNELS
 
     B, T, H = 2, 160, 2
     case = gpu_check.KERNEL_CASES["omega"]
@@ -102,7 +103,10 @@ def test_a_call_routed_to_the_chunk_kernel_counts_its_triton_launches_and_their_
     expected = launches(B * H, T, case["d"], case["d"], chunk_size=64, window=16, bias="l2", momentum=True)
     triton = {name[len("triton::"):]: n for name, n in count.ops.items() if name.startswith("triton::")}
     assert triton == dict.fromkeys(expected, 1)
-    assert count.flops["forward"] >= sum(f for _, _, f in expected.values())  # the kernel's, at its plan
+    forward = sum(f for name, (_, _, f) in expected.items() if name in FORWARD_KERNELS)
+    assert 0 < forward < sum(f for _, _, f in expected.values())
+    assert count.flops["forward"] >= forward and count.flops["backward"] >= sum(
+        f for name, (_, _, f) in expected.items() if name not in FORWARD_KERNELS)
 
 
 def test_ns_flops_by_hand():
@@ -160,6 +164,21 @@ def test_targets_are_judged_per_configuration():
     assert not verdicts["growing"]["met"] and verdicts["growing"]["launches_vs_base"] == pytest.approx(6.0)
     assert not verdicts["atlas"]["met"] and verdicts["atlas"]["step_vs_base"] == pytest.approx(7.0)
     assert verdicts["atlas"]["in_l2"] == pytest.approx(2.0)
+
+
+def test_the_envelope_adds_or_overlaps_host_and_gpu_between_synchronisations():
+    """Host issue and GPU work added (the fit's form) or overlapped in each stretch between host synchronisations
+    (the forward; the backward and optimizer step), the scratch free or at HBM's bandwidth, each over the
+    transformer's taken the same way: launches 10 µs each, FLOPs at 1 TFLOP/s."""
+    def phases(fwd, bwd):
+        return {64: dict(by_phase={"forward": fwd, "backward": bwd, "optimizer": dict(launches=0, flops=0)})}
+    counts = {"transformer": phases(dict(launches=100, flops=0), dict(launches=100, flops=0)),
+              "atlas": phases(dict(launches=100, flops=3e9),
+                              dict(launches=100, flops=2e9, scratch=gpu_model.HBM * 1e-3))}
+    (row,) = gpu_model.envelope(counts, gpu_model.Constants(0.0, 1e-5, 1e12), tf32_rate=1e12)
+    # added: 1 + 3 + 1 + 2 (+ 1) ms over 2; overlapped: max(1, 3) + max(1, 2 (+ 1)) ms over 2
+    assert (row["added_l2"], row["added_hbm"], row["overlap_l2"], row["overlap_hbm"]) == \
+        pytest.approx((3.5, 4.0, 2.5, 3.0))
 
 
 @pytest.mark.parametrize("label", ["transformer", "gated_deltanet"])

@@ -75,11 +75,12 @@ class Problem(NamedTuple):
 
 
 class Cost(NamedTuple):
-    """A path's predicted cost of one call, forward and backward."""
+    """A path's predicted cost of one call, forward and backward (``forward``: the forward's share of ``flops``)."""
 
     launches: int
     walk: int
     flops: float
+    forward: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -218,14 +219,24 @@ def _fla_walk(p: Problem) -> int:
 _KERNEL_FLOPS: dict = {}  # by _kernel_flops' arguments (a plain dict: torch.compile traces it without a warning)
 
 
-def _kernel_flops(*key) -> int:
+FORWARD_KERNELS = ("chunk_state_contrib_kernel", "chunk_state_scan_kernel", "chunk_linear_memory_fwd_kernel",
+                   "chunk_mlp_memory_fwd_kernel", "chunk_mlp_muon_fwd_kernel")  # the rest run in the backward
+
+
+def _by_pass(each: dict) -> tuple[int, int]:
+    """(forward, backward) dot FLOPs of a ``launches()`` dict."""
+    forward = sum(f for name, (_, _, f) in each.items() if name in FORWARD_KERNELS)
+    return int(forward), int(sum(f for _, _, f in each.values()) - forward)
+
+
+def _kernel_flops(*key) -> tuple[int, int]:
     """The chunk kernels' dot FLOPs of a call, forward and backward (their ``launches()``: a loop over the chunks)."""
     if key not in _KERNEL_FLOPS:
         from .ops.chunk_linear_memory.triton import launches
 
         N, T, D, DV, chunk_size, window, bias, momentum = key
-        each = launches(N, T, D, DV, chunk_size=chunk_size, window=window, bias=bias, momentum=momentum)
-        _KERNEL_FLOPS[key] = int(sum(f for _, _, f in each.values()))
+        _KERNEL_FLOPS[key] = _by_pass(launches(N, T, D, DV, chunk_size=chunk_size, window=window, bias=bias,
+                                               momentum=momentum))
     return _KERNEL_FLOPS[key]
 
 
@@ -235,7 +246,7 @@ def forward_flops(p: Problem) -> float:
     return (p.flops or 0.0) * B * T * H
 
 
-def _mlp_kernel_flops(p: Problem) -> int:
+def _mlp_kernel_flops(p: Problem) -> tuple[int, int]:
     """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes)."""
     B, T, H, d_k, d_v = p.shapes
     gated, family = p.mem.gated, _mlp_family(p)
@@ -250,7 +261,7 @@ def _mlp_kernel_flops(p: Problem) -> int:
         else:
             from .ops.chunk_mlp_memory.triton import launches
             each = launches(B * H, T, D, hidden, d_v, momentum=family == "momentum", **options)
-        _KERNEL_FLOPS[key] = int(sum(f for _, _, f in each.values()))
+        _KERNEL_FLOPS[key] = _by_pass(each)
     return _KERNEL_FLOPS[key]
 
 
@@ -278,22 +289,24 @@ def triton_cost(p: Problem) -> Cost | None:
     NC = math.ceil(T / p.config.chunk_size)
     if declares(p.mem, "two_layer", "forward"):
         low = 12 * (p.dtype not in (torch.float32, torch.float64))  # the casts of 16-bit inputs and their gradients
-        return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)) + low, 2 * NC, _mlp_kernel_flops(p))
+        forward, backward = _mlp_kernel_flops(p)
+        return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)) + low, 2 * NC, forward + backward,
+                    forward)
     if not declares(p.mem, "linear_map", "forward"):
         return None
     momentum = p.optimizer.state_shape((1, 1)) is not None
-    flops = _kernel_flops(B * H, T, p.D, d_v + int(p.config.normalize), p.config.chunk_size, p.config.window,
-                          kernel_bias(p.bias), momentum)
-    return Cost(triton_launches(p), 2 * NC, flops)
+    forward, backward = _kernel_flops(B * H, T, p.D, d_v + int(p.config.normalize), p.config.chunk_size,
+                                      p.config.window, kernel_bias(p.bias), momentum)
+    return Cost(triton_launches(p), 2 * NC, forward + backward, forward)
 
 
 def chunked_cost(p: Problem) -> Cost | None:
     launches = chunked_launches(p)
-    return None if launches is None else Cost(launches, 0, 3 * forward_flops(p))
+    return None if launches is None else Cost(launches, 0, 3 * forward_flops(p), forward_flops(p))
 
 
 def fla_cost(p: Problem, op: str) -> Cost:
-    return Cost(fla_launches(p, op), _fla_walk(p), 3 * forward_flops(p))
+    return Cost(fla_launches(p, op), _fla_walk(p), 3 * forward_flops(p), forward_flops(p))
 
 
 def ms(seconds: float) -> str:
