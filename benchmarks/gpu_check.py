@@ -14,7 +14,8 @@ sweep, one JSON.
 (b) kernels   forward+backward of ``memorize`` for the deltanet, omega and atlas cases at T ∈ {1K, 4K, 16K}:
               triton against chunked, both float32, each row checked before it is timed (outputs and the gradients of
               q, k, v and every gate; a wrong kernel is never timed); and atlas's call at the study's shape (B 64,
-              8 heads, T 256: 512 programs), its fused kernel timed again on tf32 dots beside the GPU model's two
+              8 heads, T 256: 512 programs; checked on its first 4 sequences, the chunked path's time there its
+              column's error if it does not fit), its fused kernel timed again on tf32 dots beside the GPU model's two
               bounds of it (its dots as issued at the stated tf32 rate, its scratch in L2 or from HBM): the part's
               second row, so that its share is not spent before it. Where fla-core is installed, its
               ``chunk_delta_rule`` for the deltanet rows in bfloat16, the only dtype it accepts: checked once against
@@ -104,6 +105,7 @@ KERNEL_CASES = {
 # dots beside what the GPU model says of it — its dots as issued at the stated tf32 rate, and that plus its scratch
 # moved at HBM's bandwidth (gpu_model.TF32_RATE, gpu_model.HBM): the measurement atlas's step verdict waits on
 KERNEL_CASES["atlas (study)"] = dict(KERNEL_CASES["atlas"], shape=dict(B=64, H=8, T=256), tf32=True)
+CHECK_B = 4  # sequences a case at its own shape is checked on
 # fla's chunk_delta_rule in bfloat16 against our float32 exact delta rule on the same bf16-rounded inputs. Error model:
 # bf16's unit roundoff u = 2^-8; fla keeps every stored intermediate in the inputs' dtype (forward: the WY factors w
 # and u, the chunk states h, the output o; backward: dh, dv, the gradients of q, k, w, u, v and β), each rounding
@@ -342,10 +344,13 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
         setting = KERNEL_CASES[row["case"]]
         d, options, shape = settings[row["case"]]
         x = kernel_inputs(shape["B"], row["T"], shape["H"], d, setting["gates"], device)
+        # a case at its own shape is checked on its first CHECK_B sequences (each sequence its own problem: the
+        # chunked path's per-token intermediates at the study's B would be tens of GB), then timed whole
+        checked = {n: t.detach()[:CHECK_B].requires_grad_() for n, t in x.items()} if "T" in shape else x
         results, cold = {}, {}
         for impl in ("triton", "chunked"):  # the check's own calls are timed too: the times of a tiny run
             t = time.perf_counter()
-            results[impl] = memorize_fwd_bwd(x, impl, options)
+            results[impl] = memorize_fwd_bwd(checked, impl, options)
             cold[impl] = 1e3 * (time.perf_counter() - t)
         err = max_rel_err(results["triton"], results["chunked"])
         row.update(check="correct" if err <= setting["tol"] else "WRONG", max_rel_err=err)
@@ -354,8 +359,12 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
         if tiny:
             row.update(chunked_ms=cold["chunked"], triton_ms=cold["triton"])
         else:
-            row["chunked_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "chunked", options), repeats)
             row["triton_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "triton", options), repeats)
+            try:  # the chunked path at a case's own shape may not fit the device: its column's error, not the row's
+                row["chunked_ms"] = timed_ms(lambda: memorize_fwd_bwd(x, "chunked", options), repeats)
+            except torch.OutOfMemoryError as e:
+                row["chunked_error"] = f"{type(e).__name__}: {e}"[:300]
+                torch.cuda.empty_cache()
         if setting.get("tf32"):
             before = torch.get_float32_matmul_precision()
             try:
@@ -593,7 +602,8 @@ def print_tables(result: dict) -> None:
                                  suffix="×"),
                              fmt(r.get("fla_ms")),
                              fmt(r.get("fla_ms") and r.get("triton_ms") and r["fla_ms"] / r["triton_ms"], suffix="×"),
-                             (r.get("error") or r.get("fla_error") or r.get("skipped") or "")[:100]] for r in rows],
+                             (r.get("error") or r.get("fla_error") or r.get("chunked_error") or r.get("skipped")
+                              or "")[:100]] for r in rows],
                            left=3)
         bounded = [r for r in rows if "tflop" in r]
         if bounded:
