@@ -16,8 +16,9 @@ sweep, one JSON.
               q, k, v and every gate; a wrong kernel is never timed); and atlas's call at the study's shape (B 64,
               8 heads, T 256: 512 programs; checked on its first 4 sequences, the chunked path's time there its
               column's error if it does not fit), its fused kernel timed again on tf32 dots beside the GPU model's two
-              bounds of it (its dots as issued at the stated tf32 rate, its scratch in L2 or from HBM): the part's
-              second row, so that its share is not spent before it. Where fla-core is installed, its
+              bounds of it (its dots as issued at the stated tf32 rate, its scratch in L2 or from HBM). Rows run
+              shortest first: each case's at 1K (and atlas's at the study's shape, after atlas's first, whose compiled
+              float32 kernel it reuses), then each at 4K, then at 16K. Where fla-core is installed, its
               ``chunk_delta_rule`` for the deltanet rows in bfloat16, the only dtype it accepts: checked once against
               our triton kernel at chunk 1 (the exact delta rule; float32 on the same bf16-rounded inputs, T = 256) at
               ``FLA_BF16_TOL`` (its error model below), then timed at each T at its own chunk of 64.
@@ -325,7 +326,7 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
     Ts = KERNEL_TINY["T"] if tiny else Ts
     if fla is None and CUDA and importlib.util.find_spec("fla") is not None:
         fla = fla_fwd_bwd
-    rows, settings = [], {}
+    by_case, settings = {}, {}
     for name, setting in KERNEL_CASES.items():
         options = {n: v for n, v in setting.items() if n not in ("d", "gates", "tol", "shape", "tf32")}
         d, shape = setting["d"], dict(B=B, H=H) if tiny else setting.get("shape", dict(B=B, H=H))
@@ -333,11 +334,11 @@ def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None
             d, options["chunk_size"] = KERNEL_TINY["d"], KERNEL_TINY["chunk_size"]
             options["window"] = min(options["window"], KERNEL_TINY["window_cap"])
         settings[name] = (d, options, shape)
-        rows += [dict(case=name, T=T) for T in ([shape["T"]] if "T" in shape else Ts)]
-    # the study's row second, after the part's first: the share is spent in order, and atlas's verdict waits on it
-    study = [r for r in rows if r["case"] == "atlas (study)"]
-    rows = [r for r in rows if r not in study]
-    rows[1:1] = study
+        by_case[name] = [dict(case=name, T=T) for T in ([shape["T"]] if "T" in shape else Ts)]
+    # every case's shortest row first, then the next length of each: the share is spent in order, and a case's
+    # first row (atlas at the study's shape among them, after atlas's first, whose compiled kernel it reuses) comes
+    # before any case's longer ones
+    rows = [r for i in range(max(map(len, by_case.values()))) for case in by_case.values() for r in case[i:i + 1]]
     fla_state: dict = {}
 
     def work(row, seconds):
