@@ -305,15 +305,14 @@ def model_bounds(B: int, T: int, H: int, d: int, gates: dict, options: dict) -> 
     import gpu_model
     from atlas_lab.memory import MemoryConfig
     from atlas_lab.memory.plan import CANDIDATES, Shapes, acting, call_problem
-    from atlas_lab.memory.predict import C_LAUNCH, kernel_scratch
 
     config = MemoryConfig(**options)
     problem = call_problem(config, Shapes(B, T, H, d, d), torch.float32, "cuda", acting(config.resolve().specs,
                                                                                        gates))
-    cost, scratch = CANDIDATES["triton"].cost(problem), kernel_scratch(problem)
-    l2 = C_LAUNCH * cost.launches + cost.flops / gpu_model.TF32_RATE
-    return dict(tflop=cost.flops / 1e12, scratch_gb=scratch / 1e9, l2_ms=1e3 * l2,
-                hbm_ms=1e3 * (l2 + scratch / gpu_model.HBM))
+    cost = CANDIDATES["triton"].cost(problem)
+    l2 = cost.seconds_at(gpu_model.TF32_RATE)
+    return dict(tflop=cost.flops / 1e12, scratch_gb=cost.scratch / 1e9, l2_ms=1e3 * l2,
+                hbm_ms=1e3 * (l2 + cost.scratch / gpu_model.HBM))
 
 
 def run_kernels(share: Share, tiny: bool, Ts, repeats: int, fla: Callable | None = None) -> list[dict]:

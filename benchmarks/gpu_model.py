@@ -26,7 +26,7 @@ attention (``torch.utils.flop_counter``), the Newton–Schulz kernel's products 
 routes to the chunk kernels or fla, its forward and backward dots as the plan predicts them (predict.py: the chunk
 kernel's ``launches()``; fla: three times the plan's forward FLOPs). Bytes: every launch's tensors, read or written
 once. Scratch: the bytes a chunk kernel moves through a scratch buffer of its own in global memory (muon's backward
-keeps each token's Newton–Schulz iterates there: ``predict.kernel_scratch``), not in the fit (the table's steps have
+keeps each token's Newton–Schulz iterates there: ``predict.Cost.scratch``), not in the fit (the table's steps have
 none): the step at tf32 with the scratch at ``HBM``'s bandwidth bounds atlas's from above, the step with it held in
 the L2 cache (free) from below, and atlas's target is judged at the bound from above. ``envelope`` prints atlas's
 step four ways: host issue and GPU work added (the fit's form) or overlapped in each stretch between host
@@ -322,7 +322,6 @@ def on_cuda(count: Count, routes: dict | None = None):
     import atlas_lab.layers.memory_mixer as mixer
     import atlas_lab.memory.op as op
     from atlas_lab.memory import plan as planning
-    from atlas_lab.memory.predict import kernel_scratch
 
     real, autocast, devices = planning.plan, torch.autocast, foreach._get_foreach_kernels_supported_devices
     impl = (routes or {}).get("*")
@@ -330,12 +329,11 @@ def on_cuda(count: Count, routes: dict | None = None):
     def plan(config, shapes, dtype=torch.float32, device="cpu", asked="auto", acts=None):
         how = real(config, shapes, dtype, "cuda", impl or asked, acts)
         if how.path in ("triton", "fla") and shapes.T > 0:  # muon's Triton route is the chunked path (how.ns)
-            problem = planning.call_problem(config, shapes, dtype, "cuda", acts)
-            cost = planning.CANDIDATES[how.path].cost(problem)
+            cost = planning.CANDIDATES[how.path].cost(planning.call_problem(config, shapes, dtype, "cuda", acts))
             if cost is not None:  # the call's forward where it is planned, the rest in the backward
                 count.flops[count.phase] += int(cost.forward)
                 count.flops["backward"] += int(cost.flops - cost.forward)
-            count.scratch["backward"] += kernel_scratch(problem) if how.path == "triton" else 0  # muon's backward
+                count.scratch["backward"] += cost.scratch  # muon's backward
         return how
 
     class Autocast(autocast):

@@ -75,16 +75,23 @@ class Problem(NamedTuple):
 
 
 class Cost(NamedTuple):
-    """A path's predicted cost of one call, forward and backward (``forward``: the forward's share of ``flops``)."""
+    """A path's predicted cost of one call, forward and backward (``forward``: the forward's share of ``flops``;
+    ``scratch``: the bytes its kernels move through a scratch buffer in global memory, muon's backward — not in
+    ``seconds``: the fit has no bytes term, gpu_model bounds it at the memory's bandwidth)."""
 
     launches: int
     walk: int
     flops: float
     forward: float = 0.0
+    scratch: int = 0
+
+    def seconds_at(self, rate: float) -> float:
+        """The prediction with the FLOPs at ``rate`` (FLOP/s) instead of the fit's R."""
+        return C_LAUNCH * self.launches + C_WALK * self.walk + self.flops / rate
 
     @property
     def seconds(self) -> float:
-        return C_LAUNCH * self.launches + C_WALK * self.walk + self.flops / R
+        return self.seconds_at(R)
 
 
 def kernel_bias(bias) -> str | None:
@@ -246,39 +253,29 @@ def forward_flops(p: Problem) -> float:
     return (p.flops or 0.0) * B * T * H
 
 
-def _mlp_kernel_flops(p: Problem) -> tuple[int, int]:
-    """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes)."""
+def _mlp_kernel(p: Problem) -> tuple[int, int, int]:
+    """The MLP kernels' dot FLOPs of the call, forward and backward (``launches()`` of the kernel the family takes),
+    and the bytes of muon's scratch (``scratch_bytes``; 0 for gd and momentum)."""
     B, T, H, d_k, d_v = p.shapes
     gated, family = p.mem.gated, _mlp_family(p)
     hidden, D = p.weights["W2" if gated else "W1"]  # the first layer's (gated: each of its pair W2, W3)
     key = ("mlp", family, B * H, T, D, hidden, d_v, p.config.chunk_size, p.config.window, kernel_bias(p.bias),
            getattr(p.optimizer, "ns_steps", 0), gated, p.dtype)
     if key not in _KERNEL_FLOPS:
-        options = dict(chunk_size=p.config.chunk_size, window=p.config.window, bias=kernel_bias(p.bias), gated=gated)
+        options = dict(chunk_size=p.config.chunk_size, gated=gated)
         if family == "muon":
-            from .ops.chunk_mlp_memory.muon import launches
-            each = launches(B * H, T, D, hidden, d_v, steps=p.optimizer.ns_steps, dtype=p.dtype, **options)
+            from .ops.chunk_mlp_memory.muon import launches, scratch_bytes
+            steps = dict(steps=p.optimizer.ns_steps, dtype=p.dtype)
+            each = launches(B * H, T, D, hidden, d_v, window=p.config.window, bias=kernel_bias(p.bias), **steps,
+                            **options)
+            scratch = scratch_bytes(B * H, T, D, hidden, d_v, **steps, **options)
         else:
             from .ops.chunk_mlp_memory.triton import launches
-            each = launches(B * H, T, D, hidden, d_v, momentum=family == "momentum", **options)
-        _KERNEL_FLOPS[key] = _by_pass(each)
+            each = launches(B * H, T, D, hidden, d_v, window=p.config.window, bias=kernel_bias(p.bias),
+                            momentum=family == "momentum", **options)
+            scratch = 0
+        _KERNEL_FLOPS[key] = (*_by_pass(each), scratch)
     return _KERNEL_FLOPS[key]
-
-
-def kernel_scratch(p: Problem) -> int:
-    """Bytes the chunk kernels of the call move through a scratch buffer in global memory: muon's backward (its
-    ``scratch_bytes``), 0 for the others. Not in ``Cost``: the fit has no bytes term (gpu_model bounds it at the
-    memory's bandwidth)."""
-    from .components import declares
-
-    if not declares(p.mem, "two_layer", "forward") or _mlp_family(p) != "muon":
-        return 0
-    from .ops.chunk_mlp_memory.muon import scratch_bytes
-
-    B, T, H, d_k, d_v = p.shapes
-    hidden, D = p.weights["W2" if p.mem.gated else "W1"]
-    return scratch_bytes(B * H, T, D, hidden, d_v, chunk_size=p.config.chunk_size, steps=p.optimizer.ns_steps,
-                         gated=p.mem.gated, dtype=p.dtype)
 
 
 def triton_cost(p: Problem) -> Cost | None:
@@ -289,9 +286,9 @@ def triton_cost(p: Problem) -> Cost | None:
     NC = math.ceil(T / p.config.chunk_size)
     if declares(p.mem, "two_layer", "forward"):
         low = 12 * (p.dtype not in (torch.float32, torch.float64))  # the casts of 16-bit inputs and their gradients
-        forward, backward = _mlp_kernel_flops(p)
+        forward, backward, scratch = _mlp_kernel(p)
         return Cost(mlp_launches(p, MLP_TRITON, _parts(T, p.config.chunk_size)) + low, 2 * NC, forward + backward,
-                    forward)
+                    forward, scratch)
     if not declares(p.mem, "linear_map", "forward"):
         return None
     momentum = p.optimizer.state_shape((1, 1)) is not None
