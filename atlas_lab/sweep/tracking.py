@@ -21,6 +21,10 @@ from ..store import ServerError, init_store, resolve_uri, run_exists  # noqa: F4
 
 ARTIFACTS = "runs/artifacts"
 EXPERIMENT = "atlas-lab-sweeps"
+# MLflow's job execution (huey consumer processes beside the server, for its GenAI jobs) is off: atlas-lab tracks runs
+# only, and on 2 cores a server with them took about 27 s of CPU in its first 15 s against about 6 s without, CPU the
+# trials the server tracks compete for.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def free_port() -> int:
@@ -30,7 +34,7 @@ def free_port() -> int:
 
 
 # The guard between the command and its tracking server: it starts the server in a session of its own (the server's
-# uvicorn, job runner and huey consumers share its process group) and stops that whole group when its stdin ends:
+# uvicorn workers share its process group) and stops that whole group when its stdin ends:
 # when the command closes it (stop_server), or when the command dies in any way, SIGKILL included, and the kernel
 # closes it. A server can then never outlive the command that started it, as an orphan of PID 1.
 GUARD = """
@@ -49,7 +53,7 @@ def stop():
 threading.Thread(target=stop, daemon=True).start()
 code = server.wait()
 try:
-    os.killpg(server.pid, signal.SIGKILL)  # what the server leaves behind (its consumers)
+    os.killpg(server.pid, signal.SIGKILL)  # what the server leaves behind
 except ProcessLookupError:
     pass
 sys.exit(code)
@@ -68,7 +72,8 @@ def _last_line(path: str | None) -> str:
 
 def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None,
                  create: bool = True):
-    """Start ``mlflow server`` on loopback behind its guard (``GUARD``); returns (the guard's process, http URI) once
+    """Start ``mlflow server`` on loopback behind its guard (``GUARD``), without MLflow's job execution
+    (``SERVER_ENV``); returns (the guard's process, http URI) once
     it answers /health. The guard's process stands for the server: it exits with the server's code, and
     ``stop_server`` stops both; the server dies with the process that started it, even when that one is killed.
     ``create``: make the artifacts folder first (a server that only shows runs, ``atlas-lab ui``, leaves it to the
@@ -81,7 +86,8 @@ def start_server(backend_uri: str, port: int | None = None, artifacts: str = ART
             [sys.executable, "-I", "-S", "-c", GUARD, sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
              backend_uri, "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1"],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **SERVER_ENV})
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     try:
@@ -151,8 +157,8 @@ def browse_hint(study: str, tracking_uri: str | None = None) -> str:
 
 
 def stop_server(proc) -> None:
-    """Stop the server and every process it started (its process group: uvicorn, the job runner and its
-    consumers): its guard's input ends, the guard sends SIGTERM to the group, then SIGKILL after 20 s."""
+    """Stop the server and every process it started (its process group: uvicorn's worker): its guard's input ends,
+    the guard sends SIGTERM to the group, then SIGKILL after 20 s."""
     if proc is None:
         return
     with contextlib.suppress(OSError, ValueError):
