@@ -365,10 +365,10 @@ def run_sweep(path: str, workers: int = 1, storage: str | None = None, tracking_
 def _run(state: _Run, console: Console, path, workers, storage, tracking_uri, retry_failed, sets, study) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the driver prints its own progress lines
     spec = state.spec = load_sweep(path, sets, study)
-    validate_configs(spec)
     storage = state.storage = storage or studies.default_storage(spec.study)
     for place in writable_places(storage, resolve_uri(tracking_uri, create=False)):
-        check_writable(place)  # a read-only or full folder: one line, before anything is written
+        check_writable(place)  # a read-only or full folder: one line, before anything is written or imported
+    validate_configs(spec)
     tracking_uri = resolve_uri(tracking_uri)
     lock = state.lock = open_checked(storage)
     Path("runs").mkdir(exist_ok=True)
