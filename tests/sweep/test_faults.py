@@ -4,7 +4,7 @@ its workers and the MLflow tracking server it starts for them.
 - Ctrl-C (SIGINT to the command's process group, as a terminal sends it) and SIGTERM: one line, exit 130 / 143, no
   process left, no MLflow run RUNNING, the running trials failed and queued again; the next command runs them, and
   no point twice.
-- SIGKILL of the command: its workers and the tracking server (with uvicorn, the job runner and its consumers) die
+- SIGKILL of the command: its workers and the tracking server (with its uvicorn worker) die
   with it, and nothing claims a trial after it.
 - A torn journal record (a write cut short, more records appended after it): one warning naming the file and line,
   every complete trial kept, the study resumed.
