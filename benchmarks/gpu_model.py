@@ -825,6 +825,15 @@ def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=N
     """(name, {L: totals}) of each configuration of a sweep file (changed by ``sets`` as ``atlas-lab sweep --set``
     does; ``presets``: only those names) at ``lengths`` (default: its training lengths), one at a time;
     ``routes``: {name: path} asked instead of the plan's choice; measured: counted ``as_measured``."""
+    for name, overrides, base in sweep_points(sweep, sets, presets):
+        route = (routes or {}).get(name)
+        with as_measured() if measured else contextlib.nullcontext():
+            yield name, count_point(overrides, base, lengths, {"*": route} if route else None)
+
+
+def sweep_points(sweep: str, sets: tuple[str, ...] = (), presets=None):
+    """(name, overrides, base files) of each configuration of a sweep file, changed by ``sets``; ``presets``: only
+    those names. A bad --set is the SweepError ``atlas-lab sweep`` gives."""
     from atlas_lab.sweep.estimate import study_points
     from atlas_lab.sweep.spec import load_sweep
 
@@ -832,12 +841,20 @@ def sweep_counts(sweep: str, sets: tuple[str, ...] = (), presets=None, lengths=N
                       study="gpu-model" if sets else None)
     for point in study_points(spec):
         name = point_name(point.label)
-        if presets and name not in presets:
-            continue
-        route = (routes or {}).get(name)
-        with as_measured() if measured else contextlib.nullcontext():
-            yield name, count_point(point.overrides, [str(b) for b in spec.base], lengths,
-                                    {"*": route} if route else None)
+        if not presets or name in presets:
+            yield name, point.overrides, [str(b) for b in spec.base]
+
+
+def check_sweep(sweep: str, sets: tuple[str, ...] = (), presets=None) -> None:
+    """Every configuration to count builds (on the meta device, in milliseconds): a bad --set, or a value the model
+    refuses, is a SweepError naming the file and the configuration, before anything is counted or written."""
+    from atlas_lab.sweep.spec import SweepError
+
+    for name, overrides, base in sweep_points(sweep, sets, presets):
+        try:
+            sequence_model(overrides, base)
+        except ValueError as e:
+            raise SweepError(f"{sweep}: configuration {name!r}: {e}") from None
 
 
 def int_keys(by_L: dict) -> dict:
@@ -926,6 +943,13 @@ def main(argv=None) -> int:
             rec[part] = {name: int_keys(by_L) for name, by_L in rec[part].items()}
         size = rec["train_size"] or size
     else:
+        from atlas_lab.sweep.spec import SweepError
+
+        try:
+            check_sweep(args.sweep, tuple(args.sets), args.presets)
+        except SweepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         rec = record(Path(args.record) if args.record else None, args.sweep, tuple(args.sets), args.presets,
                      args.lengths, size, models, log)
     rate = args.tf32_rate * 1e12

@@ -247,3 +247,17 @@ def test_the_plans_constants_are_this_fit():
     for name, mine in (("C0", predict.C0), ("C_launch", predict.C_LAUNCH), ("R", predict.R),
                        ("C_walk", predict.C_WALK)):
         assert mine == pytest.approx(getattr(fitted, name), rel=1e-3), (name, fitted)
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["model.memory.read=chunk"], "error: --set model.memory.read=chunk: unknown key 'model'; valid keys: base,"),
+    (["fixed.model.memory.read=chunk"], "error: sweeps/mqar_gpu.yaml: configuration 'transformer': model.preset "
+                                        "'transformer' has no memory layer; memory overrides ['read'] do not apply"),
+])
+def test_a_bad_set_is_one_line_before_anything_is_counted(sets, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(gpu_model.ROOT)
+    argv = ["--no-125m", "--presets", "transformer", "--json", str(tmp_path / "out.json")]
+    assert gpu_model.main(argv + [a for s in sets for a in ("--set", s)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
