@@ -73,11 +73,11 @@ def _last_line(path: str | None) -> str:
 def start_server(backend_uri: str, port: int | None = None, artifacts: str = ARTIFACTS, log_path: str | None = None,
                  create: bool = True):
     """Start ``mlflow server`` on loopback behind its guard (``GUARD``), without MLflow's job execution
-    (``SERVER_ENV``); returns (the guard's process, http URI) once
-    it answers /health. The guard's process stands for the server: it exits with the server's code, and
-    ``stop_server`` stops both; the server dies with the process that started it, even when that one is killed.
-    ``create``: make the artifacts folder first (a server that only shows runs, ``atlas-lab ui``, leaves it to the
-    runs). A server that exits or does not answer is a ServerError naming its log and the log's last line."""
+    (``SERVER_ENV``); returns (the guard's process, http URI) once it answers /health. The guard's process stands
+    for the server: it exits with the server's code, and ``stop_server`` stops both; the server dies with the process
+    that started it, even when that one is killed. ``create``: make the artifacts folder first (a server that only
+    shows runs, ``atlas-lab ui``, leaves it to the runs). A server that exits or does not answer is a ServerError
+    naming its log and the log's last line."""
     port = port or free_port()
     if create:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
