@@ -261,8 +261,8 @@ def test_muon_launches_counts_the_dots_and_the_scratch_the_kernel_runs(tile_byte
     if tile_bytes:
         monkeypatch.setattr(kernels, "TILE_BYTES", tile_bytes)
     N, T, D, HD, DV, b = (shape[n] for n in ("N", "T", "D", "HD", "DV", "b"))
-    sizes = dict(chunk_size=b, offset=offset, steps=2, gated=gated, dtype=dtype)
-    expected = kernels.launches(N, T, D, HD, DV, window=window, bias="l2", **sizes)
+    sizes = dict(chunk_size=b, steps=2, gated=gated, dtype=dtype)
+    expected = kernels.launches(N, T, D, HD, DV, window=window, bias="l2", offset=offset, **sizes)
     moved = traffic_counter(monkeypatch, kernels, "chunk_mlp_muon_bwd_kernel",
                             ("SCR1", "SCR2", "SCG1", "SCG2", "SCQ1", "SCQ2"))
     counted = dot_counter(monkeypatch, kernels, expected)

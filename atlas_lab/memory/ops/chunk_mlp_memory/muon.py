@@ -419,20 +419,16 @@ def launches(N, T, D, HD, DV, *, chunk_size, window, bias="l2", steps=5, offset=
     back1, back2 = ns_back_flops(H1, o["DU"], steps), ns_back_flops(V, H, steps)
     factors = BK * H1 * BD + (1 + l2) * BK * V * H  # z = U W̃1ᵀ, W̃2 h (l2), W̃2ᵀ δ2
     weights = H1 * BD + V * H
-    fwd = bwd = 0
-    for ci in range(NC):
-        t0 = max(ci * chunk_size - offset, 0)
-        n = min(ci * chunk_size - offset + chunk_size, T) - t0  # the tokens a chunk's loops take
-        fwd += 2 * (factors + BT * BT * BK + BT * weights + n * (BK + BT) * weights + BK * weights) + n * (ns1 + ns2)
-        # ∂uq, ∂a, ∂W1 (∂h, ∂a, ∂W2); per token S_j, ∂x_in, ∂Cw, ∂D, ∂S's two products back to the factors
-        layers = 3 * BT * weights + n * 3 * (BK + BT) * weights
-        recomputed = factors + BT * BT * BK  # C'; the D_j again in ``_layer_back``
-        bwd += 2 * (recomputed + layers + 2 * BT * BT * BK + 2 * (1 + l2) * BK * H * V + 2 * BK * H1 * BD) \
-            + n * (ns1 + back1 + ns2 + back2)
+    recomputed = factors + BT * BT * BK  # C'; the D_j again in ``_layer_back``
+    # per chunk, and per token: a chunk of n tokens loops n times, and the chunks' tokens add up to T
+    fwd = NC * 2 * (factors + BT * BT * BK + BT * weights + BK * weights) + T * (2 * (BK + BT) * weights + ns1 + ns2)
+    # ∂uq, ∂a, ∂W1 (∂h, ∂a, ∂W2); per token S_j, ∂x_in, ∂Cw, ∂D, ∂S's two products back to the factors
+    bwd = NC * 2 * (recomputed + 3 * BT * weights + 2 * BT * BT * BK + 2 * (1 + l2) * BK * H * V + 2 * BK * H1 * BD) \
+        + T * (6 * (BK + BT) * weights + ns1 + back1 + ns2 + back2)
     return {"chunk_mlp_muon_fwd_kernel": ((N,), N, N * fwd), "chunk_mlp_muon_bwd_kernel": ((N,), N, N * bwd)}
 
 
-def scratch_bytes(N, T, D, HD, DV, *, chunk_size, offset=0, steps=5, gated=False, dtype=torch.float32) -> int:
+def scratch_bytes(N, T, D, HD, DV, *, chunk_size, steps=5, gated=False, dtype=torch.float32) -> int:
     """Bytes the backward moves through its scratch (global memory) in one call of N sequences of T tokens: per token
     and weight matrix R × C (C: the columns its steps back take), ``_ns_keep`` stores X_0 … X_{k−1} and each step's A,
     B (in ``dtype``, as the dots read them); ``_ns_back`` stores G (float32) and loads it and X_{k−1} (the last step's
@@ -442,8 +438,7 @@ def scratch_bytes(N, T, D, HD, DV, *, chunk_size, offset=0, steps=5, gated=False
     e = dtype.itemsize
     per_token = sum(e * (steps * R * C + 4 * steps * R * R + R * C + steps * R * C + (steps - 1) * R * C)
                     + 4 * (3 * R * C + 2 * steps * R * C) for R, C in ((o["BH1"], o["DU"]), (o["BV"], o["BH"])))
-    return N * sum(min(ci * chunk_size - offset + chunk_size, T) - max(ci * chunk_size - offset, 0)
-                   for ci in range(chunk_count(T, chunk_size, offset))) * per_token
+    return N * T * per_token
 
 
 def launch_options(D, HD, DV, chunk_size, window, bias, activation, dtype, evaluated, steps, coefficients,
